@@ -1,0 +1,5 @@
+import sys
+
+from fedhet.cli import main
+
+sys.exit(main())

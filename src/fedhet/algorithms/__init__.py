@@ -1,0 +1,22 @@
+"""Algorithms: plan / local_update / aggregate, registered by name."""
+
+from fedhet.algorithms import drop, fedavg, salf  # noqa: F401  (registration)
+from fedhet.algorithms.base import (
+    ALGORITHMS,
+    Algorithm,
+    ClientAssignment,
+    RoundContext,
+    RoundPlan,
+    TrainSettings,
+    build_options,
+)
+
+__all__ = [
+    "ALGORITHMS",
+    "Algorithm",
+    "ClientAssignment",
+    "RoundContext",
+    "RoundPlan",
+    "TrainSettings",
+    "build_options",
+]

@@ -1,0 +1,57 @@
+"""Layer-wise sums of partial client updates over flat parameter vectors.
+
+A client with depth d sends the flat region of layers d..L. Summing every update into a
+full-size vector and counting, per layer, the clients that reached it costs O(U * P) and
+gives what every layer-wise rule needs: sum over U_l of Delta_u^l and |U_l|.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from fedhet.client import LocalResult
+from fedhet.models.layers import LayerSlices
+
+
+def layerwise_sum(
+    updates: Iterable[LocalResult],
+    slices: LayerSlices,
+    size: int,
+    which: str = "params",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return (sum over clients of their delta, zero outside reached layers; per-layer counts
+    |U_l| = #{u : d_u <= l}) for ``which`` in {"params", "buffers"}."""
+    num_layers = len(slices.bounds)
+    total = torch.zeros(size)
+    counts = torch.zeros(num_layers)
+    for update in updates:
+        if update.depth > num_layers:
+            continue
+        delta = update.delta_params if which == "params" else update.delta_buffers
+        start = slices.start(update.depth)
+        total[start:] += delta
+        counts[update.depth - 1 :] += 1
+    return total, counts
+
+
+def expand_per_layer(values: torch.Tensor, slices: LayerSlices, size: int) -> torch.Tensor:
+    """Repeat one value per layer over that layer's flat region (length ``size``)."""
+    lengths = torch.tensor([end - start for start, end in slices.bounds])
+    out = torch.repeat_interleave(values.to(torch.float32), lengths)
+    assert out.numel() == size
+    return out
+
+
+def layerwise_mean_buffers(
+    buffers: torch.Tensor, updates: list[LocalResult], slices: LayerSlices
+) -> torch.Tensor:
+    """Float buffers (BatchNorm running statistics) of layer l: the mean over U_l of the
+    clients' buffers; kept when nobody reached l. Statistics are not gradient estimates, so
+    no probability correction is applied to them."""
+    if buffers.numel() == 0:
+        return buffers
+    total, counts = layerwise_sum(updates, slices, buffers.numel(), which="buffers")
+    per_element = expand_per_layer(counts, slices, buffers.numel())
+    return buffers + total / per_element.clamp(min=1.0)

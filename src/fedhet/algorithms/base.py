@@ -1,0 +1,184 @@
+"""The Algorithm protocol: three engine-agnostic pieces (DESIGN idea 2).
+
+- ``plan(round, state, system)`` -> :class:`RoundPlan`: deadline (``None`` = wait for all),
+  learning rate, per-client assignments (batch size, local steps, asked or not).
+- ``local_update(trainer, ...)`` -> :class:`~fedhet.client.LocalResult` or ``None`` (the
+  client's work, truncated to what its sampled outcome allows; ``None`` = nothing to send).
+- ``aggregate(params, buffers, updates, state, context)`` -> new global (params, buffers).
+
+Algorithms never import an engine; the embedded simulator and the Flower adapters call these
+same methods.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from fedhet.client import LocalResult, LocalTrainer
+from fedhet.errors import ConfigError
+from fedhet.models.layers import ModelLayout
+from fedhet.system.outcomes import Marginals, Outcomes, SystemModel
+
+
+@dataclass
+class ClientAssignment:
+    """The server's instructions to one client for one round."""
+
+    batch_size: int
+    local_steps: int
+    asked: bool = True
+
+
+@dataclass
+class RoundPlan:
+    """The server's decisions for one round."""
+
+    round: int
+    deadline: float | None
+    lr: float
+    assignments: list[ClientAssignment]
+
+    @property
+    def batch_sizes(self) -> np.ndarray:
+        return np.array([a.batch_size for a in self.assignments])
+
+
+@dataclass
+class RoundContext:
+    """What the server knows when it aggregates: the plan, outcomes and their marginals."""
+
+    plan: RoundPlan
+    outcomes: Outcomes
+    marginals: Marginals
+    num_clients: int
+    num_layers: int
+
+
+@dataclass
+class TrainSettings:
+    """Local training settings shared by every algorithm ([train] in the config)."""
+
+    lr: float = 0.05
+    lr_schedule: str = "constant"
+    lr_rho_c: float = 1.0
+    lr_gamma: float = 1.0
+    batch_size: int = 16
+    local_steps: int = 1
+
+    def lr_at(self, round_index: int) -> float:
+        """Learning rate of round ``round_index`` (0-based) under ``lr_schedule``.
+
+        ``constant``: eta_0. ``inverse``: eta_0 / (1 + t) (ADEL-FL Sec. 4).
+        ``salf-theorem``: 2 / (rho_c (gamma + t)) (SALF Theorem 1).
+        """
+        t = round_index
+        if self.lr_schedule == "constant":
+            return self.lr
+        if self.lr_schedule == "inverse":
+            return self.lr / (1.0 + t)
+        if self.lr_schedule == "salf-theorem":
+            return 2.0 / (self.lr_rho_c * (self.lr_gamma + t))
+        raise ConfigError(
+            f"train.lr_schedule = {self.lr_schedule!r}: unknown (known: constant, inverse, salf-theorem)"
+        )
+
+
+@dataclass
+class NoOptions:
+    """Algorithms without options."""
+
+
+class Algorithm:
+    """Base class; subclasses set ``name``, ``Options`` and override the pieces they change."""
+
+    name: ClassVar[str] = "base"
+    summary: ClassVar[str] = ""
+    Options: ClassVar[type] = NoOptions
+    uses_deadline: ClassVar[bool] = True
+
+    def __init__(self, options: Any, train: TrainSettings):
+        self.options = options
+        self.train = train
+
+    # -- planning ---------------------------------------------------------------------
+    def init_state(self, num_clients: int, num_params: int) -> dict:
+        """Server memory kept across rounds (checkpointed with the run)."""
+        return {}
+
+    def plan(self, round_index: int, state: dict, system: SystemModel, deadline: float | None) -> RoundPlan:
+        """Default plan: every client, the configured batch and steps, the configured deadline
+        (or ``None`` for algorithms that wait for all)."""
+        assignment = [
+            ClientAssignment(self.train.batch_size, self.train.local_steps)
+            for _ in range(system.num_clients)
+        ]
+        return RoundPlan(
+            round=round_index,
+            deadline=deadline if self.uses_deadline else None,
+            lr=self.train.lr_at(round_index),
+            assignments=assignment,
+        )
+
+    # -- client ---------------------------------------------------------------------
+    def local_update(
+        self,
+        trainer: LocalTrainer,
+        params: torch.Tensor,
+        buffers: torch.Tensor,
+        client: int,
+        assignment: ClientAssignment,
+        depth: int,
+        lr: float,
+        rng: np.random.Generator,
+    ) -> LocalResult | None:
+        """Default client work: local SGD on layers ``depth..L``."""
+        return trainer.train(
+            params, buffers, client, depth, assignment.local_steps, assignment.batch_size, lr, rng
+        )
+
+    # -- server ---------------------------------------------------------------------
+    def aggregate(
+        self,
+        params: torch.Tensor,
+        buffers: torch.Tensor,
+        updates: list[LocalResult],
+        state: dict,
+        context: RoundContext,
+        layout: ModelLayout,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+
+ALGORITHMS: dict[str, type[Algorithm]] = {}
+
+
+def register(cls: type[Algorithm]) -> type[Algorithm]:
+    """Class decorator adding an algorithm to the registry under ``cls.name``."""
+    ALGORITHMS[cls.name] = cls
+    return cls
+
+
+def build_options(name: str, values: dict) -> Any:
+    """Validate ``[algorithm]`` keys for algorithm ``name`` into its ``Options`` dataclass."""
+    try:
+        cls = ALGORITHMS[name]
+    except KeyError:
+        raise ConfigError(
+            f"algorithm.name = {name!r}: unknown (known: {', '.join(sorted(ALGORITHMS))})"
+        ) from None
+    fields = {f.name: f for f in dataclasses.fields(cls.Options)}
+    for key in values:
+        if key not in fields:
+            known = ", ".join(fields) or "none"
+            raise ConfigError(f"algorithm.{key}: unknown option for {name} (known: {known})")
+    options = cls.Options(**values)
+    check = getattr(options, "validate", None)
+    if check:
+        check()
+    return options
+

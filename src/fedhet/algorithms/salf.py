@@ -1,0 +1,59 @@
+"""SALF: layer-wise aggregation of stragglers' partial updates (SALF eq. (9))."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fedhet.algorithms.aggregation import expand_per_layer, layerwise_mean_buffers, layerwise_sum
+from fedhet.algorithms.base import Algorithm, register
+from fedhet.errors import ConfigError
+
+
+@dataclass
+class SALFOptions:
+    """``bias_correction``: divide layer l's mean update by 1 - p_l (eq. (9)); ``normalize``:
+    ``reached`` (mean over U_l, the paper) or ``all`` (sum over U_l divided by U, the
+    authors' public code, which applies no p_l)."""
+
+    bias_correction: bool = True
+    normalize: str = "reached"
+
+    def validate(self) -> None:
+        if self.normalize not in ("reached", "all"):
+            raise ConfigError(f"algorithm.normalize = {self.normalize!r}: must be 'reached' or 'all'")
+
+
+def salf_layer_factor(
+    counts: torch.Tensor, no_reach_prob: torch.Tensor, bias_correction: bool
+) -> torch.Tensor:
+    """Per-layer factor turning the sum over U_l of Delta_u^l into SALF's step:
+    1 / (|U_l| (1 - p_l)) where |U_l| > 0, else 0 (layer kept) — SALF eq. (9), ADEL-FL eq. (5).
+    """
+    correction = 1.0 - no_reach_prob if bias_correction else torch.ones_like(no_reach_prob)
+    return torch.where(counts > 0, 1.0 / (counts.clamp(min=1.0) * correction), torch.zeros_like(counts))
+
+
+@register
+class SALF(Algorithm):
+    """Stragglers send the layers they reached; the server aggregates layer by layer:
+    w^l_{t+1} = w^l_t + mean_{u in U_l} Delta^l_u / (1 - p_l), w^l_t kept if U_l is empty.
+    p_l = P[no client reaches l] comes from the system model in use."""
+
+    name = "salf"
+    summary = "Stragglers-aware layer-wise FL (SALF eq. (9)), p_l from the system model"
+    Options = SALFOptions
+
+    def aggregate(self, params, buffers, updates, state, context, layout):
+        """SALF eq. (9) (``normalize='reached'``) or the authors' sum / U (``'all'``)."""
+        slices = layout.param_slices
+        sums, counts = layerwise_sum(updates, slices, params.numel())
+        if self.options.normalize == "all":
+            factor = torch.full_like(counts, 1.0 / context.num_clients)
+        else:
+            p_l = torch.as_tensor(context.marginals.no_reach_prob, dtype=torch.float32)
+            factor = salf_layer_factor(counts, p_l, self.options.bias_correction)
+        new_params = params + sums * expand_per_layer(factor, slices, params.numel())
+        new_buffers = layerwise_mean_buffers(buffers, updates, layout.buffer_slices)
+        return new_params, new_buffers

@@ -1,0 +1,322 @@
+"""Typed, validated run configuration: TOML in, one clear error line out.
+
+Sections: ``[run] [data] [model] [train] [system] [algorithm]`` and, for several
+algorithms on the same setting, ``[compare] algorithms = [...]``. ``[algorithm]`` holds
+``name`` plus that algorithm's options (validated by the algorithm's ``Options``).
+Command-line overrides use ``section.key=value`` with TOML values (``0.5``, ``true``,
+``"x"``; bare words are read as strings).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedhet.errors import ConfigError
+
+
+@dataclass
+class RunConfig:
+    name: str = "run"
+    seed: int = 0
+    rounds: int = 100
+    eval_every: int = 1
+    threads: int = 0  # torch intra-op threads; 0 leaves torch's default
+
+    def validate(self) -> None:
+        _at_least("run.rounds", self.rounds, 1)
+        _at_least("run.eval_every", self.eval_every, 1)
+        _at_least("run.threads", self.threads, 0)
+        if not self.name or "/" in self.name or self.name.startswith("."):
+            raise ConfigError(f"run.name = {self.name!r}: must be a plain folder name")
+
+
+@dataclass
+class DataConfig:
+    dataset: str = "digits"
+    data_dir: str = ""
+    partition: str = "iid"
+    num_clients: int = 10
+    fraction: float = 1.0  # keep this random fraction of train and test examples
+    alpha: float = 0.5  # dirichlet concentration
+    shards_per_client: int = 2
+    swap_fraction: float = 0.0  # label-swap: fraction of each label of a pair relabelled
+    swap_pairs: list = field(default_factory=lambda: [[0, 1], [8, 9]])
+    swap_clients: str = "all"  # "all" or "second-half"
+
+    def validate(self) -> None:
+        from fedhet.data import DATASETS, PARTITIONERS
+
+        _one_of("data.dataset", self.dataset, DATASETS)
+        _one_of("data.partition", self.partition, PARTITIONERS)
+        _one_of("data.swap_clients", self.swap_clients, ("all", "second-half"))
+        _at_least("data.num_clients", self.num_clients, 1)
+        _at_least("data.shards_per_client", self.shards_per_client, 1)
+        _in_range("data.fraction", self.fraction, 0.0, 1.0, low_open=True)
+        _in_range("data.swap_fraction", self.swap_fraction, 0.0, 1.0)
+        if self.alpha <= 0:
+            raise ConfigError(f"data.alpha = {self.alpha}: must be > 0")
+        for pair in self.swap_pairs:
+            if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(v, int) for v in pair)):
+                raise ConfigError(f"data.swap_pairs: {pair!r} is not a pair of integer labels")
+
+
+@dataclass
+class ModelConfig:
+    name: str = "mlp"
+    hidden: list = field(default_factory=lambda: [32, 16])
+
+    def validate(self) -> None:
+        from fedhet.models import MODELS
+
+        _one_of("model.name", self.name, MODELS)
+        if not all(isinstance(h, int) and h >= 1 for h in self.hidden):
+            raise ConfigError(f"model.hidden = {self.hidden!r}: must be positive integers")
+
+
+@dataclass
+class TrainConfig:
+    lr: float = 0.05
+    lr_schedule: str = "constant"
+    lr_rho_c: float = 1.0
+    lr_gamma: float = 1.0
+    batch_size: int = 16
+    local_steps: int = 1
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    keep_momentum: bool = False
+
+    def validate(self) -> None:
+        if self.lr <= 0:
+            raise ConfigError(f"train.lr = {self.lr}: must be > 0")
+        _one_of("train.lr_schedule", self.lr_schedule, ("constant", "inverse", "salf-theorem"))
+        _at_least("train.batch_size", self.batch_size, 1)
+        _at_least("train.local_steps", self.local_steps, 1)
+        _in_range("train.momentum", self.momentum, 0.0, 1.0, high_open=True)
+        if self.weight_decay < 0:
+            raise ConfigError(f"train.weight_decay = {self.weight_decay}: must be >= 0")
+
+
+@dataclass
+class SystemConfig:
+    model: str = "straggler-ratio"
+    deadline: float = 1.0
+    # straggler-ratio
+    straggler_ratio: float = 0.5
+    fixed_stragglers: bool = False
+    straggler_min_depth: int = 2
+    # exponential
+    time_per_sample_layer: float = 1.0
+    capability_profile: str = "constant"
+    capability_low: float = 0.5
+    capability_high: float = 1.5
+    capability_mu: float = 0.0
+    capability_sigma: float = 0.5
+    capabilities: list = field(default_factory=list)
+
+    def validate(self) -> None:
+        from fedhet.system import CAPABILITY_PROFILES, SYSTEM_MODELS
+
+        _one_of("system.model", self.model, SYSTEM_MODELS)
+        _one_of("system.capability_profile", self.capability_profile, CAPABILITY_PROFILES)
+        _in_range("system.straggler_ratio", self.straggler_ratio, 0.0, 1.0)
+        if self.deadline <= 0:
+            raise ConfigError(f"system.deadline = {self.deadline}: must be > 0")
+        if self.time_per_sample_layer <= 0:
+            raise ConfigError(
+                f"system.time_per_sample_layer = {self.time_per_sample_layer}: must be > 0"
+            )
+
+
+@dataclass
+class CompareConfig:
+    algorithms: list = field(default_factory=list)
+
+
+@dataclass
+class Config:
+    """A whole run's configuration."""
+
+    run: RunConfig = field(default_factory=RunConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    system: SystemConfig = field(default_factory=SystemConfig)
+    algorithm: dict = field(default_factory=lambda: {"name": "salf"})
+    compare: CompareConfig = field(default_factory=CompareConfig)
+
+    @property
+    def algorithm_name(self) -> str:
+        return str(self.algorithm.get("name", ""))
+
+    @property
+    def algorithm_options(self) -> dict:
+        return {k: v for k, v in self.algorithm.items() if k != "name"}
+
+    def to_dict(self) -> dict:
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = dict(value) if isinstance(value, dict) else dataclasses.asdict(value)
+        if not out["compare"]["algorithms"]:
+            del out["compare"]
+        return out
+
+    def to_toml(self) -> str:
+        import tomli_w
+
+        return tomli_w.dumps(self.to_dict())
+
+
+SECTIONS = {
+    "run": RunConfig,
+    "data": DataConfig,
+    "model": ModelConfig,
+    "train": TrainConfig,
+    "system": SystemConfig,
+    "compare": CompareConfig,
+}
+
+
+def _at_least(key: str, value: int, low: int) -> None:
+    if value < low:
+        raise ConfigError(f"{key} = {value}: must be >= {low}")
+
+
+def _in_range(key, value, low, high, low_open=False, high_open=False) -> None:
+    bad = value < low or value > high or (low_open and value == low) or (high_open and value == high)
+    if bad:
+        lb, hb = "(" if low_open else "[", ")" if high_open else "]"
+        raise ConfigError(f"{key} = {value}: must be in {lb}{low}, {high}{hb}")
+
+
+def _one_of(key: str, value: str, choices) -> None:
+    if value not in choices:
+        raise ConfigError(f"{key} = {value!r}: unknown (known: {', '.join(choices)})")
+
+
+def _coerce(key: str, value: Any, annotation: Any) -> Any:
+    """Check ``value`` against a field's type; ints are accepted where floats are expected."""
+    if isinstance(annotation, str):
+        annotation = {"str": str, "int": int, "float": float, "bool": bool, "list": list}.get(
+            annotation, annotation
+        )
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return _coerce(key, value, args[0])
+    if annotation is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key} = {value!r}: expected true or false")
+        return value
+    if annotation is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key} = {value!r}: expected an integer")
+        return value
+    if annotation is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{key} = {value!r}: expected a number")
+        return float(value)
+    if annotation is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key} = {value!r}: expected a string")
+        return value
+    if annotation is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{key} = {value!r}: expected a list")
+        return value
+    return value
+
+
+def _section(name: str, cls: type, values: Any):
+    if not isinstance(values, dict):
+        raise ConfigError(f"[{name}] must be a table")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in values.items():
+        if key not in fields:
+            raise ConfigError(f"{name}.{key}: unknown key (known: {', '.join(fields)})")
+        kwargs[key] = _coerce(f"{name}.{key}", value, fields[key].type)
+    return cls(**kwargs)
+
+
+def from_dict(raw: dict) -> Config:
+    """Build and validate a :class:`Config` from a parsed TOML document."""
+    known = set(SECTIONS) | {"algorithm"}
+    for key in raw:
+        if key not in known:
+            raise ConfigError(f"[{key}]: unknown section (known: {', '.join(sorted(known))})")
+    parts = {name: _section(name, cls, raw.get(name, {})) for name, cls in SECTIONS.items()}
+    algorithm = raw.get("algorithm", {"name": "salf"})
+    if not isinstance(algorithm, dict):
+        raise ConfigError("[algorithm] must be a table")
+    algorithm = dict(algorithm)
+    algorithm.setdefault("name", parts["compare"].algorithms[0] if parts["compare"].algorithms else "salf")
+    config = Config(algorithm=algorithm, **parts)
+    validate(config)
+    return config
+
+
+def validate(config: Config) -> None:
+    """Check every section, the algorithm's options and cross-section rules."""
+    from fedhet.algorithms import ALGORITHMS, build_options
+
+    for name in SECTIONS:
+        check = getattr(getattr(config, name), "validate", None)
+        if check:
+            check()
+    build_options(config.algorithm_name, config.algorithm_options)
+    for name in config.compare.algorithms:
+        if name not in ALGORITHMS:
+            raise ConfigError(
+                f"compare.algorithms: {name!r} unknown (known: {', '.join(sorted(ALGORITHMS))})"
+            )
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Parse ``section.key=value`` (value in TOML syntax; bare words become strings)."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected section.key=value")
+    path, raw_value = text.split("=", 1)
+    keys = path.strip().split(".")
+    if len(keys) != 2 or not all(keys):
+        raise ConfigError(f"--set {text!r}: key must look like section.key")
+    try:
+        value = tomllib.loads(f"v = {raw_value.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw_value.strip()
+    return keys, value
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    """Return a copy of ``raw`` with ``section.key=value`` overrides applied."""
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
+    for text in overrides:
+        (section, key), value = parse_override(text)
+        out.setdefault(section, {})
+        if not isinstance(out[section], dict):
+            raise ConfigError(f"--set {text!r}: [{section}] is not a table")
+        out[section][key] = value
+    return out
+
+
+def read_toml(path: str | Path) -> dict:
+    """Parse a TOML file; errors name the file."""
+    path = Path(path)
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML ({exc})") from None
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
+    """Read, override and validate a configuration file."""
+    return from_dict(apply_overrides(read_toml(path), overrides or []))

@@ -1,0 +1,1 @@
+"""Engines move data between clients and server; they contain no algorithm rules."""

@@ -1,0 +1,176 @@
+"""Experiment grids: one base configuration, axes of values, independent cells.
+
+An experiment file is a run configuration plus:
+
+- ``[experiment]``: ``name``, ``jobs`` (cells run in parallel, default: cores).
+- ``[grid]``: dotted keys mapped to lists of values; cells are their Cartesian product.
+- ``[[cases]]`` (optional): tables of dotted overrides, each crossed with the grid (use
+  them for settings that change together, e.g. a model with its learning rate and rounds).
+- ``[report]``: ``rows`` and ``columns`` (dotted keys) and ``value`` (a summary field) of the
+  table written to ``table.md``.
+
+Each cell is an ordinary run directory under ``<out>/<cell name>/``; a cell with a finished
+summary is skipped and a half-finished one resumes from its checkpoint, so an interrupted
+grid continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedhet.config import Config, apply_overrides, from_dict, read_toml
+from fedhet.errors import ConfigError, FedhetError
+
+EXPERIMENT_SECTIONS = ("experiment", "grid", "cases", "report")
+
+
+@dataclass
+class Cell:
+    """One run of a grid: its name, overrides and validated configuration."""
+
+    name: str
+    overrides: dict[str, Any]
+    config: Config
+
+
+@dataclass
+class Experiment:
+    name: str
+    jobs: int
+    cells: list[Cell]
+    rows: list[str]
+    columns: list[str]
+    value: str
+
+
+def _label(value: Any) -> str:
+    return str(value).replace("/", "_").replace(" ", "")
+
+
+def _override_text(key: str, value: Any) -> str:
+    import tomli_w
+
+    return f"{key}={tomli_w.dumps({'v': value})[4:].strip()}"
+
+
+def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Experiment:
+    """Read an experiment file into its validated cells."""
+    raw = read_toml(path)
+    meta = raw.get("experiment", {})
+    grid = raw.get("grid", {})
+    cases = raw.get("cases", [{}]) or [{}]
+    report = raw.get("report", {})
+    base = {k: v for k, v in raw.items() if k not in EXPERIMENT_SECTIONS}
+    base = apply_overrides(base, overrides or [])
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"{path}: grid.{key!r} must be a non-empty list")
+    name = str(meta.get("name", Path(path).stem))
+    jobs = int(meta.get("jobs", 0)) or (os.cpu_count() or 1)
+    keys = list(grid)
+    cells = []
+    for case in cases:
+        for combo in itertools.product(*(grid[k] for k in keys)):
+            chosen = {**case, **dict(zip(keys, combo, strict=True))}
+            cell_name = "-".join(_label(v) for v in chosen.values()) or "base"
+            texts = [_override_text(k, v) for k, v in chosen.items()]
+            texts.append(_override_text("run.name", cell_name))
+            try:
+                config = from_dict(apply_overrides(base, texts))
+            except ConfigError as exc:
+                raise ConfigError(f"{path}: cell {cell_name}: {exc}") from None
+            cells.append(Cell(cell_name, chosen, config))
+    return Experiment(
+        name=name,
+        jobs=jobs,
+        cells=cells,
+        rows=list(report.get("rows", [])),
+        columns=list(report.get("columns", keys)),
+        value=str(report.get("value", "final_test_accuracy")),
+    )
+
+
+def _run_cell(config: Config, out_dir: str) -> dict:
+    from fedhet.engine.simulator import Simulator
+
+    if config.run.threads == 0:
+        import torch
+
+        torch.set_num_threads(1)
+    sim = Simulator(config, out_dir)
+    return sim.run(resume=True).summary
+
+
+def run_experiment(
+    experiment: Experiment, out_dir: str | Path, jobs: int | None = None,
+    on_cell: Callable[[Cell, dict], None] | None = None,
+) -> dict[str, dict]:
+    """Run every unfinished cell (in parallel processes); return summaries by cell name."""
+    from fedhet.results import RunDirectory
+
+    out_dir = Path(out_dir)
+    summaries: dict[str, dict] = {}
+    todo = []
+    for cell in experiment.cells:
+        run_dir = RunDirectory(out_dir / cell.name)
+        if run_dir.summary_path.exists() and run_dir.read_summary().get("finished"):
+            summaries[cell.name] = run_dir.read_summary()
+            if on_cell:
+                on_cell(cell, summaries[cell.name])
+        else:
+            todo.append(cell)
+    workers = max(1, min(jobs or experiment.jobs, len(todo) or 1))
+    if workers == 1:
+        for cell in todo:
+            summaries[cell.name] = _run_cell(cell.config, str(out_dir / cell.name))
+            if on_cell:
+                on_cell(cell, summaries[cell.name])
+    else:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            futures = {pool.submit(_run_cell, c.config, str(out_dir / c.name)): c for c in todo}
+            for future in as_completed(futures):
+                cell = futures[future]
+                try:
+                    summaries[cell.name] = future.result()
+                except FedhetError as exc:
+                    raise FedhetError(f"cell {cell.name}: {exc}") from None
+                if on_cell:
+                    on_cell(cell, summaries[cell.name])
+    return summaries
+
+
+def _lookup(cell: Cell, key: str) -> Any:
+    section, _, field = key.partition(".")
+    part = getattr(cell.config, section)
+    return part.get(field) if isinstance(part, dict) else getattr(part, field)
+
+
+def report_table(experiment: Experiment, summaries: dict[str, dict], digits: int = 3) -> str:
+    """A Markdown pivot table: one row per ``rows`` value, one column per ``columns`` value."""
+    row_keys, col_keys = experiment.rows, experiment.columns
+    rows: dict[tuple, dict[tuple, Any]] = {}
+    col_order: list[tuple] = []
+    for cell in experiment.cells:
+        if cell.name not in summaries:
+            continue
+        r = tuple(_lookup(cell, k) for k in row_keys)
+        c = tuple(_lookup(cell, k) for k in col_keys)
+        if c not in col_order:
+            col_order.append(c)
+        rows.setdefault(r, {})[c] = summaries[cell.name].get(experiment.value)
+    head = [" / ".join(k.split(".")[-1] for k in row_keys) or "run"]
+    head += [" ".join(str(v) for v in c) for c in col_order]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r, values in rows.items():
+        cells = [" ".join(str(v) for v in r) or "-"]
+        for c in col_order:
+            v = values.get(c)
+            cells.append(f"{v:.{digits}f}" if isinstance(v, float) else ("" if v is None else str(v)))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

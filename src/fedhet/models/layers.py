@@ -1,0 +1,154 @@
+"""Explicit layers and one flat parameter vector per model.
+
+A :class:`LayeredModel` is an ordered list of *layer groups* (blocks), input to output; a
+block is one Linear or Conv with its bias, any BatchNorm after it, and its parameter-free
+activation/pooling. Layers are numbered 1..L from input to output. Back-propagation visits
+L, L-1, ..., 1; a client with depth d computed layers d..L (d = L + 1: nothing).
+
+:class:`FlatModel` makes every parameter a view into one contiguous vector ordered by layer,
+so layer l is the slice ``params[start_l:end_l]`` and reloading the global model into the
+working model is a single in-place copy (as pfl-research does). Float buffers (BatchNorm
+running statistics) live in a second flat vector with the same per-layer slices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+class LayeredModel(nn.Module):
+    """A feed-forward network made of ``blocks``, each one declared layer."""
+
+    def __init__(self, blocks: list[nn.Module]):
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+
+    @property
+    def num_layers(self) -> int:
+        """L, the number of declared layers."""
+        return len(self.blocks)
+
+    def forward(self, x: torch.Tensor, depth: int = 1) -> torch.Tensor:
+        """Forward pass that lets back-propagation reach only layers ``depth..L``.
+
+        Layers below ``depth`` run without building an autograd graph and their output is
+        detached, so a backward pass truly stops at layer ``depth``: the lower layers'
+        gradients are neither computed nor paid for (SALF Sec. III-A, truncated backprop).
+        """
+        if depth > 1:
+            with torch.no_grad():
+                for block in self.blocks[: depth - 1]:
+                    x = block(x)
+            x = x.detach()
+        for block in self.blocks[depth - 1 :]:
+            x = block(x)
+        return x
+
+
+@dataclass(frozen=True)
+class LayerSlices:
+    """Per-layer ``(start, end)`` bounds into a flat vector, layers 1..L at index 0..L-1."""
+
+    bounds: tuple[tuple[int, int], ...]
+
+    def start(self, layer: int) -> int:
+        """First flat index of layer ``layer`` (1-based); ``L + 1`` gives the total size."""
+        if layer == len(self.bounds) + 1:
+            return self.bounds[-1][1] if self.bounds else 0
+        return self.bounds[layer - 1][0]
+
+    def of(self, layer: int) -> slice:
+        """Slice of layer ``layer`` (1-based)."""
+        start, end = self.bounds[layer - 1]
+        return slice(start, end)
+
+    def from_depth(self, depth: int) -> slice:
+        """Slice covering layers ``depth..L`` (empty when depth = L + 1)."""
+        return slice(self.start(depth), self.start(len(self.bounds) + 1))
+
+
+@dataclass(frozen=True)
+class ModelLayout:
+    """Where each layer lives in the flat parameter and buffer vectors."""
+
+    param_slices: LayerSlices
+    buffer_slices: LayerSlices
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.param_slices.bounds)
+
+    @property
+    def num_params(self) -> int:
+        return self.param_slices.start(self.num_layers + 1)
+
+    @property
+    def num_buffers(self) -> int:
+        return self.buffer_slices.start(self.num_layers + 1)
+
+
+class FlatModel:
+    """A :class:`LayeredModel` whose parameters and float buffers are views of flat vectors.
+
+    ``params`` and ``buffers`` are 1-D tensors; ``param_slices``/``buffer_slices`` give each
+    layer's region. ``layer_params[l-1]`` lists layer l's ``nn.Parameter`` objects (for
+    ``torch.autograd.grad`` over reached layers only).
+    """
+
+    def __init__(self, model: LayeredModel):
+        self.model = model
+        self.layer_params: list[list[nn.Parameter]] = []
+        param_bounds, buffer_bounds = [], []
+        param_chunks, buffer_chunks = [], []
+        buffer_owners = []
+        p_off = b_off = 0
+        for block in model.blocks:
+            params = [p for p in block.parameters() if p.requires_grad]
+            self.layer_params.append(params)
+            n = sum(p.numel() for p in params)
+            param_bounds.append((p_off, p_off + n))
+            p_off += n
+            param_chunks.extend(p.detach().reshape(-1) for p in params)
+            m = 0
+            for module in block.modules():
+                for name, buf in module.named_buffers(recurse=False):
+                    if buf is not None and buf.is_floating_point():
+                        buffer_owners.append((module, name, buf.shape))
+                        buffer_chunks.append(buf.detach().reshape(-1))
+                        m += buf.numel()
+            buffer_bounds.append((b_off, b_off + m))
+            b_off += m
+        self.param_slices = LayerSlices(tuple(param_bounds))
+        self.buffer_slices = LayerSlices(tuple(buffer_bounds))
+        self.layout = ModelLayout(self.param_slices, self.buffer_slices)
+        self.params = torch.cat(param_chunks).clone() if param_chunks else torch.zeros(0)
+        self.buffers = torch.cat(buffer_chunks).clone() if buffer_chunks else torch.zeros(0)
+        with torch.no_grad():
+            off = 0
+            for params in self.layer_params:
+                for p in params:
+                    p.data = self.params[off : off + p.numel()].view_as(p)
+                    off += p.numel()
+            off = 0
+            for module, name, shape in buffer_owners:
+                n = int(torch.Size(shape).numel())
+                module._buffers[name] = self.buffers[off : off + n].view(shape)
+                off += n
+
+    @property
+    def num_layers(self) -> int:
+        return self.model.num_layers
+
+    def parameters_from_depth(self, depth: int) -> list[nn.Parameter]:
+        """The parameters of layers ``depth..L``, in flat order."""
+        return [p for params in self.layer_params[depth - 1 :] for p in params]
+
+    def load(self, params: torch.Tensor, buffers: torch.Tensor | None = None) -> None:
+        """Copy global ``params`` (and ``buffers``) into the working model, in place."""
+        with torch.no_grad():
+            self.params.copy_(params)
+            if buffers is not None and buffers.numel():
+                self.buffers.copy_(buffers)

@@ -1,0 +1,117 @@
+"""The model zoo; every model is a :class:`LayeredModel` with declared layers.
+
+- ``mlp``: Linear layers with ReLU, hidden sizes (32, 16) by default (SALF Sec. IV-A).
+- ``cnn2``: conv 1->6 5x5, pool, conv 6->6 5x5, pool, fc ->50, fc ->classes (SALF Sec. IV-A).
+- ``cnn-fedstale``: conv 1->32 3x3 pad 1, pool, conv 32->64 3x3 pad 1, pool, fc ->128, fc.
+- ``vgg11/13/16/19``: 3x3 conv + BatchNorm + ReLU blocks, max-pool after each stage, one
+  Linear(512, classes) classifier; 28x28 inputs are zero-padded to 32x32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from torch import nn
+
+from fedhet.errors import ConfigError
+from fedhet.models.layers import LayeredModel
+
+VGG_STAGES = {
+    "vgg11": [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"],
+    "vgg13": [64, 64, "M", 128, 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"],
+    "vgg16": [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"],
+    "vgg19": [64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M",
+              512, 512, 512, 512, "M", 512, 512, 512, 512, "M"],
+}  # fmt: skip
+
+
+def _image_shape(input_shape: Sequence[int], model: str) -> tuple[int, int, int]:
+    if len(input_shape) != 3:
+        raise ConfigError(f"model.name = {model!r} needs image input, dataset gives {tuple(input_shape)}")
+    return int(input_shape[0]), int(input_shape[1]), int(input_shape[2])
+
+
+def mlp(input_shape: Sequence[int], num_classes: int, hidden: Sequence[int] = (32, 16)) -> LayeredModel:
+    """Fully connected network ``in -> hidden... -> classes``, one layer per Linear."""
+    sizes = [1]
+    for s in input_shape:
+        sizes[0] *= int(s)
+    sizes += [int(h) for h in hidden]
+    blocks: list[nn.Module] = []
+    for i in range(len(sizes) - 1):
+        parts: list[nn.Module] = [nn.Flatten()] if i == 0 else []
+        parts += [nn.Linear(sizes[i], sizes[i + 1]), nn.ReLU()]
+        blocks.append(nn.Sequential(*parts))
+    last: list[nn.Module] = [nn.Flatten()] if not blocks else []
+    blocks.append(nn.Sequential(*last, nn.Linear(sizes[-1], num_classes)))
+    return LayeredModel(blocks)
+
+
+def cnn2(input_shape: Sequence[int], num_classes: int) -> LayeredModel:
+    """SALF's CNN: conv(->6, 5x5)-pool-conv(6->6, 5x5)-pool-fc(->50)-fc(->classes)."""
+    channels, height, width = _image_shape(input_shape, "cnn2")
+    h, w = ((height - 4) // 2 - 4) // 2, ((width - 4) // 2 - 4) // 2
+    if h < 1 or w < 1:
+        raise ConfigError(f"model.name = 'cnn2' needs images of at least 16x16, got {height}x{width}")
+    return LayeredModel([
+        nn.Sequential(nn.Conv2d(channels, 6, 5), nn.ReLU(), nn.MaxPool2d(2)),
+        nn.Sequential(nn.Conv2d(6, 6, 5), nn.ReLU(), nn.MaxPool2d(2)),
+        nn.Sequential(nn.Flatten(), nn.Linear(6 * h * w, 50), nn.ReLU()),
+        nn.Sequential(nn.Linear(50, num_classes)),
+    ])
+
+
+def cnn_fedstale(input_shape: Sequence[int], num_classes: int) -> LayeredModel:
+    """FedStale's CNN: conv(->32, 3x3, pad 1)-pool-conv(32->64)-pool-fc(->128)-fc."""
+    channels, height, width = _image_shape(input_shape, "cnn-fedstale")
+    h, w = height // 4, width // 4
+    if h < 1 or w < 1:
+        raise ConfigError(f"model.name = 'cnn-fedstale' needs images of at least 4x4, got {height}x{width}")
+    return LayeredModel([
+        nn.Sequential(nn.Conv2d(channels, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)),
+        nn.Sequential(nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)),
+        nn.Sequential(nn.Flatten(), nn.Linear(64 * h * w, 128), nn.ReLU()),
+        nn.Sequential(nn.Linear(128, num_classes)),
+    ])
+
+
+def vgg(input_shape: Sequence[int], num_classes: int, variant: str = "vgg11") -> LayeredModel:
+    """VGG in its CIFAR form: each 3x3 conv + BN + ReLU (+ the stage's max-pool) is a layer."""
+    channels, height, width = _image_shape(input_shape, variant)
+    pad = 0
+    if (height, width) == (28, 28):
+        pad = 2
+    elif (height, width) != (32, 32):
+        raise ConfigError(f"model.name = {variant!r} needs 28x28 or 32x32 images, got {height}x{width}")
+    stages = VGG_STAGES[variant]
+    blocks: list[nn.Module] = []
+    in_ch = channels
+    for i, item in enumerate(stages):
+        if item == "M":
+            continue
+        parts: list[nn.Module] = [nn.ZeroPad2d(pad)] if not blocks and pad else []
+        parts += [nn.Conv2d(in_ch, int(item), 3, padding=1), nn.BatchNorm2d(int(item)), nn.ReLU()]
+        if i + 1 < len(stages) and stages[i + 1] == "M":
+            parts.append(nn.MaxPool2d(2))
+        blocks.append(nn.Sequential(*parts))
+        in_ch = int(item)
+    blocks.append(nn.Sequential(nn.Flatten(), nn.Linear(512, num_classes)))
+    return LayeredModel(blocks)
+
+
+MODELS = ("mlp", "cnn2", "cnn-fedstale", *VGG_STAGES)
+
+
+def build_model(
+    name: str, input_shape: Sequence[int], num_classes: int, hidden: Sequence[int] = (32, 16)
+) -> LayeredModel:
+    """Build zoo model ``name`` for inputs of ``input_shape`` and ``num_classes`` classes."""
+    if name == "mlp":
+        return mlp(input_shape, num_classes, hidden)
+    if name == "cnn2":
+        return cnn2(input_shape, num_classes)
+    if name == "cnn-fedstale":
+        return cnn_fedstale(input_shape, num_classes)
+    if name in VGG_STAGES:
+        return vgg(input_shape, num_classes, name)
+    raise ConfigError(f"model.name = {name!r}: unknown (known: {', '.join(MODELS)})")

@@ -1,0 +1,113 @@
+"""Build the simulated world of a run from its configuration: data, partition, model,
+system model and algorithm. Shared by every engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fedhet import seeding
+from fedhet.algorithms import ALGORITHMS, Algorithm, TrainSettings, build_options
+from fedhet.client import LocalTrainer, SGDSettings
+from fedhet.config import Config
+from fedhet.data import Dataset, load_dataset, partition_indices
+from fedhet.data.partition import swap_labels
+from fedhet.data.sources import subsample
+from fedhet.models import FlatModel, build_model
+from fedhet.system import ExponentialLayers, StragglerRatio, SystemModel, UniformDepth, capabilities
+
+
+@dataclass
+class World:
+    """Everything a run needs besides its evolving state."""
+
+    config: Config
+    dataset: Dataset
+    train_labels: torch.Tensor
+    client_indices: list[np.ndarray]
+    flat: FlatModel
+    initial_params: torch.Tensor
+    initial_buffers: torch.Tensor
+    system: SystemModel
+    algorithm: Algorithm
+    trainer: LocalTrainer
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.client_indices)
+
+
+def build_partition(config: Config, dataset: Dataset) -> tuple[list[np.ndarray], torch.Tensor]:
+    """Client index arrays and the (possibly label-swapped) training labels."""
+    d = config.data
+    rng = seeding.stream(config.run.seed, "data")
+    labels = dataset.y_train.numpy()
+    parts = partition_indices(labels, d.num_clients, d.partition, rng, d.alpha, d.shards_per_client)
+    if d.partition == "label-swap" or d.swap_fraction > 0:
+        clients = range(d.num_clients) if d.swap_clients == "all" else range(d.num_clients // 2, d.num_clients)
+        labels = swap_labels(labels, parts, d.swap_fraction, d.swap_pairs, list(clients), rng)
+    return parts, torch.from_numpy(np.ascontiguousarray(labels))
+
+
+def build_system(config: Config, num_clients: int, num_layers: int) -> SystemModel:
+    """The configured system model (ALGORITHMS.md Sec. 1)."""
+    s = config.system
+    setup_rng = seeding.stream(config.run.seed, "system-setup")
+    if s.model == "uniform-depth":
+        return UniformDepth(num_clients, num_layers, deadline=s.deadline)
+    if s.model == "straggler-ratio":
+        return StragglerRatio(
+            num_clients,
+            num_layers,
+            s.straggler_ratio,
+            fixed_stragglers=s.fixed_stragglers,
+            min_depth=s.straggler_min_depth,
+            deadline=s.deadline,
+            rng=setup_rng,
+        )
+    caps = capabilities(
+        s.capability_profile,
+        num_clients,
+        setup_rng,
+        low=s.capability_low,
+        high=s.capability_high,
+        mu=s.capability_mu,
+        sigma=s.capability_sigma,
+        values=s.capabilities,
+    )
+    return ExponentialLayers(num_clients, num_layers, caps, s.time_per_sample_layer)
+
+
+def build_world(config: Config) -> World:
+    """Load data, split it, build the model, system model, algorithm and local trainer."""
+    if config.run.threads:
+        torch.set_num_threads(config.run.threads)
+    dataset = load_dataset(config.data.dataset, config.data.data_dir or None)
+    dataset = subsample(dataset, config.data.fraction, seeding.stream(config.run.seed, "data-fraction"))
+    parts, train_labels = build_partition(config, dataset)
+    torch.manual_seed(seeding.torch_seed(config.run.seed, "init"))
+    model = build_model(config.model.name, dataset.input_shape, dataset.num_classes, config.model.hidden)
+    flat = FlatModel(model)
+    system = build_system(config, len(parts), flat.num_layers)
+    t = config.train
+    train = TrainSettings(t.lr, t.lr_schedule, t.lr_rho_c, t.lr_gamma, t.batch_size, t.local_steps)
+    algorithm = ALGORITHMS[config.algorithm_name](
+        build_options(config.algorithm_name, config.algorithm_options), train
+    )
+    trainer = LocalTrainer(
+        flat, dataset.x_train, train_labels, parts, SGDSettings(t.momentum, t.weight_decay, t.keep_momentum)
+    )
+    return World(
+        config=config,
+        dataset=dataset,
+        train_labels=train_labels,
+        client_indices=parts,
+        flat=flat,
+        initial_params=flat.params.detach().clone(),
+        initial_buffers=flat.buffers.detach().clone(),
+        system=system,
+        algorithm=algorithm,
+        trainer=trainer,
+    )
