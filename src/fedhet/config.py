@@ -200,7 +200,7 @@ def _one_of(key: str, value: str, choices) -> None:
         raise ConfigError(f"{key} = {value!r}: unknown (known: {', '.join(choices)})")
 
 
-def _coerce(key: str, value: Any, annotation: Any) -> Any:
+def coerce_value(key: str, value: Any, annotation: Any) -> Any:
     """Check ``value`` against a field's type; ints are accepted where floats are expected."""
     if isinstance(annotation, str):
         annotation = {"str": str, "int": int, "float": float, "bool": bool, "list": list}.get(
@@ -209,7 +209,7 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        return _coerce(key, value, args[0])
+        return coerce_value(key, value, args[0])
     if annotation is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"{key} = {value!r}: expected true or false")
@@ -241,7 +241,7 @@ def _section(name: str, cls: type, values: Any):
     for key, value in values.items():
         if key not in fields:
             raise ConfigError(f"{name}.{key}: unknown key (known: {', '.join(fields)})")
-        kwargs[key] = _coerce(f"{name}.{key}", value, fields[key].type)
+        kwargs[key] = coerce_value(f"{name}.{key}", value, fields[key].type)
     return cls(**kwargs)
 
 

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from fedhet.client import LocalResult, LocalTrainer
+from fedhet.config import coerce_value
 from fedhet.errors import ConfigError
 from fedhet.models.layers import ModelLayout
 from fedhet.system.outcomes import Marginals, Outcomes, SystemModel
@@ -176,7 +177,8 @@ def build_options(name: str, values: dict) -> Any:
         if key not in fields:
             known = ", ".join(fields) or "none"
             raise ConfigError(f"algorithm.{key}: unknown option for {name} (known: {known})")
-    options = cls.Options(**values)
+    typed = {key: coerce_value(f"algorithm.{key}", v, fields[key].type) for key, v in values.items()}
+    options = cls.Options(**typed)
     check = getattr(options, "validate", None)
     if check:
         check()

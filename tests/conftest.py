@@ -1,0 +1,83 @@
+"""Shared helpers for fedhet's tests: small real configurations and IDX file writers."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+REPO = Path(__file__).resolve().parents[1]
+
+SALF_DIGITS_TOML = """\
+[run]
+name = "salf-digits"
+seed = 1
+rounds = 30
+eval_every = 5
+[data]
+dataset = "digits"
+partition = "iid"
+num_clients = 10
+[model]
+name = "mlp"
+[train]
+lr = 0.1
+batch_size = 16
+local_steps = 1
+[system]
+model = "straggler-ratio"
+straggler_ratio = 0.9
+[algorithm]
+name = "salf"
+"""
+
+
+def make_config(overrides: dict | None = None):
+    """The issue's verbatim digits config, with ``{"section.key": value}`` overrides."""
+    import tomllib
+
+    from fedhet.config import from_dict
+
+    raw = tomllib.loads(SALF_DIGITS_TOML)
+    for key, value in (overrides or {}).items():
+        section, field = key.split(".")
+        raw.setdefault(section, {})[field] = value
+    return from_dict(raw)
+
+
+def write_idx(path: Path, array: np.ndarray, compress: bool = False, magic: int | None = None) -> Path:
+    """Write ``array`` (uint8) as a real IDX file (optionally gzipped or with a bad magic)."""
+    array = np.asarray(array, dtype=np.uint8)
+    code = magic if magic is not None else (0x08 << 8) | array.ndim
+    header = struct.pack(">I", code) + struct.pack(f">{array.ndim}I", *array.shape)
+    payload = header + array.tobytes()
+    if compress:
+        path = path.with_name(path.name + ".gz")
+        path.write_bytes(gzip.compress(payload))
+    else:
+        path.write_bytes(payload)
+    return path
+
+
+def write_idx_dataset(folder: Path, n_train=60, n_test=20, compress=True, seed=0) -> Path:
+    """Four MNIST-format IDX files with random 28x28 images and labels 0..9."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_idx(folder / "train-images-idx3-ubyte", rng.integers(0, 256, (n_train, 28, 28)), compress)
+    write_idx(folder / "train-labels-idx1-ubyte", rng.integers(0, 10, n_train), compress)
+    write_idx(folder / "t10k-images-idx3-ubyte", rng.integers(0, 256, (n_test, 28, 28)), compress)
+    write_idx(folder / "t10k-labels-idx1-ubyte", rng.integers(0, 10, n_test), compress)
+    return folder
+
+
+@pytest.fixture
+def idx_folder(tmp_path: Path) -> Path:
+    return write_idx_dataset(tmp_path / "idx")

@@ -1,0 +1,73 @@
+"""The command line: the issue's config runs verbatim; bad input exits with one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, SALF_DIGITS_TOML
+
+
+def fedhet(*args, cwd):
+    env = {**os.environ, "COLUMNS": "120"}
+    return subprocess.run([sys.executable, "-m", "fedhet", *args], cwd=cwd, capture_output=True,
+                          text=True, env=env, timeout=300)
+
+
+@pytest.fixture
+def config_file(tmp_path):
+    path = tmp_path / "salf.toml"
+    path.write_text(SALF_DIGITS_TOML)
+    return path
+
+
+def test_verbatim_config_runs_and_writes_run_directory(tmp_path, config_file):
+    done = fedhet("run", str(config_file), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((tmp_path / "runs" / "salf-digits" / "summary.json").read_text())
+    assert summary["rounds"] == 30 and summary["algorithm"] == "salf"
+    again = fedhet("run", str(config_file), "--resume", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+
+
+@pytest.mark.parametrize(
+    ("override", "words"),
+    [
+        ("system.straggler_ratio=1.5", "system.straggler_ratio = 1.5"),
+        ("algorithm.name=nope", "algorithm.name = 'nope'"),
+        ("data.num_clients=abc", "data.num_clients = 'abc'"),
+        ("train.nonsense=1", "train.nonsense: unknown key"),
+        ("algorithm.bias_correction=maybe", "bias_correction"),
+    ],
+)
+def test_invalid_values_exit_nonzero_with_one_line(tmp_path, config_file, override, words):
+    done = fedhet("run", str(config_file), "--set", override, cwd=tmp_path)
+    assert done.returncode == 2
+    assert words in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_missing_data_folder_and_config_file_are_named(tmp_path, config_file):
+    done = fedhet("run", str(config_file), "--set", "data.dataset=mnist",
+                  "--set", f"data.data_dir={tmp_path / 'absent'}", cwd=tmp_path)
+    assert done.returncode == 2 and str(tmp_path / "absent") in done.stderr
+    assert "Traceback" not in done.stderr
+    done = fedhet("run", str(tmp_path / "nope.toml"), cwd=tmp_path)
+    assert done.returncode == 2 and "nope.toml: config file not found" in done.stderr
+
+
+def test_list_names_the_registries(tmp_path):
+    done = fedhet("list", cwd=tmp_path)
+    assert done.returncode == 0
+    for name in ("salf", "drop", "fedavg", "digits", "fmnist", "cnn2", "vgg19", "exponential"):
+        assert name in done.stdout
+
+
+def test_quickstart_example_is_valid():
+    from fedhet.config import load_config
+
+    config = load_config(REPO / "examples" / "quickstart.toml")
+    assert config.compare.algorithms == ["fedavg", "drop", "salf"]

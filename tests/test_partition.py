@@ -1,0 +1,69 @@
+"""Partitions cover the data once, and label swap changes exactly what it should."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedhet.data.partition import partition_indices, swap_labels
+from fedhet.errors import ConfigError
+
+
+def _labels(n=1000, classes=10, seed=0):
+    return np.random.default_rng(seed).integers(0, classes, n)
+
+
+@pytest.mark.parametrize("method", ["iid", "dirichlet", "shards", "label-swap"])
+def test_partition_is_a_disjoint_cover(method):
+    labels = _labels()
+    parts = partition_indices(labels, 7, method, np.random.default_rng(1), alpha=0.3)
+    joined = np.concatenate(parts)
+    assert len(parts) == 7 and len(joined) == len(labels)
+    assert np.array_equal(np.sort(joined), np.arange(len(labels)))
+
+
+def test_iid_sizes_differ_by_at_most_one():
+    sizes = [len(p) for p in partition_indices(_labels(1003), 10, "iid", np.random.default_rng(0))]
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_shards_give_each_client_few_classes():
+    labels = np.repeat(np.arange(10), 100)
+    parts = partition_indices(labels, 10, "shards", np.random.default_rng(0), shards_per_client=2)
+    assert all(len(np.unique(labels[p])) <= 2 for p in parts)
+
+
+def test_small_dirichlet_alpha_is_skewed():
+    labels = _labels(5000)
+    skewed = partition_indices(labels, 10, "dirichlet", np.random.default_rng(0), alpha=0.1)
+    flat = partition_indices(labels, 10, "dirichlet", np.random.default_rng(0), alpha=100.0)
+
+    def top_share(parts):
+        return np.mean([np.bincount(labels[p], minlength=10).max() / len(p) for p in parts])
+
+    assert top_share(skewed) > 0.4 > top_share(flat)
+
+
+def test_unknown_partition_names_the_key():
+    with pytest.raises(ConfigError, match="data.partition"):
+        partition_indices(_labels(), 3, "weird", np.random.default_rng(0))
+
+
+def test_label_swap_changes_exact_fraction_of_intended_labels_on_intended_clients():
+    labels = np.repeat(np.arange(10), 200)
+    rng = np.random.default_rng(0)
+    parts = partition_indices(labels, 6, "iid", rng)
+    swapped_clients = [3, 4, 5]
+    out = swap_labels(labels, parts, 0.25, [[0, 1], [8, 9]], swapped_clients, rng)
+    for client, idx in enumerate(parts):
+        changed = idx[out[idx] != labels[idx]]
+        if client not in swapped_clients:
+            assert len(changed) == 0
+            continue
+        a, b = [[0, 1], [8, 9]][swapped_clients.index(client) % 2]
+        for src, dst in ((a, b), (b, a)):
+            members = idx[labels[idx] == src]
+            moved = members[out[members] != src]
+            assert len(moved) == round(0.25 * len(members))
+            assert np.all(out[moved] == dst)
+        assert set(np.unique(labels[changed])) <= {a, b}
