@@ -13,8 +13,9 @@ from conftest import REPO, SALF_DIGITS_TOML
 
 def fedhet(*args, cwd):
     env = {**os.environ, "COLUMNS": "120"}
-    return subprocess.run([sys.executable, "-m", "fedhet", *args], cwd=cwd, capture_output=True,
-                          text=True, env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "fedhet", *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=300
+    )
 
 
 @pytest.fixture
@@ -51,8 +52,15 @@ def test_invalid_values_exit_nonzero_with_one_line(tmp_path, config_file, overri
 
 
 def test_missing_data_folder_and_config_file_are_named(tmp_path, config_file):
-    done = fedhet("run", str(config_file), "--set", "data.dataset=mnist",
-                  "--set", f"data.data_dir={tmp_path / 'absent'}", cwd=tmp_path)
+    done = fedhet(
+        "run",
+        str(config_file),
+        "--set",
+        "data.dataset=mnist",
+        "--set",
+        f"data.data_dir={tmp_path / 'absent'}",
+        cwd=tmp_path,
+    )
     assert done.returncode == 2 and str(tmp_path / "absent") in done.stderr
     assert "Traceback" not in done.stderr
     done = fedhet("run", str(tmp_path / "nope.toml"), cwd=tmp_path)

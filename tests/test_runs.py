@@ -24,8 +24,12 @@ def test_same_seed_gives_identical_metrics(tmp_path):
 @pytest.mark.parametrize("algorithm", ["salf", "drop", "fedavg"])
 def test_interrupted_run_resumes_to_identical_final_metrics(tmp_path, algorithm):
     overrides = {
-        "run.rounds": 10, "run.eval_every": 3, "algorithm.name": algorithm,
-        "train.momentum": 0.5, "train.keep_momentum": True, "system.model": "exponential",
+        "run.rounds": 10,
+        "run.eval_every": 3,
+        "algorithm.name": algorithm,
+        "train.momentum": 0.5,
+        "train.keep_momentum": True,
+        "system.model": "exponential",
         "system.time_per_sample_layer": 0.02,
     }
     config = make_config(overrides)
@@ -53,22 +57,44 @@ def test_run_directory_has_the_promised_files(tmp_path):
     result = run(make_config({"run.rounds": 6, "run.eval_every": 3}), tmp_path / "r")
     with open(tmp_path / "r" / "metrics.csv") as fh:
         rows = list(csv.DictReader(fh))
-    for column in ("round", "sim_time", "deadline", "participants", "mean_depth", "train_loss", "test_accuracy"):
+    for column in (
+        "round",
+        "sim_time",
+        "deadline",
+        "participants",
+        "mean_depth",
+        "train_loss",
+        "test_accuracy",
+    ):
         assert column in rows[0]
     assert rows[0]["test_accuracy"] == "" and rows[2]["test_accuracy"] != ""
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
-    for key in ("algorithm", "dataset", "model", "seed", "rounds", "sim_time", "wall_time",
-                "final_test_accuracy", "best_test_accuracy"):
+    for key in (
+        "algorithm",
+        "dataset",
+        "model",
+        "seed",
+        "rounds",
+        "sim_time",
+        "wall_time",
+        "final_test_accuracy",
+        "best_test_accuracy",
+    ):
         assert key in summary
     assert summary == result.summary
     assert (tmp_path / "r" / "config.toml").read_text().count("[run]") == 1
 
 
 def test_digits_run_learns_well_above_chance(tmp_path):
-    config = make_config({
-        "run.rounds": 40, "run.eval_every": 10, "train.local_steps": 5,
-        "system.straggler_ratio": 0.5, "algorithm.name": "salf",
-    })
+    config = make_config(
+        {
+            "run.rounds": 40,
+            "run.eval_every": 10,
+            "train.local_steps": 5,
+            "system.straggler_ratio": 0.5,
+            "algorithm.name": "salf",
+        }
+    )
     summary = run(config, tmp_path / "learn").summary
     assert summary["final_test_accuracy"] > 0.6  # chance is 0.1
 

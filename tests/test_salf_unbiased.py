@@ -99,4 +99,7 @@ def test_layers_nobody_reached_are_kept_and_all_normalisation_divides_by_u():
         else:
             p = context.marginals.no_reach_prob
             for layer in (3, 4):
-                assert torch.allclose(new[layout.param_slices.of(layer)], torch.tensor(1 / (1 - p[layer - 1]), dtype=torch.float32))
+                assert torch.allclose(
+                    new[layout.param_slices.of(layer)],
+                    torch.tensor(1 / (1 - p[layer - 1]), dtype=torch.float32),
+                )

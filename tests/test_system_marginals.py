@@ -17,7 +17,9 @@ def _models(num_clients=4, num_layers=4):
         "uniform-depth": UniformDepth(num_clients, num_layers),
         "straggler-ratio": StragglerRatio(num_clients, num_layers, 0.5),
         "straggler-ratio-all": StragglerRatio(num_clients, num_layers, 1.0),
-        "straggler-ratio-fixed": StragglerRatio(num_clients, num_layers, 0.75, fixed_stragglers=True, rng=rng),
+        "straggler-ratio-fixed": StragglerRatio(
+            num_clients, num_layers, 0.75, fixed_stragglers=True, rng=rng
+        ),
         "exponential": ExponentialLayers(num_clients, num_layers, np.array([0.5, 1.0, 1.5, 1.0]), 0.5),
     }
 

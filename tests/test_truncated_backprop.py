@@ -36,7 +36,9 @@ def test_reached_layer_gradients_equal_full_backward(name):
         flat.load(flat.params.clone(), flat.buffers.clone())
         reached = flat.parameters_from_depth(depth)
         fired = []
-        hooks = [p.register_hook(lambda g: fired.append(1)) for p in flat.parameters_from_depth(1)[: -len(reached)]]
+        hooks = [
+            p.register_hook(lambda g, fired=fired: fired.append(1)) for p in flat.parameters_from_depth(1)[: -len(reached)]
+        ]
         grads = torch.autograd.grad(F.cross_entropy(model(x, depth), y), reached)
         for h in hooks:
             h.remove()
@@ -91,7 +93,5 @@ def test_flat_vector_is_the_model_parameters():
     with torch.no_grad():
         flat.params.zero_()
     assert all(float(p.detach().abs().sum()) == 0 for p in flat.model.parameters())
-    assert flat.buffers.numel() == sum(
-        b.numel() for b in flat.model.buffers() if b.is_floating_point()
-    )
+    assert flat.buffers.numel() == sum(b.numel() for b in flat.model.buffers() if b.is_floating_point())
     assert flat.num_layers == 9  # eight 3x3 convs + the classifier

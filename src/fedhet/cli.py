@@ -29,8 +29,13 @@ def _progress_printer(total_rounds: int, label: str):
         )
 
         progress = Progress(
-            TextColumn(f"[bold]{label}[/]"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=console, transient=True,
+            TextColumn(f"[bold]{label}[/]"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
         )
         task = progress.add_task(label, total=total_rounds, info="")
         state = {"acc": None}
@@ -51,7 +56,8 @@ def _progress_printer(total_rounds: int, label: str):
         if row.get("test_accuracy") is not None:
             console.print(
                 f"{label} round {int(row['round'])}/{total_rounds} sim_time {row['sim_time']:.4g} "
-                f"test_accuracy {row['test_accuracy']:.4f}", highlight=False,
+                f"test_accuracy {row['test_accuracy']:.4f}",
+                highlight=False,
             )
 
     return on_round_plain
@@ -70,8 +76,12 @@ def _summary_table(summaries: list[dict], title: str) -> None:
 
     for s in summaries:
         table.add_row(
-            s.get("name", ""), s["algorithm"], str(s["rounds"]), fmt(s["sim_time"], ".4g"),
-            fmt(s["final_test_accuracy"], ".4f"), fmt(s["best_test_accuracy"], ".4f"),
+            s.get("name", ""),
+            s["algorithm"],
+            str(s["rounds"]),
+            fmt(s["sim_time"], ".4g"),
+            fmt(s["final_test_accuracy"], ".4f"),
+            fmt(s["best_test_accuracy"], ".4f"),
             fmt(s["wall_time"], ".1f"),
         )
     Console().print(table)
@@ -85,8 +95,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("runs") / config.run.name
     names = config.compare.algorithms
     if not names:
-        result = run(config, out, resume=args.resume, overwrite=args.overwrite,
-                     on_round=_progress_printer(config.run.rounds, config.algorithm_name))
+        result = run(
+            config,
+            out,
+            resume=args.resume,
+            overwrite=args.overwrite,
+            on_round=_progress_printer(config.run.rounds, config.algorithm_name),
+        )
         _summary_table([result.summary], f"fedhet run -> {result.path}")
         return 0
     raw = apply_overrides(read_toml(args.config), args.set)
@@ -98,11 +113,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         sub["algorithm"] = {**options, "name": name}
         sub["run"] = {**raw.get("run", {}), "name": name}
         sub_config = from_dict(sub)
-        result = run(sub_config, out / name, resume=args.resume, overwrite=args.overwrite,
-                     on_round=_progress_printer(sub_config.run.rounds, name))
+        result = run(
+            sub_config,
+            out / name,
+            resume=args.resume,
+            overwrite=args.overwrite,
+            on_round=_progress_printer(sub_config.run.rounds, name),
+        )
         summaries.append(result.summary)
-    _summary_table(summaries, f"{config.run.name}: {config.data.dataset}, {config.model.name}, "
-                   f"{config.system.model} -> {out}")
+    _summary_table(
+        summaries,
+        f"{config.run.name}: {config.data.dataset}, {config.model.name}, {config.system.model} -> {out}",
+    )
     return 0
 
 
@@ -124,8 +146,11 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     def on_cell(cell, summary):
         done["n"] += 1
         acc = summary.get("final_test_accuracy")
-        console.print(f"[{done['n']}/{len(experiment.cells)}] {cell.name}: final_test_accuracy "
-                      f"{acc if acc is None else round(acc, 4)}", highlight=False)
+        console.print(
+            f"[{done['n']}/{len(experiment.cells)}] {cell.name}: final_test_accuracy "
+            f"{acc if acc is None else round(acc, 4)}",
+            highlight=False,
+        )
 
     summaries = run_experiment(experiment, out, jobs=args.jobs, on_cell=on_cell)
     table = report_table(experiment, summaries)
@@ -167,8 +192,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="run a configuration (or the algorithms of its [compare])")
     p.add_argument("config", help="TOML configuration file")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override a configuration value (repeatable)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a configuration value (repeatable)",
+    )
     p.add_argument("--out", help="run directory (default runs/<run.name>)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run")
     p.add_argument("--overwrite", action="store_true", help="discard an existing run in --out")

@@ -128,9 +128,7 @@ class SystemConfig:
         if self.deadline <= 0:
             raise ConfigError(f"system.deadline = {self.deadline}: must be > 0")
         if self.time_per_sample_layer <= 0:
-            raise ConfigError(
-                f"system.time_per_sample_layer = {self.time_per_sample_layer}: must be > 0"
-            )
+            raise ConfigError(f"system.time_per_sample_layer = {self.time_per_sample_layer}: must be > 0")
 
 
 @dataclass

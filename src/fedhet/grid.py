@@ -3,7 +3,9 @@
 An experiment file is a run configuration plus:
 
 - ``[experiment]``: ``name``, ``jobs`` (cells run in parallel, default: cores).
-- ``[grid]``: dotted keys mapped to lists of values; cells are their Cartesian product.
+- ``[grid]``: dotted keys mapped to lists of values; cells are their Cartesian product. A
+  section name may map to a list of tables, each setting several keys of that section
+  together (``algorithm = [{name = "drop"}, {name = "salf", normalize = "all"}]``).
 - ``[[cases]]`` (optional): tables of dotted overrides, each crossed with the grid (use
   them for settings that change together, e.g. a model with its learning rate and rounds).
 - ``[report]``: ``rows`` and ``columns`` (dotted keys) and ``value`` (a summary field) of the
@@ -53,6 +55,20 @@ def _label(value: Any) -> str:
     return str(value).replace("/", "_").replace(" ", "")
 
 
+def _flatten(chosen: dict[str, Any]) -> dict[str, Any]:
+    """Expand grid values that are tables: ``algorithm = {name = "salf", normalize = "all"}``
+    becomes ``algorithm.name = "salf"``, ``algorithm.normalize = "all"``."""
+    out: dict[str, Any] = {}
+    for key, value in chosen.items():
+        if isinstance(value, dict):
+            if "." in key:
+                raise ConfigError(f"grid.{key}: a table of values needs a section name as key")
+            out.update({f"{key}.{k}": v for k, v in value.items()})
+        else:
+            out[key] = value
+    return out
+
+
 def _override_text(key: str, value: Any) -> str:
     import tomli_w
 
@@ -78,8 +94,8 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Exp
     for case in cases:
         for combo in itertools.product(*(grid[k] for k in keys)):
             chosen = {**case, **dict(zip(keys, combo, strict=True))}
-            cell_name = "-".join(_label(v) for v in chosen.values()) or "base"
-            texts = [_override_text(k, v) for k, v in chosen.items()]
+            cell_name = "-".join(_label(v) for v in _flatten(chosen).values()) or "base"
+            texts = [_override_text(k, v) for k, v in _flatten(chosen).items()]
             texts.append(_override_text("run.name", cell_name))
             try:
                 config = from_dict(apply_overrides(base, texts))
@@ -108,7 +124,9 @@ def _run_cell(config: Config, out_dir: str) -> dict:
 
 
 def run_experiment(
-    experiment: Experiment, out_dir: str | Path, jobs: int | None = None,
+    experiment: Experiment,
+    out_dir: str | Path,
+    jobs: int | None = None,
     on_cell: Callable[[Cell, dict], None] | None = None,
 ) -> dict[str, dict]:
     """Run every unfinished cell (in parallel processes); return summaries by cell name."""
@@ -148,6 +166,9 @@ def run_experiment(
 def _lookup(cell: Cell, key: str) -> Any:
     section, _, field = key.partition(".")
     part = getattr(cell.config, section)
+    if not field and isinstance(part, dict):  # a whole [algorithm] table: name(options)
+        options = ",".join(f"{k}={v}" for k, v in part.items() if k != "name")
+        return f"{part.get('name')}({options})" if options else part.get("name")
     return part.get(field) if isinstance(part, dict) else getattr(part, field)
 
 

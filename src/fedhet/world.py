@@ -46,7 +46,9 @@ def build_partition(config: Config, dataset: Dataset) -> tuple[list[np.ndarray],
     labels = dataset.y_train.numpy()
     parts = partition_indices(labels, d.num_clients, d.partition, rng, d.alpha, d.shards_per_client)
     if d.partition == "label-swap" or d.swap_fraction > 0:
-        clients = range(d.num_clients) if d.swap_clients == "all" else range(d.num_clients // 2, d.num_clients)
+        clients = (
+            range(d.num_clients) if d.swap_clients == "all" else range(d.num_clients // 2, d.num_clients)
+        )
         labels = swap_labels(labels, parts, d.swap_fraction, d.swap_pairs, list(clients), rng)
     return parts, torch.from_numpy(np.ascontiguousarray(labels))
 

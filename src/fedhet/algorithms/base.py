@@ -115,8 +115,7 @@ class Algorithm:
         """Default plan: every client, the configured batch and steps, the configured deadline
         (or ``None`` for algorithms that wait for all)."""
         assignment = [
-            ClientAssignment(self.train.batch_size, self.train.local_steps)
-            for _ in range(system.num_clients)
+            ClientAssignment(self.train.batch_size, self.train.local_steps) for _ in range(system.num_clients)
         ]
         return RoundPlan(
             round=round_index,
@@ -183,4 +182,3 @@ def build_options(name: str, values: dict) -> Any:
     if check:
         check()
     return options
-

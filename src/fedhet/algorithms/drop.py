@@ -17,9 +17,7 @@ class DropOptions:
 
     def validate(self) -> None:
         if self.normalize not in ("finishers", "all"):
-            raise ConfigError(
-                f"algorithm.normalize = {self.normalize!r}: must be 'finishers' or 'all'"
-            )
+            raise ConfigError(f"algorithm.normalize = {self.normalize!r}: must be 'finishers' or 'all'")
 
 
 @register

@@ -58,8 +58,7 @@ def shards(
     num_shards = num_clients * shards_per_client
     if num_shards > len(labels):
         raise ConfigError(
-            f"data.shards_per_client = {shards_per_client}: {num_shards} shards exceed "
-            f"{len(labels)} examples"
+            f"data.shards_per_client = {shards_per_client}: {num_shards} shards exceed {len(labels)} examples"
         )
     order = np.argsort(labels, kind="stable")
     pieces = np.array_split(order, num_shards)

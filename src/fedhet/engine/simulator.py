@@ -208,7 +208,9 @@ class Simulator:
         }
 
 
-def run(config: Config, out_dir: str | Path, resume: bool = False, overwrite: bool = False, **kwargs) -> RunResult:
+def run(
+    config: Config, out_dir: str | Path, resume: bool = False, overwrite: bool = False, **kwargs
+) -> RunResult:
     """Run ``config`` on the embedded engine (see :class:`Simulator`)."""
     return Simulator(config, out_dir, on_round=kwargs.pop("on_round", None)).run(
         resume=resume, overwrite=overwrite, **kwargs

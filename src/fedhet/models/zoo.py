@@ -53,12 +53,14 @@ def cnn2(input_shape: Sequence[int], num_classes: int) -> LayeredModel:
     h, w = ((height - 4) // 2 - 4) // 2, ((width - 4) // 2 - 4) // 2
     if h < 1 or w < 1:
         raise ConfigError(f"model.name = 'cnn2' needs images of at least 16x16, got {height}x{width}")
-    return LayeredModel([
-        nn.Sequential(nn.Conv2d(channels, 6, 5), nn.ReLU(), nn.MaxPool2d(2)),
-        nn.Sequential(nn.Conv2d(6, 6, 5), nn.ReLU(), nn.MaxPool2d(2)),
-        nn.Sequential(nn.Flatten(), nn.Linear(6 * h * w, 50), nn.ReLU()),
-        nn.Sequential(nn.Linear(50, num_classes)),
-    ])
+    return LayeredModel(
+        [
+            nn.Sequential(nn.Conv2d(channels, 6, 5), nn.ReLU(), nn.MaxPool2d(2)),
+            nn.Sequential(nn.Conv2d(6, 6, 5), nn.ReLU(), nn.MaxPool2d(2)),
+            nn.Sequential(nn.Flatten(), nn.Linear(6 * h * w, 50), nn.ReLU()),
+            nn.Sequential(nn.Linear(50, num_classes)),
+        ]
+    )
 
 
 def cnn_fedstale(input_shape: Sequence[int], num_classes: int) -> LayeredModel:
@@ -67,12 +69,14 @@ def cnn_fedstale(input_shape: Sequence[int], num_classes: int) -> LayeredModel:
     h, w = height // 4, width // 4
     if h < 1 or w < 1:
         raise ConfigError(f"model.name = 'cnn-fedstale' needs images of at least 4x4, got {height}x{width}")
-    return LayeredModel([
-        nn.Sequential(nn.Conv2d(channels, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)),
-        nn.Sequential(nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)),
-        nn.Sequential(nn.Flatten(), nn.Linear(64 * h * w, 128), nn.ReLU()),
-        nn.Sequential(nn.Linear(128, num_classes)),
-    ])
+    return LayeredModel(
+        [
+            nn.Sequential(nn.Conv2d(channels, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)),
+            nn.Sequential(nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)),
+            nn.Sequential(nn.Flatten(), nn.Linear(64 * h * w, 128), nn.ReLU()),
+            nn.Sequential(nn.Linear(128, num_classes)),
+        ]
+    )
 
 
 def vgg(input_shape: Sequence[int], num_classes: int, variant: str = "vgg11") -> LayeredModel:

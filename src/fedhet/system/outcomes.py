@@ -55,9 +55,7 @@ class SystemModel:
         self.num_clients = num_clients
         self.num_layers = num_layers
 
-    def sample(
-        self, deadline: float | None, batch_sizes: np.ndarray, rng: np.random.Generator
-    ) -> Outcomes:
+    def sample(self, deadline: float | None, batch_sizes: np.ndarray, rng: np.random.Generator) -> Outcomes:
         raise NotImplementedError
 
     def marginals(self, deadline: float | None, batch_sizes: np.ndarray) -> Marginals:
@@ -119,7 +117,9 @@ class UniformDepth(DepthOnlyModel):
         L, U = self.num_layers, self.num_clients
         reach = np.arange(1, L + 1) / (L + 1)  # SALF Lemma 1
         return Marginals(
-            np.tile(reach, (U, 1)), (1.0 - reach) ** U, np.ones(U)  # SALF eq. (10)
+            np.tile(reach, (U, 1)),
+            (1.0 - reach) ** U,
+            np.ones(U),  # SALF eq. (10)
         )
 
 

@@ -41,9 +41,7 @@ def capabilities(
     elif profile == "list":
         caps = np.asarray(values, dtype=float)
         if caps.shape != (num_clients,):
-            raise ConfigError(
-                f"system.capabilities: {caps.size} values given for {num_clients} clients"
-            )
+            raise ConfigError(f"system.capabilities: {caps.size} values given for {num_clients} clients")
         if np.any(caps <= 0):
             raise ConfigError("system.capabilities: every capability must be > 0")
     else:
