@@ -37,7 +37,8 @@ def test_reached_layer_gradients_equal_full_backward(name):
         reached = flat.parameters_from_depth(depth)
         fired = []
         hooks = [
-            p.register_hook(lambda g, fired=fired: fired.append(1)) for p in flat.parameters_from_depth(1)[: -len(reached)]
+            p.register_hook(lambda g, fired=fired: fired.append(1))
+            for p in flat.parameters_from_depth(1)[: -len(reached)]
         ]
         grads = torch.autograd.grad(F.cross_entropy(model(x, depth), y), reached)
         for h in hooks:
