@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from fedhet.algorithms import ALGORITHMS, RoundContext, RoundPlan, TrainSettings, build_options
+from fedhet.algorithms import ALGORITHMS, RoundContext, RoundPlan, build_options
 from fedhet.client import LocalResult
+from fedhet.config import TrainConfig
 from fedhet.models.layers import LayerSlices, ModelLayout
 from fedhet.system import ExponentialLayers, StragglerRatio, UniformDepth
 
@@ -31,7 +32,7 @@ def _monte_carlo(system, options, deadline=1.0, seed=0):
     gen = torch.Generator().manual_seed(seed)
     params = torch.randn(layout.num_params, generator=gen)
     deltas = torch.randn(U, layout.num_params, generator=gen)
-    algorithm = ALGORITHMS["salf"](build_options("salf", options), TrainSettings())
+    algorithm = ALGORITHMS["salf"](build_options("salf", options), TrainConfig())
     batch = np.ones(U, dtype=int)
     plan = RoundPlan(0, deadline, 0.1, [])
     marg = system.marginals(deadline, batch)
@@ -89,7 +90,7 @@ def test_layers_nobody_reached_are_kept_and_all_normalisation_divides_by_u():
     ]
     context = RoundContext(RoundPlan(0, 1.0, 0.1, []), out, out_cls.marginals(1.0, np.ones(U)), U, L)
     for normalize, expected in (("reached", None), ("all", [0, 0, 1 / U, 2 / U])):
-        algorithm = ALGORITHMS["salf"](build_options("salf", {"normalize": normalize}), TrainSettings())
+        algorithm = ALGORITHMS["salf"](build_options("salf", {"normalize": normalize}), TrainConfig())
         new, _ = algorithm.aggregate(params, torch.zeros(0), updates, {}, context, layout)
         for layer in (1, 2):
             assert torch.all(new[layout.param_slices.of(layer)] == 0)

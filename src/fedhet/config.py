@@ -101,6 +101,19 @@ class TrainConfig:
         if self.weight_decay < 0:
             raise ConfigError(f"train.weight_decay = {self.weight_decay}: must be >= 0")
 
+    def lr_at(self, round_index: int) -> float:
+        """Learning rate of round ``round_index`` (0-based) under ``lr_schedule``.
+
+        ``constant``: eta_0. ``inverse``: eta_0 / (1 + t) (ADEL-FL Sec. 4).
+        ``salf-theorem``: 2 / (rho_c (gamma + t)) (SALF Theorem 1).
+        """
+        t = round_index
+        if self.lr_schedule == "inverse":
+            return self.lr / (1.0 + t)
+        if self.lr_schedule == "salf-theorem":
+            return 2.0 / (self.lr_rho_c * (self.lr_gamma + t))
+        return self.lr
+
 
 @dataclass
 class SystemConfig:

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from fedhet import seeding
-from fedhet.algorithms import ALGORITHMS, Algorithm, TrainSettings, build_options
+from fedhet.algorithms import ALGORITHMS, Algorithm, build_options
 from fedhet.client import LocalTrainer, SGDSettings
 from fedhet.config import Config
 from fedhet.data import Dataset, load_dataset, partition_indices
@@ -94,9 +94,8 @@ def build_world(config: Config) -> World:
     flat = FlatModel(model)
     system = build_system(config, len(parts), flat.num_layers)
     t = config.train
-    train = TrainSettings(t.lr, t.lr_schedule, t.lr_rho_c, t.lr_gamma, t.batch_size, t.local_steps)
     algorithm = ALGORITHMS[config.algorithm_name](
-        build_options(config.algorithm_name, config.algorithm_options), train
+        build_options(config.algorithm_name, config.algorithm_options), t
     )
     trainer = LocalTrainer(
         flat, dataset.x_train, train_labels, parts, SGDSettings(t.momentum, t.weight_decay, t.keep_momentum)

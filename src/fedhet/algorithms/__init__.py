@@ -7,7 +7,6 @@ from fedhet.algorithms.base import (
     ClientAssignment,
     RoundContext,
     RoundPlan,
-    TrainSettings,
     build_options,
 )
 
@@ -17,6 +16,5 @@ __all__ = [
     "ClientAssignment",
     "RoundContext",
     "RoundPlan",
-    "TrainSettings",
     "build_options",
 ]

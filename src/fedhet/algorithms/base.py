@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from fedhet.client import LocalResult, LocalTrainer
-from fedhet.config import coerce_value
+from fedhet.config import TrainConfig, coerce_value
 from fedhet.errors import ConfigError
 from fedhet.models.layers import ModelLayout
 from fedhet.system.outcomes import Marginals, Outcomes, SystemModel
@@ -61,35 +61,6 @@ class RoundContext:
 
 
 @dataclass
-class TrainSettings:
-    """Local training settings shared by every algorithm ([train] in the config)."""
-
-    lr: float = 0.05
-    lr_schedule: str = "constant"
-    lr_rho_c: float = 1.0
-    lr_gamma: float = 1.0
-    batch_size: int = 16
-    local_steps: int = 1
-
-    def lr_at(self, round_index: int) -> float:
-        """Learning rate of round ``round_index`` (0-based) under ``lr_schedule``.
-
-        ``constant``: eta_0. ``inverse``: eta_0 / (1 + t) (ADEL-FL Sec. 4).
-        ``salf-theorem``: 2 / (rho_c (gamma + t)) (SALF Theorem 1).
-        """
-        t = round_index
-        if self.lr_schedule == "constant":
-            return self.lr
-        if self.lr_schedule == "inverse":
-            return self.lr / (1.0 + t)
-        if self.lr_schedule == "salf-theorem":
-            return 2.0 / (self.lr_rho_c * (self.lr_gamma + t))
-        raise ConfigError(
-            f"train.lr_schedule = {self.lr_schedule!r}: unknown (known: constant, inverse, salf-theorem)"
-        )
-
-
-@dataclass
 class NoOptions:
     """Algorithms without options."""
 
@@ -102,7 +73,7 @@ class Algorithm:
     Options: ClassVar[type] = NoOptions
     uses_deadline: ClassVar[bool] = True
 
-    def __init__(self, options: Any, train: TrainSettings):
+    def __init__(self, options: Any, train: TrainConfig):
         self.options = options
         self.train = train
 
