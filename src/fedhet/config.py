@@ -25,6 +25,7 @@ class RunConfig:
     name: str = "run"
     seed: int = 0
     rounds: int = 100
+    time_budget: float = 0.0  # simulated seconds; 0 = no budget (stop after `rounds`)
     eval_every: int = 1
     threads: int = 0  # torch intra-op threads; 0 leaves torch's default
 
@@ -32,6 +33,8 @@ class RunConfig:
         _at_least("run.rounds", self.rounds, 1)
         _at_least("run.eval_every", self.eval_every, 1)
         _at_least("run.threads", self.threads, 0)
+        if self.time_budget < 0:
+            raise ConfigError(f"run.time_budget = {self.time_budget}: must be >= 0 (0 = none)")
         if not self.name or "/" in self.name or self.name.startswith("."):
             raise ConfigError(f"run.name = {self.name!r}: must be a plain folder name")
 

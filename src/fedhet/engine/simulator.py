@@ -58,8 +58,9 @@ class Simulator:
         self.on_round = on_round
 
     def run(self, resume: bool = False, overwrite: bool = False, stop_after: int | None = None) -> RunResult:
-        """Run (or resume) to ``run.rounds`` rounds. ``stop_after`` ends the process early after
-        that many rounds in total, as an interruption would (used by tests)."""
+        """Run (or resume) to ``run.rounds`` rounds, or until the next round would take the
+        virtual clock past ``run.time_budget``. ``stop_after`` ends the process early after that
+        many rounds in total, as an interruption would (used by tests)."""
         config = self.config
         run_dir = self.run_dir
         if run_dir.checkpoint_path.exists() and not (resume or overwrite):
@@ -78,7 +79,12 @@ class Simulator:
         wall_before = state["wall_time"]
         last = config.run.rounds if stop_after is None else min(stop_after, config.run.rounds)
         for t in range(state["round"], last):
+            if state["stopped_by"]:
+                break
             row = self._round(world, state, t)
+            if row is None:  # the next round would exceed the time budget
+                self._stop_on_budget(world, state)
+                break
             state["metrics"].append(row)
             state["round"] = t + 1
             state["wall_time"] = wall_before + time.perf_counter() - started
@@ -87,9 +93,20 @@ class Simulator:
             if self.on_round:
                 self.on_round(row)
         summary = self._summary(world, state)
-        if state["round"] >= config.run.rounds:
+        if summary["finished"]:
             run_dir.write_summary(summary)
         return RunResult(run_dir.path, summary, state["metrics"])
+
+    def _stop_on_budget(self, world: World, state: dict) -> None:
+        """End the run at the time budget; make sure the last finished round is evaluated."""
+        state["stopped_by"] = "time_budget"
+        last = state["metrics"][-1] if state["metrics"] else None
+        if last is not None and last.get("test_accuracy") is None:
+            last["test_loss"], last["test_accuracy"] = evaluate(
+                world.flat, state["params"], state["buffers"], world.dataset.x_test, world.dataset.y_test
+            )
+            self.run_dir.write_metrics(state["metrics"])
+        self.run_dir.save_checkpoint(self._checkpoint(world, state))
 
     # -- state ---------------------------------------------------------------------
     def _fresh_state(self, world: World) -> dict:
@@ -103,6 +120,7 @@ class Simulator:
             "algorithm": world.algorithm.init_state(world.num_clients, world.initial_params.numel()),
             "rng": {name: seeding.stream(seed, name) for name in ("system", "training")},
             "metrics": [],
+            "stopped_by": None,
         }
 
     def _checkpoint(self, world: World, state: dict) -> dict:
@@ -117,6 +135,7 @@ class Simulator:
             "rng": {k: g.bit_generator.state for k, g in state["rng"].items()},
             "momentum": world.trainer.momentum_buffers,
             "metrics": state["metrics"],
+            "stopped_by": state["stopped_by"],
         }
 
     def _restore(self, world: World, saved: dict) -> dict:
@@ -126,7 +145,16 @@ class Simulator:
                 "resume with the same config (only run.rounds/eval_every may change) or use --out"
             )
         state = self._fresh_state(world)
-        for key in ("round", "sim_time", "wall_time", "params", "buffers", "algorithm", "metrics"):
+        for key in (
+            "round",
+            "sim_time",
+            "wall_time",
+            "params",
+            "buffers",
+            "algorithm",
+            "metrics",
+            "stopped_by",
+        ):
             state[key] = saved[key]
         for name, generator in state["rng"].items():
             generator.bit_generator.state = saved["rng"][name]
@@ -134,12 +162,17 @@ class Simulator:
         return state
 
     # -- one round -----------------------------------------------------------------
-    def _round(self, world: World, state: dict, t: int) -> dict:
+    def _round(self, world: World, state: dict, t: int) -> dict | None:
         config, algorithm, system = self.config, world.algorithm, world.system
         plan = algorithm.plan(t, state["algorithm"], system, config.system.deadline)
         outcomes = system.sample(plan.deadline, plan.batch_sizes, state["rng"]["system"])
         marginals = system.marginals(plan.deadline, plan.batch_sizes)
         asked = np.array([a.asked for a in plan.assignments]) & outcomes.participates
+        slowest = float(outcomes.finish_time[asked].max()) if asked.any() else 0.0
+        duration = slowest if plan.deadline is None else min(plan.deadline, slowest)
+        budget = config.run.time_budget
+        if budget and state["sim_time"] + duration > budget * (1 + 1e-12):
+            return None
         updates = []
         for client in np.flatnonzero(asked):
             result = algorithm.local_update(
@@ -158,8 +191,6 @@ class Simulator:
         state["params"], state["buffers"] = algorithm.aggregate(
             state["params"], state["buffers"], updates, state["algorithm"], context, world.flat.layout
         )
-        slowest = float(outcomes.finish_time[asked].max()) if asked.any() else 0.0
-        duration = slowest if plan.deadline is None else min(plan.deadline, slowest)
         state["sim_time"] += duration
         trained = [u.loss for u in updates if u.steps > 0]
         row = {
@@ -204,7 +235,9 @@ class Simulator:
             "final_test_loss": final["test_loss"] if final else None,
             "best_test_accuracy": best["test_accuracy"] if best else None,
             "best_round": int(best["round"]) if best else None,
-            "finished": state["round"] >= config.run.rounds,
+            "time_budget": config.run.time_budget or None,
+            "stopped_by": state["stopped_by"] or ("rounds" if state["round"] >= config.run.rounds else None),
+            "finished": state["round"] >= config.run.rounds or state["stopped_by"] == "time_budget",
         }
 
 
