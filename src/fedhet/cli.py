@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -221,8 +222,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _show_warnings() -> None:
+    """Print the library's warnings (e.g. a planner fallback) as one line each on stderr."""
+    logger = logging.getLogger("fedhet")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("fedhet: warning: %(message)s"))
+        logger.addHandler(handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    _show_warnings()
     try:
         return args.func(args)
     except FedhetError as exc:

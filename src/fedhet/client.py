@@ -132,6 +132,42 @@ class LocalTrainer:
             delta_buffers = self.flat.buffers[bslice] - global_buffers[bslice]
         return LocalResult(client, depth, steps, n, float(np.mean(losses)), delta_params, delta_buffers)
 
+    def gradient_statistics(
+        self,
+        global_params: torch.Tensor,
+        global_buffers: torch.Tensor,
+        client: int,
+        batch_size: int,
+        num_batches: int,
+        rng: np.random.Generator,
+    ) -> tuple[float, float]:
+        """Full-depth minibatch gradients of ``client`` at the global model, for estimating
+        ADEL-FL's A2/A3 constants.
+
+        Draws ``num_batches`` batches of ``batch_size`` (with replacement across batches) and
+        returns (mean ||g_b||^2, sigma^2), where sigma^2 = batch_size * (unbiased sample
+        variance of the batch gradients): under A2 a batch of S has variance sigma^2 / S.
+        The model is restored afterwards; nothing is trained.
+        """
+        if num_batches < 2:
+            raise ValueError("gradient_statistics needs at least 2 batches for a variance")
+        n = self.num_samples(client)
+        size = min(batch_size, n)
+        model = self.flat.model
+        params = list(self.flat.parameters_from_depth(1))
+        grads = []
+        for _ in range(num_batches):
+            self.flat.load(global_params, global_buffers)
+            model.train()
+            batch = self.client_indices[client][rng.choice(n, size=size, replace=False)]
+            loss = F.cross_entropy(model(self.x[batch]), self.y[batch])
+            grads.append(torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params)]))
+        self.flat.load(global_params, global_buffers)
+        stacked = torch.stack(grads).double()
+        mean_sq_norm = float((stacked**2).sum(dim=1).mean())
+        variance = float(((stacked - stacked.mean(0)) ** 2).sum(dim=1).sum() / (num_batches - 1))
+        return mean_sq_norm, size * variance
+
 
 @torch.no_grad()
 def evaluate(

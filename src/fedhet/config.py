@@ -121,7 +121,7 @@ class TrainConfig:
 @dataclass
 class SystemConfig:
     model: str = "straggler-ratio"
-    deadline: float = 1.0
+    deadline: float = 1.0  # per-round deadline (simulated seconds); 0 = run.time_budget / run.rounds
     # straggler-ratio
     straggler_ratio: float = 0.5
     fixed_stragglers: bool = False
@@ -141,8 +141,8 @@ class SystemConfig:
         _one_of("system.model", self.model, SYSTEM_MODELS)
         _one_of("system.capability_profile", self.capability_profile, CAPABILITY_PROFILES)
         _in_range("system.straggler_ratio", self.straggler_ratio, 0.0, 1.0)
-        if self.deadline <= 0:
-            raise ConfigError(f"system.deadline = {self.deadline}: must be > 0")
+        if self.deadline < 0:
+            raise ConfigError(f"system.deadline = {self.deadline}: must be >= 0 (0 = time_budget / rounds)")
         if self.time_per_sample_layer <= 0:
             raise ConfigError(f"system.time_per_sample_layer = {self.time_per_sample_layer}: must be > 0")
 
@@ -167,6 +167,14 @@ class Config:
     @property
     def algorithm_name(self) -> str:
         return str(self.algorithm.get("name", ""))
+
+    @property
+    def round_deadline(self) -> float:
+        """The fixed per-round deadline: ``system.deadline``, or T_max / R when it is 0 (the
+        equal-deadline schedule of ADEL-FL Sec. 4's baselines)."""
+        if self.system.deadline > 0:
+            return self.system.deadline
+        return self.run.time_budget / self.run.rounds
 
     @property
     def algorithm_options(self) -> dict:
@@ -285,6 +293,8 @@ def validate(config: Config) -> None:
         if check:
             check()
     build_options(config.algorithm_name, config.algorithm_options)
+    if config.system.deadline == 0 and not config.run.time_budget:
+        raise ConfigError("system.deadline = 0 (equal share of the budget) needs run.time_budget > 0")
     for name in config.compare.algorithms:
         if name not in ALGORITHMS:
             raise ConfigError(

@@ -90,6 +90,9 @@ class RunDirectory:
     def write_summary(self, summary: dict) -> None:
         self._atomic_write("summary.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")
 
+    def write_json(self, name: str, document: dict) -> None:
+        self._atomic_write(name, json.dumps(document, indent=2) + "\n")
+
     def read_summary(self) -> dict:
         return json.loads(self.summary_path.read_text())
 

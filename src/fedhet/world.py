@@ -58,7 +58,7 @@ def build_system(config: Config, num_clients: int, num_layers: int) -> SystemMod
     s = config.system
     setup_rng = seeding.stream(config.run.seed, "system-setup")
     if s.model == "uniform-depth":
-        return UniformDepth(num_clients, num_layers, deadline=s.deadline)
+        return UniformDepth(num_clients, num_layers, deadline=config.round_deadline)
     if s.model == "straggler-ratio":
         return StragglerRatio(
             num_clients,
@@ -66,7 +66,7 @@ def build_system(config: Config, num_clients: int, num_layers: int) -> SystemMod
             s.straggler_ratio,
             fixed_stragglers=s.fixed_stragglers,
             min_depth=s.straggler_min_depth,
-            deadline=s.deadline,
+            deadline=config.round_deadline,
             rng=setup_rng,
         )
     caps = capabilities(

@@ -1,12 +1,13 @@
 """Algorithms: plan / local_update / aggregate, registered by name."""
 
-from fedhet.algorithms import drop, fedavg, salf  # noqa: F401  (registration)
+from fedhet.algorithms import adelfl, drop, fedavg, salf  # noqa: F401  (registration)
 from fedhet.algorithms.base import (
     ALGORITHMS,
     Algorithm,
     ClientAssignment,
     RoundContext,
     RoundPlan,
+    RunSetting,
     build_options,
 )
 
@@ -16,5 +17,6 @@ __all__ = [
     "ClientAssignment",
     "RoundContext",
     "RoundPlan",
+    "RunSetting",
     "build_options",
 ]

@@ -20,18 +20,26 @@ def layerwise_sum(
     slices: LayerSlices,
     size: int,
     which: str = "params",
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Return (sum over clients of their delta, zero outside reached layers; per-layer counts
-    |U_l| = #{u : d_u <= l}) for ``which`` in {"params", "buffers"}."""
+    |U_l| = #{u : d_u <= l}) for ``which`` in {"params", "buffers"}.
+
+    ``weights[u, l-1]``, when given, multiplies client u's delta on layer l in the sum."""
     num_layers = len(slices.bounds)
     total = torch.zeros(size)
     counts = torch.zeros(num_layers)
+    lengths = torch.tensor([end - start for start, end in slices.bounds])
     for update in updates:
         if update.depth > num_layers:
             continue
         delta = update.delta_params if which == "params" else update.delta_buffers
         start = slices.start(update.depth)
-        total[start:] += delta
+        if weights is None:
+            total[start:] += delta
+        else:
+            per_layer = weights[update.client, update.depth - 1 :].to(torch.float32)
+            total[start:] += delta * torch.repeat_interleave(per_layer, lengths[update.depth - 1 :])
         counts[update.depth - 1 :] += 1
     return total, counts
 

@@ -61,6 +61,24 @@ class RoundContext:
 
 
 @dataclass
+class RunSetting:
+    """What an algorithm may look at once, before round 1, to set up its server state: the
+    run's shape, the system model, the clients' data sizes, and a trainer with the initial
+    model (for algorithms that probe gradients before planning, e.g. ADEL-FL's warm-up)."""
+
+    num_clients: int
+    num_params: int
+    rounds: int
+    time_budget: float  # simulated seconds; 0 = none
+    system: SystemModel
+    client_sizes: np.ndarray
+    trainer: LocalTrainer
+    params: torch.Tensor
+    buffers: torch.Tensor
+    rng: np.random.Generator
+
+
+@dataclass
 class NoOptions:
     """Algorithms without options."""
 
@@ -78,9 +96,17 @@ class Algorithm:
         self.train = train
 
     # -- planning ---------------------------------------------------------------------
-    def init_state(self, num_clients: int, num_params: int) -> dict:
+    def init_state(self, setting: RunSetting) -> dict:
         """Server memory kept across rounds (checkpointed with the run)."""
         return {}
+
+    def reports(self, state: dict) -> dict[str, dict]:
+        """Documents to write into the run directory as ``<name>.json`` (e.g. a plan)."""
+        return {}
+
+    def warnings(self, state: dict) -> list[str]:
+        """Things the user must be told when the run starts (e.g. a planner fallback)."""
+        return []
 
     def plan(self, round_index: int, state: dict, system: SystemModel, deadline: float | None) -> RoundPlan:
         """Default plan: every client, the configured batch and steps, the configured deadline

@@ -10,19 +10,26 @@ from fedhet.algorithms.aggregation import expand_per_layer, layerwise_mean_buffe
 from fedhet.algorithms.base import Algorithm, register
 from fedhet.errors import ConfigError
 
+NORMALIZATIONS = ("reached", "all", "inverse-reach")
+
 
 @dataclass
 class SALFOptions:
     """``bias_correction``: divide layer l's mean update by 1 - p_l (eq. (9)); ``normalize``:
-    ``reached`` (mean over U_l, the paper) or ``all`` (sum over U_l divided by U, the
-    authors' public code, which applies no p_l)."""
+    ``reached`` (mean over U_l, the paper), ``all`` (sum over U_l divided by U, the
+    authors' public code, which applies no p_l) or ``inverse-reach`` (ours: each client's
+    update on layer l weighted by 1 / (U P[u reaches l]), a Horvitz-Thompson estimate that
+    stays unbiased when clients reach layers with different probabilities, where the
+    papers' rule, which assumes exchangeable clients, does not)."""
 
     bias_correction: bool = True
     normalize: str = "reached"
 
     def validate(self) -> None:
-        if self.normalize not in ("reached", "all"):
-            raise ConfigError(f"algorithm.normalize = {self.normalize!r}: must be 'reached' or 'all'")
+        if self.normalize not in NORMALIZATIONS:
+            raise ConfigError(
+                f"algorithm.normalize = {self.normalize!r}: must be one of {', '.join(NORMALIZATIONS)}"
+            )
 
 
 def salf_layer_factor(
@@ -46,8 +53,15 @@ class SALF(Algorithm):
     Options = SALFOptions
 
     def aggregate(self, params, buffers, updates, state, context, layout):
-        """SALF eq. (9) (``normalize='reached'``) or the authors' sum / U (``'all'``)."""
+        """SALF eq. (9) (``normalize='reached'``), the authors' sum / U (``'all'``) or the
+        inverse-reach-probability weighting (``'inverse-reach'``)."""
         slices = layout.param_slices
+        if self.options.normalize == "inverse-reach":
+            reach = torch.as_tensor(context.marginals.reach_prob, dtype=torch.float64)
+            weights = torch.where(reach > 0, 1.0 / (context.num_clients * reach.clamp(min=1e-300)), 0.0)
+            sums, _ = layerwise_sum(updates, slices, params.numel(), weights=weights)
+            new_buffers = layerwise_mean_buffers(buffers, updates, layout.buffer_slices)
+            return params + sums, new_buffers
         sums, counts = layerwise_sum(updates, slices, params.numel())
         if self.options.normalize == "all":
             factor = torch.full_like(counts, 1.0 / context.num_clients)

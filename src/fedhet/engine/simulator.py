@@ -12,6 +12,7 @@ finished round and ends with exactly the metrics of an uninterrupted one.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,12 +21,14 @@ from pathlib import Path
 import numpy as np
 
 from fedhet import seeding
-from fedhet.algorithms import RoundContext
+from fedhet.algorithms import RoundContext, RunSetting
 from fedhet.client import evaluate
 from fedhet.config import Config
 from fedhet.errors import FedhetError
 from fedhet.results import RunDirectory
 from fedhet.world import World, build_world
+
+log = logging.getLogger("fedhet")
 
 
 @dataclass
@@ -69,10 +72,16 @@ class Simulator:
                 "--overwrite to start again, or --out for another folder"
             )
         world = build_world(config)
-        state = self._fresh_state(world)
         if resume and run_dir.checkpoint_path.exists():
             state = self._restore(world, run_dir.load_checkpoint())
+        else:
+            state = self._fresh_state(world)
+            state["algorithm"] = world.algorithm.init_state(self._setting(world, state))
         run_dir.create()
+        for name, document in world.algorithm.reports(state["algorithm"]).items():
+            run_dir.write_json(f"{name}.json", document)
+        for note in world.algorithm.warnings(state["algorithm"]):
+            log.warning("%s: %s", config.run.name, note)
         run_dir.write_config(config.to_toml())
         run_dir.write_metrics(state["metrics"])
         started = time.perf_counter()
@@ -109,6 +118,22 @@ class Simulator:
         self.run_dir.save_checkpoint(self._checkpoint(world, state))
 
     # -- state ---------------------------------------------------------------------
+    def _setting(self, world: World, state: dict) -> RunSetting:
+        """What the algorithm may look at before round 1."""
+        config = self.config
+        return RunSetting(
+            num_clients=world.num_clients,
+            num_params=int(world.initial_params.numel()),
+            rounds=config.run.rounds,
+            time_budget=config.run.time_budget,
+            system=world.system,
+            client_sizes=np.array([len(c) for c in world.client_indices]),
+            trainer=world.trainer,
+            params=state["params"],
+            buffers=state["buffers"],
+            rng=seeding.stream(config.run.seed, "planning"),
+        )
+
     def _fresh_state(self, world: World) -> dict:
         seed = self.config.run.seed
         return {
@@ -117,7 +142,7 @@ class Simulator:
             "wall_time": 0.0,
             "params": world.initial_params.clone(),
             "buffers": world.initial_buffers.clone(),
-            "algorithm": world.algorithm.init_state(world.num_clients, world.initial_params.numel()),
+            "algorithm": {},
             "rng": {name: seeding.stream(seed, name) for name in ("system", "training")},
             "metrics": [],
             "stopped_by": None,
@@ -164,7 +189,7 @@ class Simulator:
     # -- one round -----------------------------------------------------------------
     def _round(self, world: World, state: dict, t: int) -> dict | None:
         config, algorithm, system = self.config, world.algorithm, world.system
-        plan = algorithm.plan(t, state["algorithm"], system, config.system.deadline)
+        plan = algorithm.plan(t, state["algorithm"], system, config.round_deadline)
         outcomes = system.sample(plan.deadline, plan.batch_sizes, state["rng"]["system"])
         marginals = system.marginals(plan.deadline, plan.batch_sizes)
         asked = np.array([a.asked for a in plan.assignments]) & outcomes.participates
@@ -238,6 +263,7 @@ class Simulator:
             "time_budget": config.run.time_budget or None,
             "stopped_by": state["stopped_by"] or ("rounds" if state["round"] >= config.run.rounds else None),
             "finished": state["round"] >= config.run.rounds or state["stopped_by"] == "time_budget",
+            "notes": world.algorithm.warnings(state["algorithm"]),
         }
 
 

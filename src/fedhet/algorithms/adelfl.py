@@ -1,0 +1,216 @@
+"""ADEL-FL (ADEL-FL Algorithm 1): deadlines and batch sizes planned once against the time
+budget, then SALF's layer-wise aggregation every round.
+
+Before round 1 the server solves Problem 2 (:mod:`fedhet.algorithms.deadline_planner`) for
+deadlines T_1..T_R and batch scale m; client u uses the batch S_u = ceil(m P_u) in every
+round. Each round has deadline T_t, clients back-propagate under the exponential model
+(A4), and the server applies eq. (5) with p_l(T_t, m) taken from the system model's
+marginals for the batch sizes actually used (Lemma 1, exact for the rounded S_u).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedhet.algorithms.base import ClientAssignment, RoundPlan, RunSetting, register
+from fedhet.algorithms.deadline_planner import (
+    BoundConstants,
+    DeadlinePlan,
+    DeadlineProblem,
+    batch_sizes,
+    solve,
+)
+from fedhet.algorithms.salf import SALF, SALFOptions
+from fedhet.errors import ConfigError
+from fedhet.system.outcomes import ExponentialLayers
+
+
+@dataclass
+class ADELFLOptions(SALFOptions):
+    """Constants of Theorem 1 and the planner's settings (defaults are ours: the paper gives
+    none).
+
+    - ``rho_c`` (strong convexity, weights rounds by prod(1 - eta rho_c); needs
+      eta_t rho_c < 1), ``rho_s`` (smoothness; only checked against eta_1 <= 1/(4 rho_s)),
+      ``grad_bound`` G (A3), ``grad_variance`` sigma^2 (A2, per sample, all clients),
+      ``heterogeneity_gap`` Gamma, ``initial_distance`` Delta_1. Gamma and Delta_1 add
+      constants to the bound and do not change the plan.
+    - ``estimate_constants``: replace G and sigma_u^2 by estimates from a warm-up round at
+      the initial model: ``warmup_batches`` minibatch gradients of ``train.batch_size`` per
+      client; G^2 = the largest client mean squared gradient norm, sigma_u^2 = batch size x
+      the variance of client u's batch gradients. The warm-up is not charged to the clock.
+    - ``p1_margin``: enforce q_t1 <= 1/2 - margin (Lemma 3). ``batch_scale_min/max``: the
+      box on m (the batch of a mean-capability client). ``max_iter``: trust-constr's limit.
+    """
+
+    rho_c: float = 0.1
+    rho_s: float = 1.0
+    grad_bound: float = 1.0
+    grad_variance: float = 1.0
+    heterogeneity_gap: float = 0.0
+    initial_distance: float = 1.0
+    estimate_constants: bool = False
+    warmup_batches: int = 8
+    p1_margin: float = 0.05
+    batch_scale_min: float = 1.0
+    batch_scale_max: float = 64.0
+    max_iter: int = 3000
+
+    def validate(self) -> None:
+        super().validate()
+        for key in ("rho_c", "rho_s", "grad_bound", "grad_variance", "initial_distance"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"algorithm.{key} = {getattr(self, key)}: must be > 0")
+        if self.heterogeneity_gap < 0:
+            raise ConfigError(f"algorithm.heterogeneity_gap = {self.heterogeneity_gap}: must be >= 0")
+        if not 0 < self.p1_margin < 0.5:
+            raise ConfigError(f"algorithm.p1_margin = {self.p1_margin}: must be in (0, 0.5)")
+        if not 0 < self.batch_scale_min <= self.batch_scale_max:
+            raise ConfigError(
+                f"algorithm.batch_scale_min/max = {self.batch_scale_min}/{self.batch_scale_max}: "
+                "need 0 < min <= max"
+            )
+        if self.warmup_batches < 2:
+            raise ConfigError(f"algorithm.warmup_batches = {self.warmup_batches}: must be >= 2")
+        if self.max_iter < 1:
+            raise ConfigError(f"algorithm.max_iter = {self.max_iter}: must be >= 1")
+
+
+@register
+class ADELFL(SALF):
+    """Planned deadlines T_t and batches S_u = ceil(m P_u) (Problem 2), SALF aggregation
+    with p_l(T_t, m) (ADEL-FL eq. (5), Lemma 1); layers nobody reached are kept."""
+
+    name = "adel-fl"
+    summary = "ADEL-FL: deadlines and batch sizes optimised for a time budget, layer-wise aggregation"
+    Options = ADELFLOptions
+
+    def init_state(self, setting: RunSetting) -> dict:
+        """Solve Problem 2 once (ADEL-FL Algorithm 1, steps 1-3)."""
+        system = setting.system
+        if not isinstance(system, ExponentialLayers):
+            raise ConfigError(
+                f"system.model = {system.name!r}: adel-fl plans against the exponential model "
+                '(ADEL-FL A4); set system.model = "exponential"'
+            )
+        if not setting.time_budget:
+            raise ConfigError("run.time_budget: adel-fl needs a total time budget T_max (simulated seconds)")
+        o = self.options
+        constants = BoundConstants(
+            rho_c=o.rho_c,
+            rho_s=o.rho_s,
+            grad_bound=o.grad_bound,
+            grad_variance=o.grad_variance,
+            heterogeneity_gap=o.heterogeneity_gap,
+            initial_distance=o.initial_distance,
+        )
+        estimated = None
+        if o.estimate_constants:
+            constants, estimated = self._estimate_constants(setting, constants)
+        learning_rates = np.array([self.train.lr_at(t) for t in range(setting.rounds)])
+        problem = DeadlineProblem(
+            time_budget=setting.time_budget,
+            num_layers=system.num_layers,
+            capabilities=system.capabilities,
+            time_per_sample_layer=system.time_per_sample_layer,
+            learning_rates=learning_rates,
+            constants=constants,
+            batch_scale_bounds=(o.batch_scale_min, o.batch_scale_max),
+            p1_max=0.5 - o.p1_margin,
+        )
+        plan = solve(problem, initial_batch_scale=float(self.train.batch_size), max_iter=o.max_iter)
+        sizes = batch_sizes(plan.batch_scale, system.capabilities, setting.client_sizes)
+        return {
+            "deadlines": [float(t) for t in plan.deadlines],
+            "batch_sizes": [int(s) for s in sizes],
+            "plan": self._report(plan, problem, sizes, estimated, learning_rates),
+        }
+
+    def _estimate_constants(self, setting: RunSetting, constants: BoundConstants):
+        """G^2 and sigma_u^2 from minibatch gradients at the initial model (our option)."""
+        norms, variances = [], []
+        for client in range(setting.num_clients):
+            sq_norm, variance = setting.trainer.gradient_statistics(
+                setting.params,
+                setting.buffers,
+                client,
+                self.train.batch_size,
+                self.options.warmup_batches,
+                setting.rng,
+            )
+            norms.append(sq_norm)
+            variances.append(variance)
+        grad_bound = float(np.sqrt(max(norms)))
+        variances = np.maximum(np.array(variances), 1e-12)
+        constants = BoundConstants(
+            rho_c=constants.rho_c,
+            rho_s=constants.rho_s,
+            grad_bound=grad_bound,
+            grad_variance=variances,
+            heterogeneity_gap=constants.heterogeneity_gap,
+            initial_distance=constants.initial_distance,
+        )
+        estimated = {
+            "grad_bound": grad_bound,
+            "grad_variance": [float(v) for v in variances],
+            "warmup_batches": self.options.warmup_batches,
+            "batch_size": self.train.batch_size,
+        }
+        return constants, estimated
+
+    def _report(self, plan: DeadlinePlan, problem: DeadlineProblem, sizes, estimated, learning_rates) -> dict:
+        c = problem.constants
+        report = plan.to_dict()
+        report.update(
+            {
+                "batch_sizes": [int(s) for s in sizes],
+                "capabilities": [float(p) for p in problem.capabilities],
+                "min_deadline": problem.min_deadline(plan.batch_scale),
+                "time_budget": problem.time_budget,
+                "rounds": problem.num_rounds,
+                "learning_rates": [float(e) for e in learning_rates],
+                "constants": {
+                    "rho_c": c.rho_c,
+                    "rho_s": c.rho_s,
+                    "grad_bound": float(c.grad_bound),
+                    "grad_variance": np.asarray(c.grad_variance, float).tolist(),
+                    "heterogeneity_gap": c.heterogeneity_gap,
+                    "initial_distance": c.initial_distance,
+                },
+                "estimated": estimated,
+                "step_size_condition": bool(learning_rates[0] <= 1.0 / (4.0 * c.rho_s)),
+            }
+        )
+        return report
+
+    def reports(self, state: dict) -> dict[str, dict]:
+        return {"plan": state["plan"]}
+
+    def warnings(self, state: dict) -> list[str]:
+        plan = state["plan"]
+        notes = []
+        if plan["status"].startswith("fallback"):
+            notes.append(
+                f"adel-fl planner did not find a better schedule ({plan['solver_message']}); "
+                "using equal deadlines T_max/R, see plan.json"
+            )
+        if not plan["step_size_condition"]:
+            notes.append(
+                f"adel-fl: eta_1 = {plan['learning_rates'][0]:g} > 1/(4 rho_s) = "
+                f"{1 / (4 * plan['constants']['rho_s']):g}; Theorem 1's condition does not hold "
+                "(the bound still guides the plan)"
+            )
+        return notes
+
+    def plan(self, round_index: int, state: dict, system, deadline) -> RoundPlan:
+        """Round t: the planned deadline T_t and batches S_u, one entry per client."""
+        deadlines = state["deadlines"]
+        t = min(round_index, len(deadlines) - 1)
+        return RoundPlan(
+            round=round_index,
+            deadline=deadlines[t],
+            lr=self.train.lr_at(round_index),
+            assignments=[ClientAssignment(int(s), self.train.local_steps) for s in state["batch_sizes"]],
+        )
