@@ -241,3 +241,16 @@ def test_planner_fallback_is_announced(tmp_path, caplog):
 def test_bad_adel_fl_settings_are_named(tmp_path, overrides, message):
     with pytest.raises(ConfigError, match=message):
         run(make_config({**ADEL, **overrides}), tmp_path / "x")
+
+
+def test_depth_calibration_hits_the_requested_share():
+    """deadline_for_depth_fraction inverts the expected depth, which a simulation confirms."""
+    from fedhet.system.outcomes import deadline_for_depth_fraction, expected_depth_fraction
+
+    system = ExponentialLayers(20, 4, CAPS, time_per_sample_layer=0.1)
+    batch = np.full(20, 16)
+    deadline = deadline_for_depth_fraction(system, batch, 0.5)
+    assert expected_depth_fraction(system, deadline, batch) == pytest.approx(0.5, abs=1e-9)
+    rng = np.random.default_rng(0)
+    done = [(4 + 1 - system.sample(deadline, batch, rng).depth).mean() / 4 for _ in range(4000)]
+    assert np.mean(done) == pytest.approx(0.5, abs=0.01)

@@ -79,3 +79,36 @@ def test_quickstart_example_is_valid():
 
     config = load_config(REPO / "examples" / "quickstart.toml")
     assert config.compare.algorithms == ["fedavg", "drop", "salf"]
+
+
+ADEL_TOML = (
+    SALF_DIGITS_TOML.replace("rounds = 30", "rounds = 12\ntime_budget = 300.0")
+    .replace(
+        'model = "straggler-ratio"\nstraggler_ratio = 0.9',
+        'model = "exponential"\ndeadline = 0\ncapability_profile = "uniform"\ncapability_low = 0.2',
+    )
+    .replace('name = "salf"\n', 'name = "adel-fl"\n[compare]\nalgorithms = ["adel-fl", "salf"]\n')
+)
+
+
+def test_plan_calibrates_depth_and_shows_the_schedule(tmp_path):
+    path = tmp_path / "adel.toml"
+    path.write_text(ADEL_TOML)
+    done = fedhet("plan", str(path), "--depth-fraction", "0.5", "--out", "plan.json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "depth 50% at batch 16: deadline" in done.stdout
+    assert "adel-fl plan: optimal" in done.stdout
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["total_time"] <= 300.0 * (1 + 1e-12) and len(plan["deadlines"]) == 12
+
+
+def test_plot_draws_accuracy_and_deadlines(tmp_path):
+    path = tmp_path / "adel.toml"
+    path.write_text(ADEL_TOML)
+    assert fedhet("run", str(path), "--out", "runs", cwd=tmp_path).returncode == 0
+    done = fedhet("plot", "runs", "--out", "figs/cmp", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    for name in ("cmp-accuracy.png", "cmp-deadlines.png"):
+        assert (tmp_path / "figs" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    bad = fedhet("plot", "nowhere", "--out", "x", cwd=tmp_path)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "nowhere" in bad.stderr

@@ -39,3 +39,19 @@ def test_grid_cells_run_once_and_fill_the_table(tmp_path):
     run_experiment(experiment, tmp_path / "out", on_cell=lambda cell, s: seen.append(cell.name))
     assert len(seen) == 4  # reported from disk, not rerun
     assert (tmp_path / "out" / "0.3-drop" / "summary.json").stat().st_mtime_ns == stamp
+
+
+def test_cells_sharing_a_table_entry_show_mean_and_spread(tmp_path):
+    """Seeds left out of rows and columns are averaged: mean ± sample standard deviation."""
+    path = tmp_path / "seeds.toml"
+    path.write_text(
+        GRID.replace('"system.straggler_ratio" = [0.3, 0.9]', '"run.seed" = [1, 2]').replace(
+            'rows = ["system.straggler_ratio"]', "rows = []"
+        )
+    )
+    experiment = load_experiment(path)
+    assert [c.name for c in experiment.cells] == ["1-drop", "1-salf-all", "2-drop", "2-salf-all"]
+    values = [0.5, 0.7, 0.6, 0.7]
+    fake = {c.name: {"final_test_accuracy": v} for c, v in zip(experiment.cells, values, strict=True)}
+    table = report_table(experiment, fake)
+    assert "| 0.550 ± 0.071 | 0.700 ± 0.000 |" in table

@@ -85,3 +85,69 @@ def test_real_fashion_mnist_from_debian_package():
     ds = load_dataset("fmnist")
     assert ds.x_train.shape == (60000, 1, 28, 28) and ds.x_test.shape == (10000, 1, 28, 28)
     assert np.bincount(ds.y_train.numpy()).tolist() == [6000] * 10
+
+
+def _write_cifar(folder: Path, per_batch: int = 4, seed: int = 0) -> dict:
+    """The real CIFAR-10 "python version" layout: pickled dicts with bytes keys."""
+    import pickle
+
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True)
+    written = {}
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        batch = {
+            b"batch_label": name.encode(),
+            b"labels": [int(v) for v in rng.integers(0, 10, per_batch)],
+            b"data": rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8),
+            b"filenames": [f"{name}_{i}.png".encode() for i in range(per_batch)],
+        }
+        with (folder / name).open("wb") as fh:
+            pickle.dump(batch, fh, protocol=2)
+        written[name] = batch
+    return written
+
+
+def test_cifar10_loader_reads_python_batches(tmp_path):
+    written = _write_cifar(tmp_path / "cifar-10-batches-py")
+    data = load_dataset("cifar10", str(tmp_path))  # the parent folder works too
+    assert data.input_shape == (3, 32, 32) and data.num_train == 20 and len(data.y_test) == 4
+    assert data.y_train[:4].tolist() == written["data_batch_1"][b"labels"]
+    # the red plane of the first image, standardised per channel: order of pixels is kept
+    red = written["data_batch_1"][b"data"][0, :1024].reshape(32, 32).astype(np.float32)
+    got = data.x_train[0, 0].numpy()
+    assert np.corrcoef(red.ravel(), got.ravel())[0, 1] > 0.999
+
+
+@pytest.mark.parametrize(
+    ("damage", "words"),
+    [("truncate", "not a CIFAR-10 python batch"), ("delete", "not found"), ("labels", "wrong count")],
+)
+def test_bad_cifar10_batch_is_rejected_naming_the_file(tmp_path, damage, words):
+    import pickle
+
+    folder = tmp_path / "cifar"
+    _write_cifar(folder)
+    target = folder / "data_batch_3"
+    if damage == "truncate":
+        target.write_bytes(target.read_bytes()[:100])
+    elif damage == "delete":
+        target.unlink()
+    else:
+        batch = pickle.loads(target.read_bytes(), encoding="bytes")
+        batch[b"labels"] = batch[b"labels"][:-1]
+        target.write_bytes(pickle.dumps(batch))
+    with pytest.raises(DataError, match=words) as info:
+        load_dataset("cifar10", str(folder))
+    assert "data_batch_3" in str(info.value)
+
+
+def test_vgg11_trains_on_cifar_shaped_input(tmp_path):
+    import torch
+
+    from fedhet.models import FlatModel, build_model
+
+    _write_cifar(tmp_path / "c")
+    data = load_dataset("cifar10", str(tmp_path / "c"))
+    flat = FlatModel(build_model("vgg11", data.input_shape, 10))
+    out = flat.model(data.x_train[:4])
+    assert out.shape == (4, 10) and torch.isfinite(out).all()

@@ -162,6 +162,70 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Show the round deadline's expected depth, calibrate a deadline for a depth share, and
+    run the algorithm's planner (ADEL-FL) without training."""
+    import numpy as np
+
+    from fedhet.config import apply_overrides, from_dict, read_toml
+    from fedhet.grid import EXPERIMENT_SECTIONS
+    from fedhet.system.outcomes import ExponentialLayers, deadline_for_depth_fraction, expected_depth_fraction
+    from fedhet.world import build_world
+
+    raw = {k: v for k, v in read_toml(args.config).items() if k not in EXPERIMENT_SECTIONS}
+    config = from_dict(apply_overrides(raw, args.set))  # an experiment file's base configuration
+    world = build_world(config)
+    system, rounds = world.system, config.run.rounds
+    batch = np.full(world.num_clients, config.train.batch_size)
+    print(f"{config.run.name}: {world.num_clients} clients, {world.flat.num_layers} layers, {rounds} rounds")
+    if isinstance(system, ExponentialLayers):
+        if config.system.deadline > 0 or config.run.time_budget:
+            deadline = config.round_deadline
+            share = expected_depth_fraction(system, deadline, batch)
+            print(
+                f"fixed deadline {deadline:.6g} at batch {config.train.batch_size}: "
+                f"expected depth {100 * share:.1f}% of the layers"
+            )
+        if args.depth_fraction is not None:
+            deadline = deadline_for_depth_fraction(system, batch, args.depth_fraction)
+            print(
+                f"depth {100 * args.depth_fraction:g}% at batch {config.train.batch_size}: "
+                f"deadline {deadline:.6g}, run.time_budget = {deadline * rounds:.6g} for {rounds} rounds"
+            )
+    state = world.algorithm.init_state(world.setting())
+    reports = world.algorithm.reports(state)
+    for note in world.algorithm.warnings(state):
+        print(f"warning: {note}")
+    plan = reports.get("plan")
+    if plan:
+        deadlines = plan["deadlines"]
+        print(f"{config.algorithm_name} plan: {plan['status']} after {plan['iterations']} iterations")
+        print(
+            f"  objective {plan['objective']:.6g} (equal deadlines {plan['equal_deadlines_objective']:.6g}); "
+            f"batch scale m = {plan['batch_scale']:.4g}; batch sizes {min(plan['batch_sizes'])}.."
+            f"{max(plan['batch_sizes'])}"
+        )
+        print(
+            f"  deadlines: first {deadlines[0]:.4g}, middle {deadlines[len(deadlines) // 2]:.4g}, "
+            f"last {deadlines[-1]:.4g}; total {plan['total_time']:.6g} of {plan['time_budget']:.6g}"
+        )
+        if args.out:
+            Path(args.out).write_text(json.dumps(plan, indent=2) + "\n")
+            print(f"  written to {args.out}")
+    elif not isinstance(system, ExponentialLayers):
+        print(f"{config.algorithm_name}: no planner; system {system.name} has no time law to calibrate")
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from fedhet.plots import plot_runs
+
+    written = plot_runs(args.runs, args.out, x=args.x, title=args.title)
+    for path in written:
+        print(path)
+    return 0
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from fedhet.results import RunDirectory
 
@@ -216,6 +280,24 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compare", help="table of finished runs' summaries")
     p.add_argument("runs", nargs="+", help="run directories")
     p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("plan", help="calibrate deadlines and show an algorithm's plan, without training")
+    p.add_argument("config", help="TOML configuration (or experiment file: its base configuration)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    p.add_argument(
+        "--depth-fraction",
+        type=float,
+        help="print the deadline (and budget) at which clients reach this share of layers on average",
+    )
+    p.add_argument("--out", help="write the plan (JSON) here")
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("plot", help="figures from run directories (needs the plot extra)")
+    p.add_argument("runs", nargs="+", help="run directories (or folders holding them)")
+    p.add_argument("--out", required=True, help="output file prefix, e.g. figures/fig2")
+    p.add_argument("--x", default="sim_time", choices=("sim_time", "round"), help="x axis of accuracy")
+    p.add_argument("--title", default="", help="figure title")
+    p.set_defaults(func=cmd_plot)
 
     p = sub.add_parser("list", help="algorithms, datasets, models, system models")
     p.set_defaults(func=cmd_list)

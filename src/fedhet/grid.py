@@ -173,9 +173,11 @@ def _lookup(cell: Cell, key: str) -> Any:
 
 
 def report_table(experiment: Experiment, summaries: dict[str, dict], digits: int = 3) -> str:
-    """A Markdown pivot table: one row per ``rows`` value, one column per ``columns`` value."""
+    """A Markdown pivot table: one row per ``rows`` value, one column per ``columns`` value.
+    Cells that share a row and column (e.g. seeds left out of both) show mean ± standard
+    deviation over them."""
     row_keys, col_keys = experiment.rows, experiment.columns
-    rows: dict[tuple, dict[tuple, Any]] = {}
+    rows: dict[tuple, dict[tuple, list]] = {}
     col_order: list[tuple] = []
     for cell in experiment.cells:
         if cell.name not in summaries:
@@ -184,14 +186,24 @@ def report_table(experiment: Experiment, summaries: dict[str, dict], digits: int
         c = tuple(_lookup(cell, k) for k in col_keys)
         if c not in col_order:
             col_order.append(c)
-        rows.setdefault(r, {})[c] = summaries[cell.name].get(experiment.value)
+        rows.setdefault(r, {}).setdefault(c, []).append(summaries[cell.name].get(experiment.value))
     head = [" / ".join(k.split(".")[-1] for k in row_keys) or "run"]
     head += [" ".join(str(v) for v in c) for c in col_order]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r, values in rows.items():
         cells = [" ".join(str(v) for v in r) or "-"]
         for c in col_order:
-            v = values.get(c)
-            cells.append(f"{v:.{digits}f}" if isinstance(v, float) else ("" if v is None else str(v)))
+            cells.append(_format_values(values.get(c, []), digits))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _format_values(values: list, digits: int) -> str:
+    numbers = [float(v) for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+    if len(numbers) > 1:
+        mean = sum(numbers) / len(numbers)
+        std = (sum((v - mean) ** 2 for v in numbers) / (len(numbers) - 1)) ** 0.5
+        return f"{mean:.{digits}f} ± {std:.{digits}f}"
+    if numbers:
+        return f"{numbers[0]:.{digits}f}"
+    return " ".join(str(v) for v in values if v is not None)

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from fedhet import seeding
-from fedhet.algorithms import ALGORITHMS, Algorithm, build_options
+from fedhet.algorithms import ALGORITHMS, Algorithm, RunSetting, build_options
 from fedhet.client import LocalTrainer, SGDSettings
 from fedhet.config import Config
 from fedhet.data import Dataset, load_dataset, partition_indices
@@ -37,6 +37,22 @@ class World:
     @property
     def num_clients(self) -> int:
         return len(self.client_indices)
+
+    def setting(self, params: torch.Tensor | None = None, buffers: torch.Tensor | None = None) -> RunSetting:
+        """What the algorithm may look at before round 1 (at the initial model by default)."""
+        config = self.config
+        return RunSetting(
+            num_clients=self.num_clients,
+            num_params=int(self.initial_params.numel()),
+            rounds=config.run.rounds,
+            time_budget=config.run.time_budget,
+            system=self.system,
+            client_sizes=np.array([len(c) for c in self.client_indices]),
+            trainer=self.trainer,
+            params=self.initial_params if params is None else params,
+            buffers=self.initial_buffers if buffers is None else buffers,
+            rng=seeding.stream(config.run.seed, "planning"),
+        )
 
 
 def build_partition(config: Config, dataset: Dataset) -> tuple[list[np.ndarray], torch.Tensor]:

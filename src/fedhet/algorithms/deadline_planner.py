@@ -187,7 +187,9 @@ def equal_deadlines(problem: DeadlineProblem) -> np.ndarray:
 
 
 def feasible_batch_scale(problem: DeadlineProblem, preferred: float) -> float:
-    """``preferred`` clipped into the box and lowered until equal deadlines keep q_t1 <= p1_max.
+    """``preferred`` clipped into the box and lowered until equal deadlines keep q_t1 <= p1_max
+    with room to spare (m at most 90% of the largest feasible value, or the box's lower end):
+    an interior starting point, which trust-constr needs to move freely.
 
     Raises ConfigError when even the smallest m in the box cannot meet Lemma 3's condition.
     """
@@ -201,7 +203,7 @@ def feasible_batch_scale(problem: DeadlineProblem, preferred: float) -> float:
             f"ADEL-FL needs p_1 < 1/2 in every round, i.e. T_max >= {need:.4g} at the smallest "
             f"batch scale {lo:g} (lower algorithm.batch_scale_min or run.rounds, or raise the budget)"
         )
-    return float(min(max(preferred, lo), hi, largest * (1 - 1e-9)))
+    return float(min(max(preferred, lo), hi, max(lo, 0.9 * largest)))
 
 
 def solve(problem: DeadlineProblem, initial_batch_scale: float, max_iter: int = 3000) -> DeadlinePlan:
@@ -209,13 +211,28 @@ def solve(problem: DeadlineProblem, initial_batch_scale: float, max_iter: int = 
 
     Variables are scaled to O(1): slacks in units of T_max/R and m in units of the box's
     upper end. A solution that violates a constraint, fails to converge or is worse than
-    equal deadlines is not used: the plan falls back to equal deadlines at the starting m
-    and says why in ``status``.
+    equal deadlines is not used; after a second start (equal deadlines, m halfway to the
+    box's lower end) fails too, the plan falls back to equal deadlines at the starting m and
+    says why in ``status``.
     """
-    R = problem.num_rounds
     m0 = feasible_batch_scale(problem, initial_batch_scale)
+    equal_value = problem.objective(equal_deadlines(problem), m0)
+    plan = _solve_from(problem, m0, m0, equal_value, max_iter)
+    lo = problem.batch_scale_bounds[0]
+    if plan.fell_back and m0 > lo:
+        retry = _solve_from(problem, 0.5 * (m0 + lo), m0, equal_value, max_iter)
+        if not retry.fell_back:
+            return retry
+    return plan
+
+
+def _solve_from(
+    problem: DeadlineProblem, start: float, m0: float, equal_value: float, max_iter: int
+) -> DeadlinePlan:
+    """One trust-constr solve from equal deadlines at batch scale ``start``; the fallback is
+    equal deadlines at ``m0``."""
+    R = problem.num_rounds
     equal = equal_deadlines(problem)
-    equal_value = problem.objective(equal, m0)
     share = problem.time_budget / R
     lo, hi = problem.batch_scale_bounds
     a = problem.time_per_sample_layer * problem.min_rate()  # T_t = a m + s_t
@@ -233,7 +250,7 @@ def solve(problem: DeadlineProblem, initial_batch_scale: float, max_iter: int = 
         grad[-1] = (g_m + a * np.sum(g_t)) * m_unit
         return value / equal_value, grad / equal_value
 
-    z0 = np.concatenate([(equal - a * m0) / share, [m0 / m_unit]])
+    z0 = np.concatenate([(equal - a * start) / share, [start / m_unit]])
     budget_row = np.concatenate([np.full(R, share), [R * a * m_unit]])  # sum_t T_t
     constraint = LinearConstraint(budget_row[None, :], -np.inf, problem.time_budget)
     bounds = Bounds(

@@ -163,10 +163,76 @@ def load_digits(data_dir: str | None = None, test_fraction: float = 0.2) -> Data
     )
 
 
+CIFAR10_TRAIN_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6))
+CIFAR10_TEST_BATCH = "test_batch"
+
+
+def read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """One CIFAR-10 "python version" batch: a pickled dict with ``data`` (uint8, N x 3072,
+    the red, green and blue 32x32 planes of each image) and ``labels`` (N ints 0..9).
+    Returns images [N, 3, 32, 32] (uint8) and labels (int64); errors name the file."""
+    import pickle
+
+    try:
+        with path.open("rb") as fh:
+            batch = pickle.load(fh, encoding="bytes")
+    except FileNotFoundError:
+        raise DataError(f"{path}: CIFAR-10 batch file not found") from None
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, ImportError) as exc:
+        raise DataError(f"{path}: not a CIFAR-10 python batch ({type(exc).__name__}: {exc})") from None
+    if not isinstance(batch, dict):
+        raise DataError(f"{path}: not a CIFAR-10 python batch (holds {type(batch).__name__}, not a dict)")
+    data = batch.get(b"data", batch.get("data"))
+    labels = batch.get(b"labels", batch.get("labels"))
+    if data is None or labels is None:
+        raise DataError(f"{path}: CIFAR-10 batch lacks 'data' or 'labels'")
+    data = np.asarray(data)
+    labels = np.asarray(labels, dtype=np.int64)
+    if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
+        raise DataError(f"{path}: CIFAR-10 data must be uint8 N x 3072, got {data.dtype} {data.shape}")
+    if labels.shape != (data.shape[0],):
+        raise DataError(f"{path}: wrong count: {labels.size} labels for {data.shape[0]} images")
+    if labels.size and (labels.min() < 0 or labels.max() > 9):
+        raise DataError(
+            f"{path}: label {labels.max() if labels.max() > 9 else labels.min()} out of range 0..9"
+        )
+    return data.reshape(-1, 3, 32, 32), labels
+
+
+def load_cifar10(data_dir: str | None = None) -> Dataset:
+    """CIFAR-10 from the "python version" batches (``data_batch_1..5``, ``test_batch``) in
+    ``data_dir`` (required; the extracted ``cifar-10-batches-py`` folder or its parent).
+    Pixels are scaled to [0, 1] and standardised per channel with the training statistics."""
+    if not data_dir:
+        raise DataError("cifar10: no data folder given (set data.data_dir to cifar-10-batches-py)")
+    folder = Path(data_dir).expanduser()
+    if (folder / "cifar-10-batches-py").is_dir():
+        folder = folder / "cifar-10-batches-py"
+    if not folder.is_dir():
+        raise DataError(f"{folder}: data folder for cifar10 not found (set data.data_dir)")
+    parts = [read_cifar_batch(folder / name) for name in CIFAR10_TRAIN_BATCHES]
+    x_train = np.concatenate([p[0] for p in parts]).astype(np.float32) / 255.0
+    y_train = np.concatenate([p[1] for p in parts])
+    x_test, y_test = read_cifar_batch(folder / CIFAR10_TEST_BATCH)
+    x_test = x_test.astype(np.float32) / 255.0
+    mean = x_train.mean(axis=(0, 2, 3), keepdims=True)
+    std = x_train.std(axis=(0, 2, 3), keepdims=True)
+    std[std == 0] = 1.0
+    return Dataset(
+        name="cifar10",
+        x_train=torch.from_numpy((x_train - mean) / std),
+        y_train=torch.from_numpy(y_train),
+        x_test=torch.from_numpy((x_test - mean) / std),
+        y_test=torch.from_numpy(y_test),
+        num_classes=10,
+    )
+
+
 DATASETS: dict[str, Callable[..., Dataset]] = {
     "digits": load_digits,
     "fmnist": load_fmnist,
     "mnist": load_mnist,
+    "cifar10": load_cifar10,
 }
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from fedhet import seeding
-from fedhet.algorithms import RoundContext, RunSetting
+from fedhet.algorithms import RoundContext
 from fedhet.client import evaluate
 from fedhet.config import Config
 from fedhet.errors import FedhetError
@@ -76,7 +76,7 @@ class Simulator:
             state = self._restore(world, run_dir.load_checkpoint())
         else:
             state = self._fresh_state(world)
-            state["algorithm"] = world.algorithm.init_state(self._setting(world, state))
+            state["algorithm"] = world.algorithm.init_state(world.setting(state["params"], state["buffers"]))
         run_dir.create()
         for name, document in world.algorithm.reports(state["algorithm"]).items():
             run_dir.write_json(f"{name}.json", document)
@@ -118,22 +118,6 @@ class Simulator:
         self.run_dir.save_checkpoint(self._checkpoint(world, state))
 
     # -- state ---------------------------------------------------------------------
-    def _setting(self, world: World, state: dict) -> RunSetting:
-        """What the algorithm may look at before round 1."""
-        config = self.config
-        return RunSetting(
-            num_clients=world.num_clients,
-            num_params=int(world.initial_params.numel()),
-            rounds=config.run.rounds,
-            time_budget=config.run.time_budget,
-            system=world.system,
-            client_sizes=np.array([len(c) for c in world.client_indices]),
-            trainer=world.trainer,
-            params=state["params"],
-            buffers=state["buffers"],
-            rng=seeding.stream(config.run.seed, "planning"),
-        )
-
     def _fresh_state(self, world: World) -> dict:
         seed = self.config.run.seed
         return {
