@@ -26,10 +26,15 @@ def find_runs(paths: Sequence[str | Path]) -> list[RunDirectory]:
     return runs
 
 
-def _label(run: RunDirectory) -> str:
-    if run.summary_path.exists():
-        return str(run.read_summary().get("name") or run.path.name)
-    return run.path.name
+def _labels(runs: list[RunDirectory]) -> dict[Path, str]:
+    """Legend labels: the algorithm's name when it tells runs apart, else the run's name."""
+    algorithms = {}
+    for run in runs:
+        summary = run.read_summary() if run.summary_path.exists() else {}
+        algorithms[run.path] = summary.get("algorithm") or run.path.name
+    if len(set(algorithms.values())) == len(runs):
+        return algorithms
+    return {run.path: run.path.name for run in runs}
 
 
 def _pyplot():
@@ -50,6 +55,7 @@ def plot_runs(
     deadlines, ``<out_prefix>-deadlines.png`` (deadline per round). Returns the files."""
     plt = _pyplot()
     runs = find_runs(paths)
+    labels = _labels(runs)
     out_prefix = Path(out_prefix)
     out_prefix.parent.mkdir(parents=True, exist_ok=True)
     written = []
@@ -58,7 +64,7 @@ def plot_runs(
     for run in runs:
         rows = [r for r in run.read_metrics() if r.get("test_accuracy") is not None]
         if rows:
-            ax.plot([r[x] for r in rows], [r["test_accuracy"] for r in rows], label=_label(run))
+            ax.plot([r[x] for r in rows], [r["test_accuracy"] for r in rows], label=labels[run.path])
     ax.set_xlabel("simulated time [s]" if x == "sim_time" else "round")
     ax.set_ylabel("test accuracy")
     ax.grid(alpha=0.3)
@@ -76,7 +82,7 @@ def plot_runs(
     if with_deadlines:
         fig, ax = plt.subplots(figsize=(6, 4))
         for run, rows in with_deadlines:
-            ax.plot([r["round"] for r in rows], [r["deadline"] for r in rows], label=_label(run))
+            ax.plot([r["round"] for r in rows], [r["deadline"] for r in rows], label=labels[run.path])
         ax.set_xlabel("round")
         ax.set_ylabel("deadline [s]")
         ax.grid(alpha=0.3)
