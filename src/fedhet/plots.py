@@ -65,17 +65,8 @@ def plot_runs(
         rows = [r for r in run.read_metrics() if r.get("test_accuracy") is not None]
         if rows:
             ax.plot([r[x] for r in rows], [r["test_accuracy"] for r in rows], label=labels[run.path])
-    ax.set_xlabel("simulated time [s]" if x == "sim_time" else "round")
-    ax.set_ylabel("test accuracy")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    if title:
-        ax.set_title(title)
-    fig.tight_layout()
-    path = out_prefix.with_name(out_prefix.name + "-accuracy.png")
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    written.append(path)
+    xlabel = "simulated time [s]" if x == "sim_time" else "round"
+    written.append(_save(plt, fig, ax, xlabel, "test accuracy", title, out_prefix, "accuracy"))
 
     with_deadlines = [(run, run.read_metrics()) for run in runs]
     with_deadlines = [(run, rows) for run, rows in with_deadlines if any(r.get("deadline") for r in rows)]
@@ -83,15 +74,20 @@ def plot_runs(
         fig, ax = plt.subplots(figsize=(6, 4))
         for run, rows in with_deadlines:
             ax.plot([r["round"] for r in rows], [r["deadline"] for r in rows], label=labels[run.path])
-        ax.set_xlabel("round")
-        ax.set_ylabel("deadline [s]")
-        ax.grid(alpha=0.3)
-        ax.legend()
-        if title:
-            ax.set_title(title)
-        fig.tight_layout()
-        path = out_prefix.with_name(out_prefix.name + "-deadlines.png")
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        written.append(path)
+        written.append(_save(plt, fig, ax, "round", "deadline [s]", title, out_prefix, "deadlines"))
     return written
+
+
+def _save(plt, fig, ax, xlabel: str, ylabel: str, title: str, out_prefix: Path, kind: str) -> Path:
+    """Label, title and write one figure as ``<out_prefix>-<kind>.png``."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    path = out_prefix.with_name(f"{out_prefix.name}-{kind}.png")
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
