@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fedhet.beta_map import beta_map, collect, markdown_table
+from fedhet.studies.beta_map import beta_map, collect, markdown_table
 from fedhet.errors import FedhetError
-from fedhet.plots import plot_beta_map, plot_stale_slices
+from fedhet.studies.plots import plot_beta_map, plot_stale_slices
 
 
 def main(argv: list[str] | None = None) -> int:

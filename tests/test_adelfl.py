@@ -13,7 +13,7 @@ import torch
 from conftest import make_config
 from scipy.special import gammaincc
 
-from fedhet.algorithms import ALGORITHMS, RoundContext, RoundPlan, build_options
+from fedhet.algorithms import ALGORITHMS, RoundContext, RoundPlan
 from fedhet.algorithms.deadline_planner import (
     BoundConstants,
     DeadlineProblem,
@@ -21,12 +21,12 @@ from fedhet.algorithms.deadline_planner import (
     equal_deadlines,
     solve,
 )
-from fedhet.client import LocalResult
-from fedhet.config import TrainConfig
+from fedhet.config import TrainConfig, build_options
 from fedhet.engine.simulator import Simulator, run
 from fedhet.errors import ConfigError
+from fedhet.messages import ClientUpdate, Coverage
 from fedhet.models.layers import LayerSlices, ModelLayout
-from fedhet.system import ExponentialLayers
+from fedhet.system import ExponentialLayers, Workload
 
 CAPS = np.random.default_rng(3).uniform(0.1, 1.9, 20)
 CAPS = CAPS / CAPS.mean()
@@ -137,16 +137,18 @@ def _aggregate_monte_carlo(caps, batch_scale, options, deadline, draws=12000):
     params = torch.randn(layout.num_params, generator=gen)
     deltas = torch.randn(U, layout.num_params, generator=gen)
     algorithm = ALGORITHMS["adel-fl"](build_options("adel-fl", options), TrainConfig())
-    marginals = system.marginals(deadline, sizes)
+    marginals = system.marginals(Workload(deadline, sizes))
     assert marginals.no_reach_prob[0] > 0.05  # the correction matters in this setting
     plan = RoundPlan(0, deadline, 0.1, [])
     rng = np.random.default_rng(0)
     empty = torch.zeros(0)
     results = torch.zeros(draws, layout.num_params)
     for i in range(draws):
-        out = system.sample(deadline, sizes, rng)
+        out = system.sample(Workload(deadline, sizes), rng)
         updates = [
-            LocalResult(u, int(d), 1, 1, 0.0, deltas[u, layout.param_slices.start(int(d)) :], empty)
+            ClientUpdate(
+                u, Coverage(int(d)), 1, 1, 0.0, deltas[u, layout.param_slices.start(int(d)) :], empty
+            )
             for u, d in enumerate(out.depth)
         ]
         results[i], _ = algorithm.aggregate(
@@ -252,5 +254,5 @@ def test_depth_calibration_hits_the_requested_share():
     deadline = deadline_for_depth_fraction(system, batch, 0.5)
     assert expected_depth_fraction(system, deadline, batch) == pytest.approx(0.5, abs=1e-9)
     rng = np.random.default_rng(0)
-    done = [(4 + 1 - system.sample(deadline, batch, rng).depth).mean() / 4 for _ in range(4000)]
+    done = [(4 + 1 - system.sample(Workload(deadline, batch), rng).depth).mean() / 4 for _ in range(4000)]
     assert np.mean(done) == pytest.approx(0.5, abs=0.01)

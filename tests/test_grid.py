@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from conftest import SALF_DIGITS_TOML
 
-from fedhet.grid import load_experiment, report_table, run_experiment
+from fedhet.studies.grid import load_experiment, report_table, run_experiment
 
 GRID = (
     SALF_DIGITS_TOML.replace("rounds = 30", "rounds = 4")
@@ -29,7 +29,7 @@ def test_grid_cells_run_once_and_fill_the_table(tmp_path):
     path.write_text(GRID)
     experiment = load_experiment(path)
     assert [c.name for c in experiment.cells] == ["0.3-drop", "0.3-salf-all", "0.9-drop", "0.9-salf-all"]
-    assert experiment.cells[1].config.algorithm == {"name": "salf", "normalize": "all"}
+    assert experiment.cells[1].config.algorithm.to_dict() == {"name": "salf", "normalize": "all"}
     summaries = run_experiment(experiment, tmp_path / "out")
     assert len(summaries) == 4 and all(s["finished"] for s in summaries.values())
     table = report_table(experiment, summaries)

@@ -14,6 +14,7 @@ from fedhet.system import (
     NoStragglers,
     StragglerRatio,
     UniformDepth,
+    Workload,
     participation_probabilities,
 )
 
@@ -65,10 +66,10 @@ def test_sampled_presence_and_reach_match_the_marginals(name):
     model = _wrapped_models()[name]
     batch = np.full(4, 2)
     rng = np.random.default_rng(0)
-    draws = [model.sample(1.0, batch, rng) for _ in range(DRAWS)]
+    draws = [model.sample(Workload(1.0, batch), rng) for _ in range(DRAWS)]
     present = np.stack([o.participates for o in draws])
     depth = np.stack([o.depth for o in draws])
-    marg = model.marginals(1.0, batch)
+    marg = model.marginals(Workload(1.0, batch))
     tol = lambda q: 4 * np.sqrt(q * (1 - q) / DRAWS) + 2e-3  # noqa: E731
     assert np.all(np.abs(present.mean(0) - marg.participation_prob) < tol(marg.participation_prob))
     for layer in range(1, model.num_layers + 1):
@@ -84,7 +85,7 @@ def test_straggler_ratio_under_participation_is_not_the_independent_product():
     the independent product, so the dynamic programme is needed (checked by sampling above)."""
     p = np.array([1.0, 0.7, 0.3, 0.1])
     model = BernoulliParticipation(StragglerRatio(4, 3, 0.5), p)
-    marg = model.marginals(1.0, np.full(4, 2))
+    marg = model.marginals(Workload(1.0, np.full(4, 2)))
     product = np.prod(1.0 - marg.reach_prob, axis=0)
     assert np.max(np.abs(product - marg.no_reach_prob)) > 0.01
 
@@ -92,7 +93,7 @@ def test_straggler_ratio_under_participation_is_not_the_independent_product():
 def test_always_present_clients_keep_the_base_marginals():
     base = UniformDepth(3, 4)
     wrapped = BernoulliParticipation(base, np.ones(3))
-    a, b = base.marginals(1.0, np.ones(3)), wrapped.marginals(1.0, np.ones(3))
+    a, b = base.marginals(Workload(1.0, np.ones(3))), wrapped.marginals(Workload(1.0, np.ones(3)))
     assert np.allclose(a.reach_prob, b.reach_prob) and np.allclose(a.no_reach_prob, b.no_reach_prob)
 
 

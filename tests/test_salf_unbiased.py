@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from fedhet.algorithms import ALGORITHMS, RoundContext, RoundPlan, build_options
-from fedhet.client import LocalResult
-from fedhet.config import TrainConfig
+from fedhet.algorithms import ALGORITHMS, RoundContext, RoundPlan
+from fedhet.config import TrainConfig, build_options
+from fedhet.messages import ClientUpdate, Coverage
 from fedhet.models.layers import LayerSlices, ModelLayout
-from fedhet.system import ExponentialLayers, StragglerRatio, UniformDepth
+from fedhet.system import ExponentialLayers, StragglerRatio, UniformDepth, Workload
 
 U, L = 5, 4
 LAYER_SIZES = (3, 2, 4, 2)
@@ -35,14 +35,16 @@ def _monte_carlo(system, options, deadline=1.0, seed=0):
     algorithm = ALGORITHMS["salf"](build_options("salf", options), TrainConfig())
     batch = np.ones(U, dtype=int)
     plan = RoundPlan(0, deadline, 0.1, [])
-    marg = system.marginals(deadline, batch)
+    marg = system.marginals(Workload(deadline, batch))
     rng = np.random.default_rng(seed)
     results = torch.zeros(DRAWS, layout.num_params)
     empty = torch.zeros(0)
     for i in range(DRAWS):
-        out = system.sample(deadline, batch, rng)
+        out = system.sample(Workload(deadline, batch), rng)
         updates = [
-            LocalResult(u, int(d), 1, 1, 0.0, deltas[u, layout.param_slices.start(int(d)) :], empty)
+            ClientUpdate(
+                u, Coverage(int(d)), 1, 1, 0.0, deltas[u, layout.param_slices.start(int(d)) :], empty
+            )
             for u, d in enumerate(out.depth)
         ]
         context = RoundContext(plan, out, marg, U, L)
@@ -82,13 +84,17 @@ def test_layers_nobody_reached_are_kept_and_all_normalisation_divides_by_u():
     deltas = torch.ones(U, layout.num_params)
     depth = np.array([3, 4, 5, 5, 5])  # only layers 3..4 reached, by 1 and 2 clients
     out_cls = UniformDepth(U, L)
-    out = out_cls.sample(1.0, np.ones(U), np.random.default_rng(0))
+    out = out_cls.sample(Workload(1.0, np.ones(U)), np.random.default_rng(0))
     out.depth = depth
     updates = [
-        LocalResult(u, int(d), 1, 1, 0.0, deltas[u, layout.param_slices.start(int(d)) :], torch.zeros(0))
+        ClientUpdate(
+            u, Coverage(int(d)), 1, 1, 0.0, deltas[u, layout.param_slices.start(int(d)) :], torch.zeros(0)
+        )
         for u, d in enumerate(depth)
     ]
-    context = RoundContext(RoundPlan(0, 1.0, 0.1, []), out, out_cls.marginals(1.0, np.ones(U)), U, L)
+    context = RoundContext(
+        RoundPlan(0, 1.0, 0.1, []), out, out_cls.marginals(Workload(1.0, np.ones(U))), U, L
+    )
     for normalize, expected in (("reached", None), ("all", [0, 0, 1 / U, 2 / U])):
         algorithm = ALGORITHMS["salf"](build_options("salf", {"normalize": normalize}), TrainConfig())
         new, _ = algorithm.aggregate(params, torch.zeros(0), updates, {}, context, layout)

@@ -10,11 +10,11 @@ import pytest
 import torch
 from conftest import make_config
 
-from fedhet.algorithms import ALGORITHMS, build_options
-from fedhet.client import LocalResult
-from fedhet.config import TrainConfig
+from fedhet.algorithms import ALGORITHMS
+from fedhet.config import TrainConfig, build_options
 from fedhet.engine.simulator import Simulator, run
 from fedhet.errors import ConfigError
+from fedhet.messages import ClientUpdate, Coverage
 
 PARTIAL = {
     "run.rounds": 12,
@@ -88,7 +88,7 @@ def _monte_carlo_mean(algorithm, deltas, memory, probs, weights, draws=20000, se
     total = torch.zeros(deltas.shape[1], dtype=torch.float64)
     for _ in range(draws):
         present = np.flatnonzero(rng.random(len(probs)) < probs)
-        updates = [LocalResult(int(i), 1, 1, 1, 0.0, deltas[i], torch.zeros(0)) for i in present]
+        updates = [ClientUpdate(int(i), Coverage(1), 1, 1, 0.0, deltas[i], torch.zeros(0)) for i in present]
         total += algorithm.direction(memory.clone(), updates, weights, 1.0 / probs).double()
     return total / draws
 
@@ -183,8 +183,8 @@ def test_bad_options_give_one_line_errors_naming_the_key(key, value, message):
 def test_beta_map_picks_the_best_beta_per_cell_and_draws_it(tmp_path):
     """Small real grid: two heterogeneity cells x three betas (u-fedavg standing for beta 0);
     beta_opt is the argmax of the averaged accuracy and Delta_0/Delta_1 its gains."""
-    from fedhet.beta_map import beta_map, collect, markdown_table
-    from fedhet.plots import plot_beta_map, plot_stale_slices
+    from fedhet.studies.beta_map import beta_map, collect, markdown_table
+    from fedhet.studies.plots import plot_beta_map, plot_stale_slices
 
     runs = tmp_path / "grid"
     for p_min in (0.5, 0.25):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy.stats import poisson
 
-from fedhet.system import ExponentialLayers, StragglerRatio, UniformDepth
+from fedhet.system import ExponentialLayers, StragglerRatio, UniformDepth, Workload
 
 DRAWS = 20000
 
@@ -30,8 +30,8 @@ def test_sampled_no_reach_frequency_matches_p_l(name):
     batch = np.full(model.num_clients, 2)
     deadline = 1.0
     rng = np.random.default_rng(0)
-    depths = np.stack([model.sample(deadline, batch, rng).depth for _ in range(DRAWS)])
-    marg = model.marginals(deadline, batch)
+    depths = np.stack([model.sample(Workload(deadline, batch), rng).depth for _ in range(DRAWS)])
+    marg = model.marginals(Workload(deadline, batch))
     L = model.num_layers
     for layer in range(1, L + 1):
         reached = depths <= layer
@@ -44,7 +44,7 @@ def test_sampled_no_reach_frequency_matches_p_l(name):
 
 
 def test_uniform_depth_p_l_is_salf_eq_10():
-    marg = UniformDepth(30, 4).marginals(1.0, np.ones(30))
+    marg = UniformDepth(30, 4).marginals(Workload(1.0, np.ones(30)))
     assert np.allclose(marg.no_reach_prob, (1 - np.arange(1, 5) / 5) ** 30)
 
 
@@ -52,7 +52,9 @@ def test_exponential_layers_done_are_truncated_poisson():
     L, mean, deadline = 5, 0.4, 1.0
     model = ExponentialLayers(1, L, np.ones(1), time_per_sample_layer=mean)
     rng = np.random.default_rng(1)
-    done = np.array([L + 1 - model.sample(deadline, np.ones(1), rng).depth[0] for _ in range(DRAWS)])
+    done = np.array(
+        [L + 1 - model.sample(Workload(deadline, np.ones(1)), rng).depth[0] for _ in range(DRAWS)]
+    )
     lam = deadline / mean
     expected = [poisson.pmf(k, lam) for k in range(L)] + [poisson.sf(L - 1, lam)]
     observed = np.bincount(done, minlength=L + 1) / DRAWS
@@ -61,7 +63,7 @@ def test_exponential_layers_done_are_truncated_poisson():
 
 def test_wait_for_all_means_full_depth_and_slowest_time():
     model = ExponentialLayers(3, 4, np.ones(3), 1.0)
-    out = model.sample(None, np.ones(3), np.random.default_rng(0))
+    out = model.sample(Workload(None, np.ones(3)), np.random.default_rng(0))
     assert np.all(out.depth == 1) and np.array_equal(out.finish_time, out.full_time)
     with pytest.raises(Exception, match="straggler_ratio"):
         StragglerRatio(3, 4, 1.5)

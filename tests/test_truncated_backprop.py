@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedhet.client import LocalTrainer, SGDSettings
+from fedhet.client import ClientData, LocalWorker, SGDSettings
+from fedhet.messages import ClientTask, Coverage
 from fedhet.models import FlatModel, build_model
 
 SHAPES = {"mlp": (1, 28, 28), "cnn2": (1, 28, 28), "cnn-fedstale": (1, 28, 28), "vgg11": (1, 28, 28)}
@@ -55,15 +56,16 @@ def test_local_training_moves_only_reached_layers_like_full_sgd_restricted(steps
     flat = _flat(name)
     x, y = _batch(40)
     indices = [np.arange(40)]
-    trainer = LocalTrainer(flat, x, y, indices, SGDSettings(momentum=momentum, weight_decay=1e-3))
+    worker = LocalWorker(flat, SGDSettings(momentum=momentum, weight_decay=1e-3))
     params, buffers = flat.params.clone(), flat.buffers.clone()
     depth, lr, batch = 3, 0.1, 8
-    result = trainer.train(params, buffers, 0, depth, steps, batch, lr, np.random.default_rng(7))
+    task = ClientTask(0, 0, lr, batch, steps, Coverage(depth))
+    result = worker.train(task, params, buffers, ClientData(x, y, indices[0]), {}, np.random.default_rng(7))
     trained = flat.params.clone()
     start = flat.param_slices.start(depth)
     assert torch.equal(trained[:start], params[:start])  # unreached layers untouched
     assert not torch.equal(trained[start:], params[start:])
-    assert torch.allclose(result.delta_params, trained[start:] - params[start:])
+    assert torch.allclose(result.delta, trained[start:] - params[start:])
 
     # Reference: full forward/backward, then SGD restricted to the reached layers.
     ref = _flat(name)
@@ -83,10 +85,13 @@ def test_local_training_moves_only_reached_layers_like_full_sgd_restricted(steps
 def test_depth_beyond_last_layer_does_nothing():
     flat = _flat("mlp")
     x, y = _batch(10)
-    trainer = LocalTrainer(flat, x, y, [np.arange(10)])
+    worker = LocalWorker(flat)
     before = flat.params.clone()
-    res = trainer.train(before, flat.buffers, 0, flat.num_layers + 1, 2, 4, 0.1, np.random.default_rng(0))
-    assert res.steps == 0 and res.delta_params.numel() == 0 and torch.equal(flat.params, before)
+    task = ClientTask(0, 0, 0.1, 4, 2, Coverage(flat.num_layers + 1))
+    res = worker.train(
+        task, before, flat.buffers, ClientData(x, y, np.arange(10)), {}, np.random.default_rng(0)
+    )
+    assert res.steps == 0 and res.delta.numel() == 0 and torch.equal(flat.params, before)
 
 
 def test_flat_vector_is_the_model_parameters():

@@ -89,13 +89,13 @@ def _summary_table(summaries: list[dict], title: str) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from fedhet.config import apply_overrides, from_dict, load_config, read_toml
+    from fedhet.config import apply_overrides, load_config, read_toml
     from fedhet.engine.simulator import run
+    from fedhet.studies.grid import compare_cells
 
     config = load_config(args.config, args.set)
     out = Path(args.out) if args.out else Path("runs") / config.run.name
-    names = config.compare.algorithms
-    if not names:
+    if not config.compare.algorithms:
         result = run(
             config,
             out,
@@ -105,21 +105,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
         _summary_table([result.summary], f"fedhet run -> {result.path}")
         return 0
-    raw = apply_overrides(read_toml(args.config), args.set)
     summaries = []
-    for name in names:
-        sub = {k: v for k, v in raw.items() if k != "compare"}
-        # An [algorithm] table in a comparison holds options of its named algorithm only.
-        options = raw.get("algorithm", {}) if raw.get("algorithm", {}).get("name") == name else {}
-        sub["algorithm"] = {**options, "name": name}
-        sub["run"] = {**raw.get("run", {}), "name": name}
-        sub_config = from_dict(sub)
+    for cell in compare_cells(apply_overrides(read_toml(args.config), args.set), args.config):
         result = run(
-            sub_config,
-            out / name,
+            cell.config,
+            out / cell.name,
             resume=args.resume,
             overwrite=args.overwrite,
-            on_round=_progress_printer(sub_config.run.rounds, name),
+            on_round=_progress_printer(cell.config.run.rounds, cell.name),
         )
         summaries.append(result.summary)
     _summary_table(
@@ -132,7 +125,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_reproduce(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from fedhet.grid import load_experiment, report_table, run_experiment
+    from fedhet.studies.grid import load_experiment, report_table, run_experiment
 
     console = Console(stderr=True)
     experiment = load_experiment(args.experiment, args.set)
@@ -165,60 +158,19 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     """Show the round deadline's expected depth, calibrate a deadline for a depth share, and
     run the algorithm's planner (ADEL-FL) without training."""
-    import numpy as np
-
     from fedhet.config import apply_overrides, from_dict, read_toml
-    from fedhet.grid import EXPERIMENT_SECTIONS
-    from fedhet.system.outcomes import ExponentialLayers, deadline_for_depth_fraction, expected_depth_fraction
-    from fedhet.world import build_world
+    from fedhet.studies.grid import EXPERIMENT_SECTIONS
+    from fedhet.studies.plans import describe_plan
 
     raw = {k: v for k, v in read_toml(args.config).items() if k not in EXPERIMENT_SECTIONS}
     config = from_dict(apply_overrides(raw, args.set))  # an experiment file's base configuration
-    world = build_world(config)
-    system, rounds = world.system, config.run.rounds
-    batch = np.full(world.num_clients, config.train.batch_size)
-    print(f"{config.run.name}: {world.num_clients} clients, {world.flat.num_layers} layers, {rounds} rounds")
-    if isinstance(system, ExponentialLayers):
-        if config.system.deadline > 0 or config.run.time_budget:
-            deadline = config.round_deadline
-            share = expected_depth_fraction(system, deadline, batch)
-            print(
-                f"fixed deadline {deadline:.6g} at batch {config.train.batch_size}: "
-                f"expected depth {100 * share:.1f}% of the layers"
-            )
-        if args.depth_fraction is not None:
-            deadline = deadline_for_depth_fraction(system, batch, args.depth_fraction)
-            print(
-                f"depth {100 * args.depth_fraction:g}% at batch {config.train.batch_size}: "
-                f"deadline {deadline:.6g}, run.time_budget = {deadline * rounds:.6g} for {rounds} rounds"
-            )
-    state = world.algorithm.init_state(world.setting())
-    reports = world.algorithm.reports(state)
-    for note in world.algorithm.warnings(state):
-        print(f"warning: {note}")
-    plan = reports.get("plan")
-    if plan:
-        deadlines = plan["deadlines"]
-        print(f"{config.algorithm_name} plan: {plan['status']} after {plan['iterations']} iterations")
-        print(
-            f"  objective {plan['objective']:.6g} (equal deadlines {plan['equal_deadlines_objective']:.6g}); "
-            f"batch scale m = {plan['batch_scale']:.4g}; batch sizes {min(plan['batch_sizes'])}.."
-            f"{max(plan['batch_sizes'])}"
-        )
-        print(
-            f"  deadlines: first {deadlines[0]:.4g}, middle {deadlines[len(deadlines) // 2]:.4g}, "
-            f"last {deadlines[-1]:.4g}; total {plan['total_time']:.6g} of {plan['time_budget']:.6g}"
-        )
-        if args.out:
-            Path(args.out).write_text(json.dumps(plan, indent=2) + "\n")
-            print(f"  written to {args.out}")
-    elif not isinstance(system, ExponentialLayers):
-        print(f"{config.algorithm_name}: no planner; system {system.name} has no time law to calibrate")
+    for line in describe_plan(config, args.depth_fraction, args.out):
+        print(line)
     return 0
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from fedhet.plots import plot_runs
+    from fedhet.studies.plots import plot_runs
 
     written = plot_runs(args.runs, args.out, x=args.x, title=args.title)
     for path in written:

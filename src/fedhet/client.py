@@ -1,40 +1,87 @@
-"""Client work: K local SGD steps with truly truncated back-propagation.
+"""Client work: a :class:`~fedhet.messages.ClientTask` in, a
+:class:`~fedhet.messages.ClientUpdate` out, with truly truncated back-propagation.
+
+A client computes from its task, the global parameters it was sent, its own data
+(:class:`ClientData`), its own state (a dict of tensors from :class:`ClientStates`) and its
+own random stream, and nothing else. The algorithm's client-side rule enters through two
+hooks (:class:`ClientRule`): a correction added to every step's gradient (FedProx's
+proximal term, SCAFFOLD's control variates, FedDyn's linear term) and a step after the local
+work that updates the client's state and fills the update's payload.
 
 One working model (a :class:`~fedhet.models.FlatModel`) serves every client: it is reloaded
 from the global vectors in place before each client's work (DESIGN idea 5). A client with
-depth d trains layers d..L only: the forward pass runs layers below d without a graph
-(:meth:`LayeredModel.forward`), ``torch.autograd.grad`` is asked for the reached layers'
-parameters only, and the SGD step touches only their flat region, so unreached layers get no
-gradient, cost no backward compute and do not move (ALGORITHMS.md Sec. 3).
+coverage depth d trains layers d..L only: the forward pass runs layers below d without a
+graph (:meth:`LayeredModel.forward`), ``torch.autograd.grad`` is asked for the reached
+layers' parameters only, and the SGD step touches only their flat region, so unreached layers
+get no gradient, cost no backward compute and do not move (ALGORITHMS.md Sec. 3).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fedhet.messages import ClientTask, ClientUpdate, Coverage
 from fedhet.models.layers import FlatModel
+
+ClientState = dict[str, torch.Tensor]
 
 
 @dataclass
-class LocalResult:
-    """What one client's local work produced.
+class ClientData:
+    """One client's examples: its index array into the shared training tensors (no copy)."""
 
-    ``delta_params`` covers the flat region of layers ``depth..L``
-    (``param_slices.from_depth(depth)``), Delta_u = w_u - w_t there; likewise
-    ``delta_buffers`` for float buffers. Both are empty when depth = L + 1.
-    """
+    x: torch.Tensor
+    y: torch.Tensor
+    indices: np.ndarray
 
-    client: int
-    depth: int
-    steps: int
-    num_samples: int
-    loss: float
-    delta_params: torch.Tensor
-    delta_buffers: torch.Tensor
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def batch(self, rng: np.random.Generator, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``size`` examples drawn without replacement (all of them when fewer)."""
+        chosen = self.indices[rng.choice(len(self.indices), size=min(size, len(self.indices)), replace=False)]
+        return self.x[chosen], self.y[chosen]
+
+
+class ClientStates:
+    """Every client's own state (momentum buffers, SCAFFOLD's c_i, FedDyn's g_i, ...), kept
+    between rounds and checkpointed with the run. A client sees only its own entry."""
+
+    def __init__(self) -> None:
+        self._states: dict[int, ClientState] = {}
+
+    def of(self, client: int) -> ClientState:
+        """Client ``client``'s state (created empty on first use)."""
+        return self._states.setdefault(int(client), {})
+
+    def state_dict(self) -> dict[int, ClientState]:
+        return self._states
+
+    def load_state_dict(self, states: dict[int, ClientState]) -> None:
+        self._states = {int(k): dict(v) for k, v in states.items()}
+
+
+class ClientRule(Protocol):
+    """The client-side hooks of an algorithm (see :class:`fedhet.algorithms.Algorithm`)."""
+
+    def gradient_correction(
+        self, task: ClientTask, state: ClientState, region: slice, local: torch.Tensor, anchor: torch.Tensor
+    ) -> torch.Tensor | None: ...
+
+    def finish_local_work(
+        self,
+        task: ClientTask,
+        update: ClientUpdate,
+        state: ClientState,
+        region: slice,
+        local: torch.Tensor,
+        anchor: torch.Tensor,
+    ) -> None: ...
 
 
 @dataclass
@@ -43,130 +90,149 @@ class SGDSettings:
 
     momentum: float = 0.0
     weight_decay: float = 0.0
-    keep_momentum: bool = False  # per-client momentum buffers kept across rounds
+    keep_momentum: bool = False  # per-client momentum buffers kept across rounds (client state)
 
 
-class LocalTrainer:
-    """Runs local SGD for any client over one reused working model.
+class LocalWorker:
+    """Runs client tasks on one reused working model."""
 
-    ``x``/``y`` are the whole training set (labels possibly relabelled per client by the
-    partition); ``client_indices[u]`` is client u's index array into them.
-    """
-
-    def __init__(
-        self,
-        flat: FlatModel,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        client_indices: list[np.ndarray],
-        sgd: SGDSettings | None = None,
-    ):
+    def __init__(self, flat: FlatModel, sgd: SGDSettings | None = None):
         self.flat = flat
-        self.x = x
-        self.y = y
-        self.client_indices = client_indices
         self.sgd = sgd or SGDSettings()
-        self.momentum_buffers: dict[int, torch.Tensor] = {}
 
     @property
     def num_layers(self) -> int:
         return self.flat.num_layers
 
-    def num_samples(self, client: int) -> int:
-        return len(self.client_indices[client])
+    def execute(
+        self,
+        task: ClientTask,
+        params: torch.Tensor,
+        buffers: torch.Tensor,
+        data: ClientData,
+        state: ClientState,
+        rng: np.random.Generator,
+        rule: ClientRule | None = None,
+    ) -> ClientUpdate:
+        """Do ``task`` (``"train"`` or ``"probe"``) for the client owning ``data``."""
+        if task.kind == "probe":
+            return self.probe(task, params, buffers, data, rng)
+        if task.kind != "train":
+            raise ValueError(f"unknown task kind {task.kind!r}")
+        return self.train(task, params, buffers, data, state, rng, rule)
 
     def train(
         self,
-        global_params: torch.Tensor,
-        global_buffers: torch.Tensor,
-        client: int,
-        depth: int,
-        steps: int,
-        batch_size: int,
-        lr: float,
+        task: ClientTask,
+        params: torch.Tensor,
+        buffers: torch.Tensor,
+        data: ClientData,
+        state: ClientState,
         rng: np.random.Generator,
-    ) -> LocalResult:
-        """Run ``steps`` SGD steps of client ``client`` on layers ``depth..L``.
+        rule: ClientRule | None = None,
+    ) -> ClientUpdate:
+        """``task.local_steps`` SGD steps on the covered layers ``depth..L``.
 
-        Each step draws a batch of ``batch_size`` examples without replacement from the
-        client's shard (all of it when the shard is smaller).
-        """
-        L = self.num_layers
-        n = self.num_samples(client)
-        pslice = self.flat.param_slices.from_depth(depth)
-        bslice = self.flat.buffer_slices.from_depth(depth)
-        if depth > L or steps <= 0:
-            return LocalResult(client, depth, 0, n, float("nan"), torch.zeros(0), torch.zeros(0))
-        self.flat.load(global_params, global_buffers)
-        model = self.flat.model
+        Each step draws a batch of ``task.batch_size`` examples without replacement from the
+        client's data; the gradient gets the rule's correction before weight decay and
+        momentum."""
+        if task.coverage.width != 1.0:
+            raise NotImplementedError("sub-models of a reduced width are not supported yet")
+        depth, steps = task.coverage.depth, task.local_steps
+        flat = self.flat
+        pslice = flat.param_slices.from_depth(depth)
+        bslice = flat.buffer_slices.from_depth(depth)
+        n = len(data)
+        if depth > flat.num_layers or steps <= 0:
+            return ClientUpdate(
+                task.client, task.coverage, 0, n, float("nan"), torch.zeros(0), model_round=task.model_round
+            )
+        flat.load(params, buffers)
+        model = flat.model
         model.train()
-        reached = self.flat.parameters_from_depth(depth)
-        region = self.flat.params[pslice]
-        buf = None
-        if self.sgd.momentum:
-            buf = self.momentum_buffers.get(client) if self.sgd.keep_momentum else None
-        indices = self.client_indices[client]
+        reached = flat.parameters_from_depth(depth)
+        region = flat.params[pslice]
+        buf = state.get("momentum") if (self.sgd.momentum and self.sgd.keep_momentum) else None
         losses = []
         for _ in range(steps):
-            batch = indices[rng.choice(n, size=min(batch_size, n), replace=False)]
-            output = model(self.x[batch], depth)
-            loss = F.cross_entropy(output, self.y[batch])
+            x, y = data.batch(rng, task.batch_size)
+            loss = F.cross_entropy(model(x, depth), y)
             grads = torch.autograd.grad(loss, reached)
             losses.append(float(loss.detach()))
             with torch.no_grad():
                 grad = torch.cat([g.reshape(-1) for g in grads])
+                if rule is not None:
+                    correction = rule.gradient_correction(task, state, pslice, flat.params, params)
+                    if correction is not None:
+                        grad.add_(correction)
                 if self.sgd.weight_decay:
                     grad.add_(region, alpha=self.sgd.weight_decay)
                 if self.sgd.momentum:
                     if buf is None:
-                        buf = torch.zeros_like(self.flat.params)
+                        buf = torch.zeros_like(flat.params)
                         buf[pslice] = grad
                     else:
                         buf[pslice].mul_(self.sgd.momentum).add_(grad)
                     grad = buf[pslice]
-                region.sub_(grad, alpha=lr)
+                region.sub_(grad, alpha=task.lr)
         if buf is not None and self.sgd.keep_momentum:
-            self.momentum_buffers[client] = buf
+            state["momentum"] = buf
         with torch.no_grad():
-            delta_params = region - global_params[pslice]
-            delta_buffers = self.flat.buffers[bslice] - global_buffers[bslice]
-        return LocalResult(client, depth, steps, n, float(np.mean(losses)), delta_params, delta_buffers)
+            update = ClientUpdate(
+                client=task.client,
+                coverage=task.coverage,
+                steps=steps,
+                num_samples=n,
+                loss=float(np.mean(losses)),
+                delta=region - params[pslice],
+                delta_buffers=flat.buffers[bslice] - buffers[bslice],
+                model_round=task.model_round,
+            )
+            if rule is not None:
+                rule.finish_local_work(task, update, state, pslice, flat.params, params)
+        return update
 
-    def gradient_statistics(
+    def probe(
         self,
-        global_params: torch.Tensor,
-        global_buffers: torch.Tensor,
-        client: int,
-        batch_size: int,
-        num_batches: int,
+        task: ClientTask,
+        params: torch.Tensor,
+        buffers: torch.Tensor,
+        data: ClientData,
         rng: np.random.Generator,
-    ) -> tuple[float, float]:
-        """Full-depth minibatch gradients of ``client`` at the global model, for estimating
-        ADEL-FL's A2/A3 constants.
+    ) -> ClientUpdate:
+        """Full-depth minibatch gradients at the sent model; nothing is trained.
 
-        Draws ``num_batches`` batches of ``batch_size`` (with replacement across batches) and
-        returns (mean ||g_b||^2, sigma^2), where sigma^2 = batch_size * (unbiased sample
-        variance of the batch gradients): under A2 a batch of S has variance sigma^2 / S.
-        The model is restored afterwards; nothing is trained.
-        """
+        Draws ``payload["batches"]`` batches of ``task.batch_size`` and replies with payload
+        ``grad_sq_norm`` (mean ||g_b||^2) and ``grad_variance`` sigma^2 = batch size x the
+        unbiased sample variance of the batch gradients (under ADEL-FL's A2 a batch of S has
+        variance sigma^2 / S)."""
+        num_batches = int(task.payload.get("batches", 8))
         if num_batches < 2:
-            raise ValueError("gradient_statistics needs at least 2 batches for a variance")
-        n = self.num_samples(client)
-        size = min(batch_size, n)
-        model = self.flat.model
-        params = list(self.flat.parameters_from_depth(1))
+            raise ValueError("a gradient probe needs at least 2 batches for a variance")
+        flat = self.flat
+        size = min(task.batch_size, len(data))
+        params_list = list(flat.parameters_from_depth(1))
         grads = []
         for _ in range(num_batches):
-            self.flat.load(global_params, global_buffers)
-            model.train()
-            batch = self.client_indices[client][rng.choice(n, size=size, replace=False)]
-            loss = F.cross_entropy(model(self.x[batch]), self.y[batch])
-            grads.append(torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params)]))
-        self.flat.load(global_params, global_buffers)
+            flat.load(params, buffers)
+            flat.model.train()
+            x, y = data.batch(rng, size)
+            loss = F.cross_entropy(flat.model(x), y)
+            grads.append(torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params_list)]))
+        flat.load(params, buffers)
         stacked = torch.stack(grads).double()
         mean_sq_norm = float((stacked**2).sum(dim=1).mean())
         variance = float(((stacked - stacked.mean(0)) ** 2).sum(dim=1).sum() / (num_batches - 1))
-        return mean_sq_norm, size * variance
+        return ClientUpdate(
+            client=task.client,
+            coverage=Coverage(flat.num_layers + 1),
+            steps=0,
+            num_samples=len(data),
+            loss=float("nan"),
+            delta=torch.zeros(0),
+            model_round=task.model_round,
+            payload={"grad_sq_norm": mean_sq_norm, "grad_variance": size * variance},
+        )
 
 
 @torch.no_grad()

@@ -97,25 +97,14 @@ class TrainConfig:
     def validate(self) -> None:
         if self.lr <= 0:
             raise ConfigError(f"train.lr = {self.lr}: must be > 0")
-        _one_of("train.lr_schedule", self.lr_schedule, ("constant", "inverse", "salf-theorem"))
+        from fedhet.schedules import SCHEDULES
+
+        _one_of("train.lr_schedule", self.lr_schedule, SCHEDULES)
         _at_least("train.batch_size", self.batch_size, 1)
         _at_least("train.local_steps", self.local_steps, 1)
         _in_range("train.momentum", self.momentum, 0.0, 1.0, high_open=True)
         if self.weight_decay < 0:
             raise ConfigError(f"train.weight_decay = {self.weight_decay}: must be >= 0")
-
-    def lr_at(self, round_index: int) -> float:
-        """Learning rate of round ``round_index`` (0-based) under ``lr_schedule``.
-
-        ``constant``: eta_0. ``inverse``: eta_0 / (1 + t) (ADEL-FL Sec. 4).
-        ``salf-theorem``: 2 / (rho_c (gamma + t)) (SALF Theorem 1).
-        """
-        t = round_index
-        if self.lr_schedule == "inverse":
-            return self.lr / (1.0 + t)
-        if self.lr_schedule == "salf-theorem":
-            return 2.0 / (self.lr_rho_c * (self.lr_gamma + t))
-        return self.lr
 
 
 @dataclass
@@ -128,6 +117,10 @@ class SystemConfig:
     straggler_min_depth: int = 2
     # exponential
     time_per_sample_layer: float = 1.0
+    # per-step (AMSFL Sec. 3.4): c_i = time_per_sample_step * batch / capability, b_i = comm_time
+    time_per_sample_step: float = 1.0
+    comm_time: float = 0.0
+    step_jitter: float = 0.0  # sigma of a per-round lognormal factor on c_i (0 = none)
     capability_profile: str = "constant"
     capability_low: float = 0.5
     capability_high: float = 1.5
@@ -162,11 +155,34 @@ class SystemConfig:
             raise ConfigError(f"system.deadline = {self.deadline}: must be >= 0 (0 = time_budget / rounds)")
         if self.time_per_sample_layer <= 0:
             raise ConfigError(f"system.time_per_sample_layer = {self.time_per_sample_layer}: must be > 0")
+        if self.time_per_sample_step <= 0:
+            raise ConfigError(f"system.time_per_sample_step = {self.time_per_sample_step}: must be > 0")
+        if self.comm_time < 0:
+            raise ConfigError(f"system.comm_time = {self.comm_time}: must be >= 0")
+        if self.step_jitter < 0:
+            raise ConfigError(f"system.step_jitter = {self.step_jitter}: must be >= 0")
 
 
 @dataclass
 class CompareConfig:
     algorithms: list = field(default_factory=list)
+
+
+@dataclass
+class AlgorithmConfig:
+    """``[algorithm]``: the algorithm's ``name``, its typed ``options`` (the algorithm's
+    ``Options`` dataclass, validated once) and the keys as ``given`` in the file."""
+
+    name: str = "salf"
+    options: Any = None
+    given: dict = field(default_factory=dict)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The name or a given option (as written in the file), like ``dict.get``."""
+        return self.name if key == "name" else self.given.get(key, default)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, **self.given}
 
 
 @dataclass
@@ -178,12 +194,12 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     system: SystemConfig = field(default_factory=SystemConfig)
-    algorithm: dict = field(default_factory=lambda: {"name": "salf"})
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     compare: CompareConfig = field(default_factory=CompareConfig)
 
     @property
     def algorithm_name(self) -> str:
-        return str(self.algorithm.get("name", ""))
+        return self.algorithm.name
 
     @property
     def round_deadline(self) -> float:
@@ -195,13 +211,14 @@ class Config:
 
     @property
     def algorithm_options(self) -> dict:
-        return {k: v for k, v in self.algorithm.items() if k != "name"}
+        """The ``[algorithm]`` options as given in the file (without ``name``)."""
+        return dict(self.algorithm.given)
 
     def to_dict(self) -> dict:
         out = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            out[f.name] = dict(value) if isinstance(value, dict) else dataclasses.asdict(value)
+            out[f.name] = value.to_dict() if isinstance(value, AlgorithmConfig) else dataclasses.asdict(value)
         if not out["compare"]["algorithms"]:
             del out["compare"]
         return out
@@ -295,21 +312,47 @@ def from_dict(raw: dict) -> Config:
     if not isinstance(algorithm, dict):
         raise ConfigError("[algorithm] must be a table")
     algorithm = dict(algorithm)
-    algorithm.setdefault("name", parts["compare"].algorithms[0] if parts["compare"].algorithms else "salf")
-    config = Config(algorithm=algorithm, **parts)
+    default_name = parts["compare"].algorithms[0] if parts["compare"].algorithms else "salf"
+    name = algorithm.pop("name", default_name)
+    if not isinstance(name, str):
+        raise ConfigError(f"algorithm.name = {name!r}: expected a string")
+    config = Config(algorithm=AlgorithmConfig(name, None, algorithm), **parts)
     validate(config)
     return config
 
 
+def build_options(name: str, values: dict) -> Any:
+    """Validate ``[algorithm]`` keys for algorithm ``name`` into its ``Options`` dataclass."""
+    from fedhet.algorithms import ALGORITHMS
+
+    try:
+        cls = ALGORITHMS[name]
+    except KeyError:
+        raise ConfigError(
+            f"algorithm.name = {name!r}: unknown (known: {', '.join(sorted(ALGORITHMS))})"
+        ) from None
+    fields = {f.name: f for f in dataclasses.fields(cls.Options)}
+    for key in values:
+        if key not in fields:
+            known = ", ".join(fields) or "none"
+            raise ConfigError(f"algorithm.{key}: unknown option for {name} (known: {known})")
+    typed = {key: coerce_value(f"algorithm.{key}", v, fields[key].type) for key, v in values.items()}
+    options = cls.Options(**typed)
+    check = getattr(options, "validate", None)
+    if check:
+        check()
+    return options
+
+
 def validate(config: Config) -> None:
-    """Check every section, the algorithm's options and cross-section rules."""
-    from fedhet.algorithms import ALGORITHMS, build_options
+    """Check every section, parse the algorithm's options (once) and cross-section rules."""
+    from fedhet.algorithms import ALGORITHMS
 
     for name in SECTIONS:
         check = getattr(getattr(config, name), "validate", None)
         if check:
             check()
-    build_options(config.algorithm_name, config.algorithm_options)
+    config.algorithm.options = build_options(config.algorithm_name, config.algorithm_options)
     if config.system.deadline == 0 and not config.run.time_budget:
         raise ConfigError("system.deadline = 0 (equal share of the budget) needs run.time_budget > 0")
     for name in config.compare.algorithms:

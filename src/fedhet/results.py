@@ -21,6 +21,7 @@ METRIC_COLUMNS = (
     "deadline",
     "participants",
     "mean_depth",
+    "mean_steps",
     "lr",
     "train_loss",
     "test_loss",

@@ -1,5 +1,6 @@
 """Build the simulated world of a run from its configuration: data, partition, model,
-system model and algorithm. Shared by every engine."""
+system model, algorithm, and the clients (their data, their state, the worker that runs their
+tasks). Shared by every engine."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import numpy as np
 import torch
 
 from fedhet import seeding
-from fedhet.algorithms import ALGORITHMS, Algorithm, RunSetting, build_options
-from fedhet.client import LocalTrainer, SGDSettings
+from fedhet.algorithms import ALGORITHMS, Algorithm, RunSetting
+from fedhet.client import ClientData, LocalWorker, SGDSettings
 from fedhet.config import Config
 from fedhet.data import Dataset, load_dataset, partition_indices
 from fedhet.data.partition import swap_labels
@@ -20,6 +21,7 @@ from fedhet.system import (
     BernoulliParticipation,
     ExponentialLayers,
     NoStragglers,
+    PerStepCost,
     StragglerRatio,
     SystemModel,
     UniformDepth,
@@ -41,14 +43,19 @@ class World:
     initial_buffers: torch.Tensor
     system: SystemModel
     algorithm: Algorithm
-    trainer: LocalTrainer
+    worker: LocalWorker
 
     @property
     def num_clients(self) -> int:
         return len(self.client_indices)
 
+    def client_data(self, client: int) -> ClientData:
+        """Client ``client``'s own examples (an index array into the shared tensors)."""
+        return ClientData(self.dataset.x_train, self.train_labels, self.client_indices[client])
+
     def setting(self, params: torch.Tensor | None = None, buffers: torch.Tensor | None = None) -> RunSetting:
-        """What the algorithm may look at before round 1 (at the initial model by default)."""
+        """What the algorithm may look at before round 1 (at the initial model by default);
+        the engine adds the replies to its probe tasks."""
         config = self.config
         return RunSetting(
             num_clients=self.num_clients,
@@ -57,10 +64,9 @@ class World:
             time_budget=config.run.time_budget,
             system=self.system,
             client_sizes=np.array([len(c) for c in self.client_indices]),
-            trainer=self.trainer,
+            layout=self.flat.layout,
             params=self.initial_params if params is None else params,
             buffers=self.initial_buffers if buffers is None else buffers,
-            rng=seeding.stream(config.run.seed, "planning"),
         )
 
 
@@ -125,11 +131,15 @@ def _build_straggler_model(config: Config, num_clients: int, num_layers: int) ->
         sigma=s.capability_sigma,
         values=s.capabilities,
     )
+    if s.model == "per-step":
+        return PerStepCost(
+            num_clients, num_layers, caps, s.time_per_sample_step, comm_time=s.comm_time, jitter=s.step_jitter
+        )
     return ExponentialLayers(num_clients, num_layers, caps, s.time_per_sample_layer)
 
 
 def build_world(config: Config) -> World:
-    """Load data, split it, build the model, system model, algorithm and local trainer."""
+    """Load data, split it, build the model, system model, algorithm and the local worker."""
     if config.run.threads:
         torch.set_num_threads(config.run.threads)
     dataset = load_dataset(config.data.dataset, config.data.data_dir or None)
@@ -140,12 +150,8 @@ def build_world(config: Config) -> World:
     flat = FlatModel(model)
     system = build_system(config, len(parts), flat.num_layers)
     t = config.train
-    algorithm = ALGORITHMS[config.algorithm_name](
-        build_options(config.algorithm_name, config.algorithm_options), t
-    )
-    trainer = LocalTrainer(
-        flat, dataset.x_train, train_labels, parts, SGDSettings(t.momentum, t.weight_decay, t.keep_momentum)
-    )
+    algorithm = ALGORITHMS[config.algorithm_name](config.algorithm.options, t)
+    worker = LocalWorker(flat, SGDSettings(t.momentum, t.weight_decay, t.keep_momentum))
     return World(
         config=config,
         dataset=dataset,
@@ -156,5 +162,5 @@ def build_world(config: Config) -> World:
         initial_buffers=flat.buffers.detach().clone(),
         system=system,
         algorithm=algorithm,
-        trainer=trainer,
+        worker=worker,
     )

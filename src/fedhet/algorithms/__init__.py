@@ -1,6 +1,16 @@
-"""Algorithms: plan / local_update / aggregate, registered by name."""
+"""Algorithms: plan / client tasks / client hooks / aggregate, registered by name."""
 
-from fedhet.algorithms import adelfl, drop, fedavg, salf, stale  # noqa: F401  (registration)
+from fedhet.algorithms import (  # noqa: F401  (registration)
+    adelfl,
+    drop,
+    fedavg,
+    feddyn,
+    fednova,
+    fedprox,
+    salf,
+    scaffold,
+    stale,
+)
 from fedhet.algorithms.base import (
     ALGORITHMS,
     Algorithm,
@@ -8,7 +18,6 @@ from fedhet.algorithms.base import (
     RoundContext,
     RoundPlan,
     RunSetting,
-    build_options,
 )
 
 __all__ = [
@@ -18,5 +27,4 @@ __all__ = [
     "RoundContext",
     "RoundPlan",
     "RunSetting",
-    "build_options",
 ]

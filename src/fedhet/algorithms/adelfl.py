@@ -24,6 +24,7 @@ from fedhet.algorithms.deadline_planner import (
 )
 from fedhet.algorithms.salf import SALF, SALFOptions
 from fedhet.errors import ConfigError
+from fedhet.messages import ClientTask
 from fedhet.system.outcomes import ExponentialLayers
 
 
@@ -38,9 +39,10 @@ class ADELFLOptions(SALFOptions):
       ``heterogeneity_gap`` Gamma, ``initial_distance`` Delta_1. Gamma and Delta_1 add
       constants to the bound and do not change the plan.
     - ``estimate_constants``: replace G and sigma_u^2 by estimates from a warm-up round at
-      the initial model: ``warmup_batches`` minibatch gradients of ``train.batch_size`` per
-      client; G^2 = the largest client mean squared gradient norm, sigma_u^2 = batch size x
-      the variance of client u's batch gradients. The warm-up is not charged to the clock.
+      the initial model: every client answers a probe task with ``warmup_batches`` minibatch
+      gradients of ``train.batch_size``; G^2 = the largest client mean squared gradient
+      norm, sigma_u^2 = batch size x the variance of client u's batch gradients. The warm-up
+      is not charged to the clock.
     - ``p1_margin``: enforce q_t1 <= 1/2 - margin (Lemma 3). ``batch_scale_min/max``: the
       box on m (the batch of a mean-capability client). ``max_iter``: trust-constr's limit.
     """
@@ -87,6 +89,23 @@ class ADELFL(SALF):
     summary = "ADEL-FL: deadlines and batch sizes optimised for a time budget, layer-wise aggregation"
     Options = ADELFLOptions
 
+    def probe_tasks(self, setting: RunSetting) -> list[ClientTask]:
+        """With ``estimate_constants``: one gradient probe per client at the initial model."""
+        if not self.options.estimate_constants:
+            return []
+        return [
+            ClientTask(
+                round=0,
+                client=u,
+                lr=0.0,
+                batch_size=self.train.batch_size,
+                local_steps=0,
+                kind="probe",
+                payload={"batches": self.options.warmup_batches},
+            )
+            for u in range(setting.num_clients)
+        ]
+
     def init_state(self, setting: RunSetting) -> dict:
         """Solve Problem 2 once (ADEL-FL Algorithm 1, steps 1-3)."""
         system = setting.system
@@ -113,7 +132,7 @@ class ADELFL(SALF):
         estimated = None
         if o.estimate_constants:
             constants, estimated = self._estimate_constants(setting, constants)
-        learning_rates = np.array([self.train.lr_at(t) for t in range(setting.rounds)])
+        learning_rates = np.array([self.lr_at(t) for t in range(setting.rounds)])
         problem = DeadlineProblem(
             time_budget=setting.time_budget,
             num_layers=system.num_layers,
@@ -133,19 +152,12 @@ class ADELFL(SALF):
         }
 
     def _estimate_constants(self, setting: RunSetting, constants: BoundConstants):
-        """G^2 and sigma_u^2 from minibatch gradients at the initial model (our option)."""
-        norms, variances = [], []
-        for client in range(setting.num_clients):
-            sq_norm, variance = setting.trainer.gradient_statistics(
-                setting.params,
-                setting.buffers,
-                client,
-                self.train.batch_size,
-                self.options.warmup_batches,
-                setting.rng,
-            )
-            norms.append(sq_norm)
-            variances.append(variance)
+        """G^2 and sigma_u^2 from the clients' probe replies at the initial model (our option)."""
+        replies = sorted(setting.probes, key=lambda u: u.client)
+        if len(replies) != setting.num_clients:
+            raise ValueError(f"adel-fl: {len(replies)} probe replies for {setting.num_clients} clients")
+        norms = [float(r.payload["grad_sq_norm"]) for r in replies]
+        variances = [float(r.payload["grad_variance"]) for r in replies]
         grad_bound = float(np.sqrt(max(norms)))
         variances = np.maximum(np.array(variances), 1e-12)
         constants = BoundConstants(
@@ -215,6 +227,6 @@ class ADELFL(SALF):
         return RoundPlan(
             round=round_index,
             deadline=deadlines[t],
-            lr=self.train.lr_at(round_index),
+            lr=self.lr_at(round_index),
             assignments=[ClientAssignment(int(s), self.train.local_steps) for s in state["batch_sizes"]],
         )

@@ -11,12 +11,12 @@ from collections.abc import Iterable
 
 import torch
 
-from fedhet.client import LocalResult
+from fedhet.messages import ClientUpdate
 from fedhet.models.layers import LayerSlices
 
 
 def layerwise_sum(
-    updates: Iterable[LocalResult],
+    updates: Iterable[ClientUpdate],
     slices: LayerSlices,
     size: int,
     which: str = "params",
@@ -33,7 +33,7 @@ def layerwise_sum(
     for update in updates:
         if update.depth > num_layers:
             continue
-        delta = update.delta_params if which == "params" else update.delta_buffers
+        delta = update.delta if which == "params" else update.delta_buffers
         start = slices.start(update.depth)
         if weights is None:
             total[start:] += delta
@@ -53,7 +53,7 @@ def expand_per_layer(values: torch.Tensor, slices: LayerSlices, size: int) -> to
 
 
 def layerwise_mean_buffers(
-    buffers: torch.Tensor, updates: list[LocalResult], slices: LayerSlices
+    buffers: torch.Tensor, updates: list[ClientUpdate], slices: LayerSlices
 ) -> torch.Tensor:
     """Float buffers (BatchNorm running statistics) of layer l: the mean over U_l of the
     clients' buffers; kept when nobody reached l. Statistics are not gradient estimates, so
@@ -63,3 +63,20 @@ def layerwise_mean_buffers(
     total, counts = layerwise_sum(updates, slices, buffers.numel(), which="buffers")
     per_element = expand_per_layer(counts, slices, buffers.numel())
     return buffers + total / per_element.clamp(min=1.0)
+
+
+def client_weights(updates: list[ClientUpdate], mode: str) -> list[float]:
+    """Aggregation weights over the delivering clients: ``uniform`` 1/|S| or ``samples``
+    n_u / sum_S n_v."""
+    if mode == "samples":
+        total = float(sum(u.num_samples for u in updates))
+        return [u.num_samples / total for u in updates]
+    return [1.0 / len(updates)] * len(updates)
+
+
+def weighted_delta_sum(updates: list[ClientUpdate], weights: list[float], size: int) -> torch.Tensor:
+    """sum_u a_u Delta_u over full updates (each covering every parameter)."""
+    total = torch.zeros(size)
+    for a, u in zip(weights, updates, strict=True):
+        total.add_(u.delta, alpha=a)
+    return total

@@ -1,38 +1,58 @@
-"""The Algorithm protocol: three engine-agnostic pieces (DESIGN idea 2).
+"""The Algorithm protocol: engine-agnostic pieces that talk through messages (DESIGN idea 2).
 
-- ``plan(round, state, system)`` -> :class:`RoundPlan`: deadline (``None`` = wait for all),
-  learning rate, per-client assignments (batch size, local steps, asked or not).
-- ``local_update(trainer, ...)`` -> :class:`~fedhet.client.LocalResult` or ``None`` (the
-  client's work, truncated to what its sampled outcome allows; ``None`` = nothing to send).
-- ``aggregate(params, buffers, updates, state, context)`` -> new global (params, buffers).
+Server side:
 
-Algorithms never import an engine; the embedded simulator and the Flower adapters call these
-same methods.
+- ``init_state(setting)`` -> server memory kept across rounds (checkpointed); algorithms
+  that need the clients' view before round 1 ask for it with ``probe_tasks(setting)`` and
+  read the replies in ``setting.probes``.
+- ``plan(round, state, system, deadline)`` -> :class:`RoundPlan`: deadline (``None`` = wait
+  for all), learning rate, per-client assignments (batch size, local steps, planned coverage,
+  asked or not).
+- ``client_task(context, client, state)`` -> the :class:`~fedhet.messages.ClientTask` sent to
+  one client, its work cut to what the client's sampled outcome allows by the deadline
+  (``partial_work``: ``"layers"`` keeps all steps over the layers it reached, ``"steps"``
+  keeps the whole steps it finished, ``"none"`` sends nothing to a client that would not
+  finish), or ``None``; ``task_payload`` adds algorithm data (SCAFFOLD's c).
+- ``aggregate(params, buffers, updates, state, context, layout)`` -> new global
+  (params, buffers), from the clients' :class:`~fedhet.messages.ClientUpdate`, which arrive
+  sorted by client.
+
+Client side (run by the client over its own state, see :mod:`fedhet.client`):
+
+- ``gradient_correction(task, state, region, local, anchor)``: a term added to each local
+  step's gradient over the covered ``region`` (FedProx, SCAFFOLD, FedDyn); ``None`` = plain SGD.
+- ``finish_local_work(task, update, state, region, local, anchor)``: update the client's
+  state and the update's payload after the local steps.
+
+Algorithms depend only on the messages, the model layout and the system model's marginals:
+they never import an engine, the local trainer or the data.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
-from fedhet.client import LocalResult, LocalTrainer
-from fedhet.config import TrainConfig, coerce_value
-from fedhet.errors import ConfigError
+from fedhet.messages import ClientTask, ClientUpdate, Coverage, Payload
 from fedhet.models.layers import ModelLayout
-from fedhet.system.outcomes import Marginals, Outcomes, SystemModel
+from fedhet.schedules import train_learning_rate
+from fedhet.system.outcomes import Marginals, Outcomes, SystemModel, Workload
+
+PARTIAL_WORK = ("none", "layers", "steps")
 
 
 @dataclass
 class ClientAssignment:
-    """The server's instructions to one client for one round."""
+    """The server's instructions to one client for one round: batch size, local steps, the
+    planned first layer of its back-propagation (1 = all layers), whether it is asked."""
 
     batch_size: int
     local_steps: int
     asked: bool = True
+    depth: int = 1
 
 
 @dataclass
@@ -48,10 +68,19 @@ class RoundPlan:
     def batch_sizes(self) -> np.ndarray:
         return np.array([a.batch_size for a in self.assignments])
 
+    def workload(self) -> Workload:
+        """What the system model prices: the deadline, every client's batch, steps, depth."""
+        return Workload(
+            self.deadline,
+            self.batch_sizes,
+            np.array([a.local_steps for a in self.assignments]),
+            np.array([a.depth for a in self.assignments]),
+        )
+
 
 @dataclass
 class RoundContext:
-    """What the server knows when it aggregates: the plan, outcomes and their marginals."""
+    """What the server knows in a round: the plan, the sampled outcomes and their marginals."""
 
     plan: RoundPlan
     outcomes: Outcomes
@@ -63,8 +92,8 @@ class RoundContext:
 @dataclass
 class RunSetting:
     """What an algorithm may look at once, before round 1, to set up its server state: the
-    run's shape, the system model, the clients' data sizes, and a trainer with the initial
-    model (for algorithms that probe gradients before planning, e.g. ADEL-FL's warm-up)."""
+    run's shape, the system model, the clients' data sizes, the initial model, and the replies
+    to its probe tasks (e.g. ADEL-FL's gradient statistics)."""
 
     num_clients: int
     num_params: int
@@ -72,10 +101,10 @@ class RunSetting:
     time_budget: float  # simulated seconds; 0 = none
     system: SystemModel
     client_sizes: np.ndarray
-    trainer: LocalTrainer
+    layout: ModelLayout
     params: torch.Tensor
     buffers: torch.Tensor
-    rng: np.random.Generator
+    probes: list[ClientUpdate] = field(default_factory=list)
 
 
 @dataclass
@@ -84,18 +113,29 @@ class NoOptions:
 
 
 class Algorithm:
-    """Base class; subclasses set ``name``, ``Options`` and override the pieces they change."""
+    """Base class; subclasses set ``name``, ``Options`` and override the pieces they change.
+
+    ``train`` is the run's ``[train]`` section (learning rate and its schedule, batch size,
+    local steps)."""
 
     name: ClassVar[str] = "base"
     summary: ClassVar[str] = ""
     Options: ClassVar[type] = NoOptions
     uses_deadline: ClassVar[bool] = True
+    partial_work: ClassVar[str] = "none"
 
-    def __init__(self, options: Any, train: TrainConfig):
+    def __init__(self, options: Any, train: Any):
         self.options = options
         self.train = train
 
-    # -- planning ---------------------------------------------------------------------
+    def lr_at(self, round_index: int) -> float:
+        return train_learning_rate(self.train, round_index)
+
+    # -- before round 1 -----------------------------------------------------------------
+    def probe_tasks(self, setting: RunSetting) -> list[ClientTask]:
+        """Tasks to send before round 1 whose replies arrive in ``setting.probes``."""
+        return []
+
     def init_state(self, setting: RunSetting) -> dict:
         """Server memory kept across rounds (checkpointed with the run)."""
         return {}
@@ -108,6 +148,7 @@ class Algorithm:
         """Things the user must be told when the run starts (e.g. a planner fallback)."""
         return []
 
+    # -- server: planning and tasks ------------------------------------------------------
     def plan(self, round_index: int, state: dict, system: SystemModel, deadline: float | None) -> RoundPlan:
         """Default plan: every client, the configured batch and steps, the configured deadline
         (or ``None`` for algorithms that wait for all)."""
@@ -117,33 +158,69 @@ class Algorithm:
         return RoundPlan(
             round=round_index,
             deadline=deadline if self.uses_deadline else None,
-            lr=self.train.lr_at(round_index),
+            lr=self.lr_at(round_index),
             assignments=assignment,
         )
 
-    # -- client ---------------------------------------------------------------------
-    def local_update(
-        self,
-        trainer: LocalTrainer,
-        params: torch.Tensor,
-        buffers: torch.Tensor,
-        client: int,
-        assignment: ClientAssignment,
-        depth: int,
-        lr: float,
-        rng: np.random.Generator,
-    ) -> LocalResult | None:
-        """Default client work: local SGD on layers ``depth..L``."""
-        return trainer.train(
-            params, buffers, client, depth, assignment.local_steps, assignment.batch_size, lr, rng
+    def client_task(self, context: RoundContext, client: int, state: dict) -> ClientTask | None:
+        """The task for ``client`` given its sampled outcome (see ``partial_work``)."""
+        plan, outcomes = context.plan, context.outcomes
+        assignment = plan.assignments[client]
+        if not (assignment.asked and outcomes.participates[client]):
+            return None
+        depth, steps_done = int(outcomes.depth[client]), int(outcomes.steps_done[client])
+        steps, coverage = assignment.local_steps, Coverage(assignment.depth)
+        if self.partial_work == "layers":
+            if depth > context.num_layers:
+                return None  # reached no layer: nothing to send
+            coverage = Coverage(depth)
+        elif self.partial_work == "steps":
+            if steps_done < 1:
+                return None
+            steps = min(steps_done, steps)
+        elif steps_done < steps:
+            return None  # would not finish by the deadline: its work would be thrown away
+        return ClientTask(
+            round=plan.round,
+            client=int(client),
+            lr=plan.lr,
+            batch_size=assignment.batch_size,
+            local_steps=steps,
+            coverage=coverage,
+            deadline=plan.deadline,
+            model_round=plan.round,
+            payload=self.task_payload(int(client), state),
         )
 
-    # -- server ---------------------------------------------------------------------
+    def task_payload(self, client: int, state: dict) -> Payload:
+        """Algorithm data sent with a client's task (default: nothing)."""
+        return {}
+
+    # -- client --------------------------------------------------------------------------
+    def gradient_correction(
+        self, task: ClientTask, state: dict, region: slice, local: torch.Tensor, anchor: torch.Tensor
+    ) -> torch.Tensor | None:
+        """Added to every local step's gradient over ``region`` (``local``: the client's
+        current parameters, ``anchor``: the global ones it started from). Plain SGD: none."""
+        return None
+
+    def finish_local_work(
+        self,
+        task: ClientTask,
+        update: ClientUpdate,
+        state: dict,
+        region: slice,
+        local: torch.Tensor,
+        anchor: torch.Tensor,
+    ) -> None:
+        """After the local steps: update the client's own ``state`` and ``update.payload``."""
+
+    # -- server: aggregation -------------------------------------------------------------
     def aggregate(
         self,
         params: torch.Tensor,
         buffers: torch.Tensor,
-        updates: list[LocalResult],
+        updates: list[ClientUpdate],
         state: dict,
         context: RoundContext,
         layout: ModelLayout,
@@ -156,26 +233,7 @@ ALGORITHMS: dict[str, type[Algorithm]] = {}
 
 def register(cls: type[Algorithm]) -> type[Algorithm]:
     """Class decorator adding an algorithm to the registry under ``cls.name``."""
+    if cls.partial_work not in PARTIAL_WORK:
+        raise ValueError(f"{cls.__name__}.partial_work = {cls.partial_work!r}: one of {PARTIAL_WORK}")
     ALGORITHMS[cls.name] = cls
     return cls
-
-
-def build_options(name: str, values: dict) -> Any:
-    """Validate ``[algorithm]`` keys for algorithm ``name`` into its ``Options`` dataclass."""
-    try:
-        cls = ALGORITHMS[name]
-    except KeyError:
-        raise ConfigError(
-            f"algorithm.name = {name!r}: unknown (known: {', '.join(sorted(ALGORITHMS))})"
-        ) from None
-    fields = {f.name: f for f in dataclasses.fields(cls.Options)}
-    for key in values:
-        if key not in fields:
-            known = ", ".join(fields) or "none"
-            raise ConfigError(f"algorithm.{key}: unknown option for {name} (known: {known})")
-    typed = {key: coerce_value(f"algorithm.{key}", v, fields[key].type) for key, v in values.items()}
-    options = cls.Options(**typed)
-    check = getattr(options, "validate", None)
-    if check:
-        check()
-    return options

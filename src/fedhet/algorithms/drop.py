@@ -28,11 +28,7 @@ class DropStragglers(Algorithm):
     name = "drop"
     summary = "FedAvg that drops clients not finished by the deadline (SALF eq. (4))"
     Options = DropOptions
-
-    def local_update(self, trainer, params, buffers, client, assignment, depth, lr, rng):
-        if depth != 1:
-            return None  # a straggler's partial work would be thrown away: skip it
-        return super().local_update(trainer, params, buffers, client, assignment, depth, lr, rng)
+    partial_work = "none"  # a straggler's work would be thrown away: it is not asked for
 
     def aggregate(self, params, buffers, updates, state, context, layout):
         """SALF eq. (4)."""
@@ -43,7 +39,7 @@ class DropStragglers(Algorithm):
         new_params = params.clone()
         new_buffers = buffers.clone()
         for u in finishers:
-            new_params.add_(u.delta_params, alpha=1.0 / divisor)
+            new_params.add_(u.delta, alpha=1.0 / divisor)
             if buffers.numel():
                 new_buffers.add_(u.delta_buffers, alpha=1.0 / len(finishers))
         return new_params, new_buffers

@@ -32,6 +32,7 @@ class FedAvg(Algorithm):
     FedAvg over participants, biased towards frequent participants (FedStale Sec. 2)."""
 
     name = "fedavg"
+    partial_work = "none"
     summary = "FedAvg waiting for all clients (no deadline); over the present ones under participation"
     Options = FedAvgOptions
     uses_deadline = False
@@ -49,7 +50,7 @@ class FedAvg(Algorithm):
         new_params = params.clone()
         new_buffers = buffers.clone()
         for w, u in zip(weights, full, strict=True):
-            new_params.add_(u.delta_params, alpha=w * self.options.server_lr)
+            new_params.add_(u.delta, alpha=w * self.options.server_lr)
             if buffers.numel():
                 new_buffers.add_(u.delta_buffers, alpha=w)
         return new_params, new_buffers

@@ -51,6 +51,7 @@ class SALF(Algorithm):
     name = "salf"
     summary = "Stragglers-aware layer-wise FL (SALF eq. (9)), p_l from the system model"
     Options = SALFOptions
+    partial_work = "layers"
 
     def aggregate(self, params, buffers, updates, state, context, layout):
         """SALF eq. (9) (``normalize='reached'``), the authors' sum / U (``'all'``) or the

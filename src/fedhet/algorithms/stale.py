@@ -25,8 +25,8 @@ from fedhet.algorithms.aggregation import layerwise_mean_buffers
 from fedhet.algorithms.base import Algorithm, RoundContext, RunSetting, register
 from fedhet.algorithms.fedau import FedAUEstimator
 from fedhet.algorithms.fedavg import FedAvgOptions as MemoryOptions  # weights, server_lr
-from fedhet.client import LocalResult
 from fedhet.errors import ConfigError
+from fedhet.messages import ClientUpdate
 
 PARTICIPATION_KNOWLEDGE = ("known", "fedau")
 
@@ -65,6 +65,7 @@ class MemoryAlgorithm(Algorithm):
     Subclasses implement :meth:`direction` (the aggregate D of one round)."""
 
     Options = MemoryOptions
+    partial_work = "none"  # unfinished by the deadline: counts as absent, so not asked
     refresh_before_direction = False  # MIFA refreshes h with this round's updates first
 
     def init_state(self, setting: RunSetting) -> dict:
@@ -86,22 +87,17 @@ class MemoryAlgorithm(Algorithm):
             state["estimate_history"] = []
         return state
 
-    def local_update(self, trainer, params, buffers, client, assignment, depth, lr, rng):
-        if depth != 1:
-            return None  # unfinished by the deadline: counts as absent, so skip the work
-        return super().local_update(trainer, params, buffers, client, assignment, depth, lr, rng)
-
     def direction(
         self,
         memory: torch.Tensor,
-        updates: list[LocalResult],
+        updates: list[ClientUpdate],
         client_weight: np.ndarray,
         inverse_prob: np.ndarray,
     ) -> torch.Tensor:
         raise NotImplementedError
 
     def inverse_probabilities(
-        self, state: dict, context: RoundContext, updates: list[LocalResult]
+        self, state: dict, context: RoundContext, updates: list[ClientUpdate]
     ) -> np.ndarray:
         """1/p_i for this round: known (P[present and finished] from the marginals) or FedAU's
         omega_i. Also advances the FedAU estimator and the participation statistics."""
@@ -136,9 +132,9 @@ class MemoryAlgorithm(Algorithm):
         return new_params, new_buffers
 
     @staticmethod
-    def _refresh(state: dict, updates: list[LocalResult]) -> None:
+    def _refresh(state: dict, updates: list[ClientUpdate]) -> None:
         for u in updates:
-            state["memory"][u.client].copy_(u.delta_params)
+            state["memory"][u.client].copy_(u.delta)
             state["has_memory"][u.client] = True
 
     def reports(self, state: dict) -> dict[str, dict]:
@@ -193,7 +189,7 @@ class UFedAvg(MemoryAlgorithm):
     def direction(self, memory, updates, client_weight, inverse_prob):
         out = torch.zeros(memory.shape[1], dtype=memory.dtype)
         for u in updates:
-            out.add_(u.delta_params, alpha=_step(client_weight, inverse_prob, u.client))  # eq. (5)
+            out.add_(u.delta, alpha=_step(client_weight, inverse_prob, u.client))  # eq. (5)
         return out
 
 
@@ -208,7 +204,7 @@ class FedVARP(MemoryAlgorithm):
     def direction(self, memory, updates, client_weight, inverse_prob):
         out = _stale_sum(memory, client_weight)
         for u in updates:
-            fresh = u.delta_params - memory[u.client]
+            fresh = u.delta - memory[u.client]
             out.add_(fresh, alpha=_step(client_weight, inverse_prob, u.client))  # eq. (7)
         return out
 
@@ -229,7 +225,7 @@ class FedStale(MemoryAlgorithm):
         beta = self.options.beta
         out = beta * _stale_sum(memory, client_weight)
         for u in updates:
-            fresh = u.delta_params - beta * memory[u.client]
+            fresh = u.delta - beta * memory[u.client]
             out.add_(fresh, alpha=_step(client_weight, inverse_prob, u.client))  # eq. (9)
         return out
 
@@ -242,6 +238,7 @@ class MIFA(MemoryAlgorithm):
     name = "mifa"
     summary = "average of every client's latest update, fresh or stale (biased baseline)"
     Options = MemoryOptions
+    partial_work = "none"  # unfinished by the deadline: counts as absent, so not asked
     refresh_before_direction = True
 
     def direction(self, memory, updates, client_weight, inverse_prob):

@@ -1,10 +1,12 @@
 """The embedded engine: one process, one virtual clock, one reused working model.
 
-Each round: the algorithm plans; the system model samples outcomes (depth, finish time) and
-gives their marginals; every asked, participating client does its (truncated) local work;
-the algorithm aggregates; the clock advances by the round's simulated duration. The round
-lasts until the deadline, or until every asked client has reported if that comes first;
-without a deadline (wait-for-all) it lasts until the slowest client finishes.
+A round driver over the engine pieces (:mod:`~fedhet.engine.clock`,
+:mod:`~fedhet.engine.evaluation`, :mod:`~fedhet.engine.records`,
+:mod:`~fedhet.engine.state`, :mod:`~fedhet.engine.clients`, :mod:`fedhet.results`). Each
+round: the algorithm plans; the system model prices the plan's workload and samples outcomes
+(depth, steps done, finish time) from the round's own random stream, with their marginals;
+the algorithm turns each client's outcome into a task; the clients do their tasks; the
+algorithm aggregates the updates; the clock advances by the round's simulated duration.
 
 Every round ends with an atomic checkpoint, so an interrupted run resumes from its last
 finished round and ends with exactly the metrics of an uninterrupted one.
@@ -22,8 +24,12 @@ import numpy as np
 
 from fedhet import seeding
 from fedhet.algorithms import RoundContext
-from fedhet.client import evaluate
 from fedhet.config import Config
+from fedhet.engine.clients import InProcessClients, TaskOrder
+from fedhet.engine.clock import VirtualClock, round_duration
+from fedhet.engine.evaluation import Evaluator
+from fedhet.engine.records import metrics_row, run_summary
+from fedhet.engine.state import RunState, from_checkpoint, to_checkpoint
 from fedhet.errors import FedhetError
 from fedhet.results import RunDirectory
 from fedhet.world import World, build_world
@@ -40,223 +46,138 @@ class RunResult:
     metrics: list[dict]
 
 
-def _comparable(config_dict: dict) -> dict:
-    """The parts of a config that must match for a checkpoint to be resumed."""
-    out = {k: dict(v) for k, v in config_dict.items()}
-    out["run"] = {k: v for k, v in out["run"].items() if k not in ("rounds", "eval_every", "threads")}
-    return out
-
-
 class Simulator:
-    """Runs one configuration on the embedded engine, writing to ``out_dir``."""
+    """Runs one configuration on the embedded engine, writing to ``out_dir``.
+
+    ``client_order`` reorders each round's tasks before they run (as an engine running
+    clients in parallel or in other processes would); results do not depend on it."""
 
     def __init__(
         self,
         config: Config,
         out_dir: str | Path,
         on_round: Callable[[dict], None] | None = None,
+        client_order: TaskOrder | None = None,
     ):
         self.config = config
         self.run_dir = RunDirectory(out_dir)
         self.on_round = on_round
+        self.client_order = client_order
 
     def run(self, resume: bool = False, overwrite: bool = False, stop_after: int | None = None) -> RunResult:
         """Run (or resume) to ``run.rounds`` rounds, or until the next round would take the
         virtual clock past ``run.time_budget``. ``stop_after`` ends the process early after that
         many rounds in total, as an interruption would (used by tests)."""
-        config = self.config
-        run_dir = self.run_dir
+        config, run_dir = self.config, self.run_dir
         if run_dir.checkpoint_path.exists() and not (resume or overwrite):
             raise FedhetError(
                 f"{run_dir.path}: already holds a run; pass --resume to continue it, "
                 "--overwrite to start again, or --out for another folder"
             )
         world = build_world(config)
+        clients = InProcessClients(
+            world.worker, world.client_data, config.run.seed, rule=world.algorithm, order=self.client_order
+        )
         if resume and run_dir.checkpoint_path.exists():
-            state = self._restore(world, run_dir.load_checkpoint())
+            state = from_checkpoint(run_dir.load_checkpoint(), config.to_dict(), str(run_dir.checkpoint_path))
         else:
-            state = self._fresh_state(world)
-            state["algorithm"] = world.algorithm.init_state(world.setting(state["params"], state["buffers"]))
+            state = self._fresh_state(world, clients)
         run_dir.create()
-        for name, document in world.algorithm.reports(state["algorithm"]).items():
-            run_dir.write_json(f"{name}.json", document)
-        for note in world.algorithm.warnings(state["algorithm"]):
+        self._write_reports(world, state)
+        for note in world.algorithm.warnings(state.algorithm):
             log.warning("%s: %s", config.run.name, note)
         run_dir.write_config(config.to_toml())
-        run_dir.write_metrics(state["metrics"])
-        started = time.perf_counter()
-        wall_before = state["wall_time"]
+        run_dir.write_metrics(state.metrics)
+        evaluator = Evaluator(
+            world.flat, world.dataset.x_test, world.dataset.y_test, config.run.eval_every, config.run.rounds
+        )
+        clock = VirtualClock(state.sim_time, config.run.time_budget)
+        started, wall_before = time.perf_counter(), state.wall_time
         last = config.run.rounds if stop_after is None else min(stop_after, config.run.rounds)
-        for t in range(state["round"], last):
-            if state["stopped_by"]:
+        for t in range(state.round, last):
+            if state.stopped_by:
                 break
-            row = self._round(world, state, t)
+            row = self._round(world, clients, clock, evaluator, state, t)
             if row is None:  # the next round would exceed the time budget
-                self._stop_on_budget(world, state)
+                self._stop_on_budget(evaluator, state)
                 break
-            state["metrics"].append(row)
-            state["round"] = t + 1
-            state["wall_time"] = wall_before + time.perf_counter() - started
+            state.metrics.append(row)
+            state.round = t + 1
+            state.wall_time = wall_before + time.perf_counter() - started
             run_dir.append_metrics(row)
-            run_dir.save_checkpoint(self._checkpoint(world, state))
+            run_dir.save_checkpoint(to_checkpoint(state, config.to_dict()))
             if self.on_round:
                 self.on_round(row)
-        for name, document in world.algorithm.reports(state["algorithm"]).items():
-            run_dir.write_json(f"{name}.json", document)
-        summary = self._summary(world, state)
+        self._write_reports(world, state)
+        summary = run_summary(config, world, state, world.algorithm.warnings(state.algorithm))
         if summary["finished"]:
             run_dir.write_summary(summary)
-        return RunResult(run_dir.path, summary, state["metrics"])
+        return RunResult(run_dir.path, summary, state.metrics)
 
-    def _stop_on_budget(self, world: World, state: dict) -> None:
-        """End the run at the time budget; make sure the last finished round is evaluated."""
-        state["stopped_by"] = "time_budget"
-        last = state["metrics"][-1] if state["metrics"] else None
-        if last is not None and last.get("test_accuracy") is None:
-            last["test_loss"], last["test_accuracy"] = evaluate(
-                world.flat, state["params"], state["buffers"], world.dataset.x_test, world.dataset.y_test
-            )
-            self.run_dir.write_metrics(state["metrics"])
-        self.run_dir.save_checkpoint(self._checkpoint(world, state))
-
-    # -- state ---------------------------------------------------------------------
-    def _fresh_state(self, world: World) -> dict:
-        seed = self.config.run.seed
-        return {
-            "round": 0,
-            "sim_time": 0.0,
-            "wall_time": 0.0,
-            "params": world.initial_params.clone(),
-            "buffers": world.initial_buffers.clone(),
-            "algorithm": {},
-            "rng": {name: seeding.stream(seed, name) for name in ("system", "training")},
-            "metrics": [],
-            "stopped_by": None,
-        }
-
-    def _checkpoint(self, world: World, state: dict) -> dict:
-        return {
-            "config": self.config.to_dict(),
-            "round": state["round"],
-            "sim_time": state["sim_time"],
-            "wall_time": state["wall_time"],
-            "params": state["params"],
-            "buffers": state["buffers"],
-            "algorithm": state["algorithm"],
-            "rng": {k: g.bit_generator.state for k, g in state["rng"].items()},
-            "momentum": world.trainer.momentum_buffers,
-            "metrics": state["metrics"],
-            "stopped_by": state["stopped_by"],
-        }
-
-    def _restore(self, world: World, saved: dict) -> dict:
-        if _comparable(saved["config"]) != _comparable(self.config.to_dict()):
-            raise FedhetError(
-                f"{self.run_dir.checkpoint_path}: written by a different configuration; "
-                "resume with the same config (only run.rounds/eval_every may change) or use --out"
-            )
-        state = self._fresh_state(world)
-        for key in (
-            "round",
-            "sim_time",
-            "wall_time",
-            "params",
-            "buffers",
-            "algorithm",
-            "metrics",
-            "stopped_by",
-        ):
-            state[key] = saved[key]
-        for name, generator in state["rng"].items():
-            generator.bit_generator.state = saved["rng"][name]
-        world.trainer.momentum_buffers = saved["momentum"]
+    def _fresh_state(self, world: World, clients: InProcessClients) -> RunState:
+        """The initial model; the algorithm's server state, after its probe tasks if any."""
+        state = RunState(params=world.initial_params.clone(), buffers=world.initial_buffers.clone())
+        setting = world.setting(state.params, state.buffers)
+        probes = world.algorithm.probe_tasks(setting)
+        if probes:
+            setting.probes = clients.run(probes, state.params, state.buffers, state.clients)
+        state.algorithm = world.algorithm.init_state(setting)
         return state
 
-    # -- one round -----------------------------------------------------------------
-    def _round(self, world: World, state: dict, t: int) -> dict | None:
-        config, algorithm, system = self.config, world.algorithm, world.system
-        plan = algorithm.plan(t, state["algorithm"], system, config.round_deadline)
-        outcomes = system.sample(plan.deadline, plan.batch_sizes, state["rng"]["system"])
-        marginals = system.marginals(plan.deadline, plan.batch_sizes)
-        asked = np.array([a.asked for a in plan.assignments]) & outcomes.participates
-        slowest = float(outcomes.finish_time[asked].max()) if asked.any() else 0.0
-        duration = slowest if plan.deadline is None else min(plan.deadline, slowest)
-        budget = config.run.time_budget
-        if budget and state["sim_time"] + duration > budget * (1 + 1e-12):
-            return None
-        updates = []
-        for client in np.flatnonzero(asked):
-            result = algorithm.local_update(
-                world.trainer,
-                state["params"],
-                state["buffers"],
-                int(client),
-                plan.assignments[client],
-                int(outcomes.depth[client]),
-                plan.lr,
-                state["rng"]["training"],
-            )
-            if result is not None:
-                updates.append(result)
-        context = RoundContext(plan, outcomes, marginals, world.num_clients, world.flat.num_layers)
-        state["params"], state["buffers"] = algorithm.aggregate(
-            state["params"], state["buffers"], updates, state["algorithm"], context, world.flat.layout
-        )
-        state["sim_time"] += duration
-        trained = [u.loss for u in updates if u.steps > 0]
-        row = {
-            "round": t + 1,
-            "sim_time": state["sim_time"],
-            "round_time": duration,
-            "deadline": plan.deadline,
-            "participants": sum(1 for u in updates if u.depth <= world.flat.num_layers),
-            "mean_depth": float(outcomes.depth[asked].mean()) if asked.any() else None,
-            "lr": plan.lr,
-            "train_loss": float(np.mean(trained)) if trained else None,
-            "test_loss": None,
-            "test_accuracy": None,
-        }
-        if (t + 1) % config.run.eval_every == 0 or t + 1 == config.run.rounds:
-            row["test_loss"], row["test_accuracy"] = evaluate(
-                world.flat, state["params"], state["buffers"], world.dataset.x_test, world.dataset.y_test
-            )
-        return row
+    def _write_reports(self, world: World, state: RunState) -> None:
+        for name, document in world.algorithm.reports(state.algorithm).items():
+            self.run_dir.write_json(f"{name}.json", document)
 
-    def _summary(self, world: World, state: dict) -> dict:
-        config = self.config
-        evaluated = [r for r in state["metrics"] if r.get("test_accuracy") is not None]
-        best = max(evaluated, key=lambda r: r["test_accuracy"], default=None)
-        final = evaluated[-1] if evaluated else None
-        return {
-            "name": config.run.name,
-            "algorithm": config.algorithm_name,
-            "algorithm_options": config.algorithm_options,
-            "dataset": config.data.dataset,
-            "model": config.model.name,
-            "system": config.system.model,
-            "straggler_ratio": config.system.straggler_ratio,
-            "num_clients": world.num_clients,
-            "num_layers": world.flat.num_layers,
-            "num_params": int(world.initial_params.numel()),
-            "seed": config.run.seed,
-            "rounds": state["round"],
-            "sim_time": state["sim_time"],
-            "wall_time": state["wall_time"],
-            "final_test_accuracy": final["test_accuracy"] if final else None,
-            "final_test_loss": final["test_loss"] if final else None,
-            "best_test_accuracy": best["test_accuracy"] if best else None,
-            "best_round": int(best["round"]) if best else None,
-            "time_budget": config.run.time_budget or None,
-            "stopped_by": state["stopped_by"] or ("rounds" if state["round"] >= config.run.rounds else None),
-            "finished": state["round"] >= config.run.rounds or state["stopped_by"] == "time_budget",
-            "notes": world.algorithm.warnings(state["algorithm"]),
-        }
+    def _stop_on_budget(self, evaluator: Evaluator, state: RunState) -> None:
+        """End the run at the time budget; make sure the last finished round is evaluated."""
+        state.stopped_by = "time_budget"
+        last = state.metrics[-1] if state.metrics else None
+        if last is not None and last.get("test_accuracy") is None:
+            last["test_loss"], last["test_accuracy"] = evaluator(state.params, state.buffers)
+            self.run_dir.write_metrics(state.metrics)
+        self.run_dir.save_checkpoint(to_checkpoint(state, self.config.to_dict()))
+
+    def _round(
+        self,
+        world: World,
+        clients: InProcessClients,
+        clock: VirtualClock,
+        evaluator: Evaluator,
+        state: RunState,
+        t: int,
+    ) -> dict | None:
+        config, algorithm, system = self.config, world.algorithm, world.system
+        plan = algorithm.plan(t, state.algorithm, system, config.round_deadline)
+        work = plan.workload()
+        outcomes = system.sample(work, seeding.round_stream(config.run.seed, "system", t))
+        context = RoundContext(
+            plan, outcomes, system.marginals(work), world.num_clients, world.flat.num_layers
+        )
+        asked = np.array([a.asked for a in plan.assignments]) & outcomes.participates
+        duration = round_duration(plan.deadline, outcomes.finish_time[asked])
+        if not clock.fits(duration):
+            return None
+        tasks = [
+            task
+            for c in range(world.num_clients)
+            if (task := algorithm.client_task(context, c, state.algorithm))
+        ]
+        updates = clients.run(tasks, state.params, state.buffers, state.clients)
+        state.params, state.buffers = algorithm.aggregate(
+            state.params, state.buffers, updates, state.algorithm, context, world.flat.layout
+        )
+        state.sim_time = clock.advance(duration)
+        row = metrics_row(
+            t + 1, state.sim_time, duration, plan.deadline, plan.lr, updates, outcomes.depth[asked]
+        )
+        if evaluator.due(t + 1):
+            row["test_loss"], row["test_accuracy"] = evaluator(state.params, state.buffers)
+        return row
 
 
 def run(
     config: Config, out_dir: str | Path, resume: bool = False, overwrite: bool = False, **kwargs
 ) -> RunResult:
     """Run ``config`` on the embedded engine (see :class:`Simulator`)."""
-    return Simulator(config, out_dir, on_round=kwargs.pop("on_round", None)).run(
-        resume=resume, overwrite=overwrite, **kwargs
-    )
+    simulator_kwargs = {k: kwargs.pop(k) for k in ("on_round", "client_order") if k in kwargs}
+    return Simulator(config, out_dir, **simulator_kwargs).run(resume=resume, overwrite=overwrite, **kwargs)

@@ -6,9 +6,11 @@ from fedhet.system.outcomes import (
     Marginals,
     NoStragglers,
     Outcomes,
+    PerStepCost,
     StragglerRatio,
     SystemModel,
     UniformDepth,
+    Workload,
 )
 from fedhet.system.participation import (
     PARTICIPATION_GROUPS,
@@ -29,6 +31,8 @@ __all__ = [
     "ExponentialLayers",
     "Marginals",
     "Outcomes",
+    "PerStepCost",
+    "Workload",
     "StragglerRatio",
     "SystemModel",
     "UniformDepth",

@@ -91,19 +91,20 @@ class BernoulliParticipation(SystemModel):
         self.participation_prob = probs
         self.name = f"{base.name}+bernoulli"
 
-    def sample(self, deadline, batch_sizes, rng) -> Outcomes:
+    def sample(self, work, rng) -> Outcomes:
         present = rng.random(self.num_clients) < self.participation_prob  # FedStale Assumption 4
-        out = self.base.sample(deadline, batch_sizes, rng)
-        return Outcomes(out.participates & present, out.depth, out.full_time, out.finish_time)
+        out = self.base.sample(work, rng)
+        return Outcomes(out.participates & present, out.depth, out.full_time, out.finish_time, out.steps_done)
 
-    def marginals(self, deadline, batch_sizes) -> Marginals:
-        inner = self.base.marginals(deadline, batch_sizes)
+    def marginals(self, work) -> Marginals:
+        inner = self.base.marginals(work)
         p = self.participation_prob
         return Marginals(
             reach_prob=inner.reach_prob * p[:, None],
-            no_reach_prob=self.base.no_reach_given_presence(deadline, batch_sizes, p),
+            no_reach_prob=self.base.no_reach_given_presence(work, p),
             participation_prob=inner.participation_prob * p,
+            step_prob=None if inner.step_prob is None else inner.step_prob * p[:, None],
         )
 
-    def no_reach_given_presence(self, deadline, batch_sizes, presence):
-        return self.base.no_reach_given_presence(deadline, batch_sizes, presence * self.participation_prob)
+    def no_reach_given_presence(self, work, presence):
+        return self.base.no_reach_given_presence(work, presence * self.participation_prob)

@@ -96,7 +96,7 @@ def _save(plt, fig, ax, xlabel: str, ylabel: str, title: str, out_prefix: Path, 
 def plot_beta_map(cells, path: str | Path, title: str = "", rows: dict | None = None) -> Path:
     """FedStale Fig. 2: a heatmap of beta_opt over (p_avg/p_min, sigma_g^2), lighter for 0 and
     darker for 1, each cell annotated with beta_opt, Delta_0 and Delta_1 (accuracy points).
-    ``cells``: :class:`fedhet.beta_map.MapCell` objects. ``rows`` (label -> cells) replaces
+    ``cells``: :class:`fedhet.studies.beta_map.MapCell` objects. ``rows`` (label -> cells) replaces
     the sigma_g^2 rows by named rows, e.g. known vs estimated probabilities (Fig. 5)."""
     plt = _pyplot()
     if rows is None:

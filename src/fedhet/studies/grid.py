@@ -1,4 +1,5 @@
-"""Experiment grids: one base configuration, axes of values, independent cells.
+"""Experiment grids: one base configuration, axes of values, independent cells; and
+``[compare]``, the grid of one axis (the algorithm) that ``fedhet run`` expands.
 
 An experiment file is a run configuration plus:
 
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedhet.config import Config, apply_overrides, from_dict, read_toml
+from fedhet.config import AlgorithmConfig, Config, apply_overrides, from_dict, read_toml
 from fedhet.errors import ConfigError, FedhetError
 
 EXPERIMENT_SECTIONS = ("experiment", "grid", "cases", "report")
@@ -95,13 +96,7 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Exp
         for combo in itertools.product(*(grid[k] for k in keys)):
             chosen = {**case, **dict(zip(keys, combo, strict=True))}
             cell_name = "-".join(_label(v) for v in _flatten(chosen).values()) or "base"
-            texts = [_override_text(k, v) for k, v in _flatten(chosen).items()]
-            texts.append(_override_text("run.name", cell_name))
-            try:
-                config = from_dict(apply_overrides(base, texts))
-            except ConfigError as exc:
-                raise ConfigError(f"{path}: cell {cell_name}: {exc}") from None
-            cells.append(Cell(cell_name, chosen, config))
+            cells.append(_cell(base, chosen, cell_name, path))
     return Experiment(
         name=name,
         jobs=jobs,
@@ -110,6 +105,31 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Exp
         columns=list(report.get("columns", keys)),
         value=str(report.get("value", "final_test_accuracy")),
     )
+
+
+def _cell(base: dict, chosen: dict[str, Any], cell_name: str, where: str | Path) -> Cell:
+    """The validated configuration of one cell: ``base`` with ``chosen`` overrides."""
+    texts = [_override_text(k, v) for k, v in _flatten(chosen).items()]
+    texts.append(_override_text("run.name", cell_name))
+    try:
+        config = from_dict(apply_overrides(base, texts))
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: cell {cell_name}: {exc}") from None
+    return Cell(cell_name, chosen, config)
+
+
+def compare_cells(raw: dict, where: str | Path = "config") -> list[Cell]:
+    """The runs of a configuration's ``[compare] algorithms = [...]``: one cell per algorithm,
+    named after it, on the same setting. An ``[algorithm]`` table holds options of its named
+    algorithm only; the others run with their defaults."""
+    names = raw.get("compare", {}).get("algorithms", [])
+    base = {k: v for k, v in raw.items() if k not in ("compare", "algorithm")}
+    given = raw.get("algorithm", {})
+    cells = []
+    for name in names:
+        options = {k: v for k, v in given.items() if k != "name"} if given.get("name") == name else {}
+        cells.append(_cell(base, {"algorithm": {"name": name, **options}}, name, where))
+    return cells
 
 
 def _run_cell(config: Config, out_dir: str) -> dict:
@@ -166,6 +186,8 @@ def run_experiment(
 def _lookup(cell: Cell, key: str) -> Any:
     section, _, field = key.partition(".")
     part = getattr(cell.config, section)
+    if isinstance(part, AlgorithmConfig):
+        part = part.to_dict()
     if not field and isinstance(part, dict):  # a whole [algorithm] table: name(options)
         options = ",".join(f"{k}={v}" for k, v in part.items() if k != "name")
         return f"{part.get('name')}({options})" if options else part.get("name")

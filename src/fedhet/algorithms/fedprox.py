@@ -1,0 +1,39 @@
+"""FedProx (Li et al., 2020): local work on F_i(w) + (mu/2)||w - w_t||^2; a slow client's
+partial work (the whole local steps it finished by the deadline) is accepted."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fedhet.algorithms.base import register
+from fedhet.algorithms.fedavg import FedAvg, FedAvgOptions
+from fedhet.errors import ConfigError
+
+
+@dataclass
+class FedProxOptions(FedAvgOptions):
+    """Plus ``mu`` >= 0, the proximal weight (mu = 0 is FedAvg with partial work)."""
+
+    mu: float = 0.01
+
+    def validate(self) -> None:
+        super().validate()
+        if not self.mu >= 0:
+            raise ConfigError(f"algorithm.mu = {self.mu}: must be >= 0")
+
+
+@register
+class FedProx(FedAvg):
+    """Each client minimises F_i(w) + (mu/2)||w - w_t||^2 for the steps it manages by the
+    deadline (its gradient gets + mu (w - w_t)); the server takes the weighted average of the
+    delivered models, w_{t+1} = w_t + eta_s sum_u a_u Delta_u (a_u = 1/|S| or n_u/n)."""
+
+    name = "fedprox"
+    summary = "FedProx: proximal term mu, partial local work by the deadline accepted"
+    Options = FedProxOptions
+    uses_deadline = True
+    partial_work = "steps"
+
+    def gradient_correction(self, task, state, region, local, anchor):
+        """grad of (mu/2)||w - w_t||^2 over the covered region: mu (w - w_t)."""
+        return self.options.mu * (local[region] - anchor[region])

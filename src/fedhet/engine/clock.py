@@ -1,0 +1,34 @@
+"""The virtual clock (DESIGN idea 1): simulated time only, never the host's.
+
+A round lasts until its deadline, or until every asked client has reported if that comes
+first; without a deadline (wait-for-all) it lasts until the slowest client finishes. With a
+time budget, a round that would take the clock past it is not run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def round_duration(deadline: float | None, finish_times: np.ndarray) -> float:
+    """min(deadline, slowest finish time) of the asked, present clients (0 if none)."""
+    slowest = float(np.max(finish_times)) if len(finish_times) else 0.0
+    return slowest if deadline is None else min(deadline, slowest)
+
+
+@dataclass
+class VirtualClock:
+    """Simulated seconds since the run started, and the run's budget (0 = none)."""
+
+    now: float = 0.0
+    budget: float = 0.0
+
+    def fits(self, duration: float) -> bool:
+        """Whether a round of ``duration`` ends within the budget."""
+        return not self.budget or self.now + duration <= self.budget * (1 + 1e-12)
+
+    def advance(self, duration: float) -> float:
+        self.now += duration
+        return self.now

@@ -1,0 +1,65 @@
+"""What a run reports: one metrics row per round and the summary at the end."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedhet.messages import ClientUpdate
+
+
+def metrics_row(
+    round_number: int,
+    sim_time: float,
+    duration: float,
+    deadline: float | None,
+    lr: float,
+    updates: list[ClientUpdate],
+    depths: np.ndarray,
+) -> dict:
+    """A metrics.csv row (test columns filled by the evaluator when due). ``depths``: the
+    sampled depths of the asked, present clients."""
+    trained = [u.loss for u in updates if u.steps > 0]
+    return {
+        "round": round_number,
+        "sim_time": sim_time,
+        "round_time": duration,
+        "deadline": deadline,
+        "participants": sum(1 for u in updates if u.steps > 0),
+        "mean_depth": float(np.mean(depths)) if len(depths) else None,
+        "mean_steps": float(np.mean([u.steps for u in updates])) if updates else None,
+        "lr": lr,
+        "train_loss": float(np.mean(trained)) if trained else None,
+        "test_loss": None,
+        "test_accuracy": None,
+    }
+
+
+def run_summary(config, world, state, notes: list[str]) -> dict:
+    """summary.json: the run's identity, length, clock and accuracy."""
+    evaluated = [r for r in state.metrics if r.get("test_accuracy") is not None]
+    best = max(evaluated, key=lambda r: r["test_accuracy"], default=None)
+    final = evaluated[-1] if evaluated else None
+    return {
+        "name": config.run.name,
+        "algorithm": config.algorithm_name,
+        "algorithm_options": config.algorithm_options,
+        "dataset": config.data.dataset,
+        "model": config.model.name,
+        "system": config.system.model,
+        "straggler_ratio": config.system.straggler_ratio,
+        "num_clients": world.num_clients,
+        "num_layers": world.flat.num_layers,
+        "num_params": int(world.initial_params.numel()),
+        "seed": config.run.seed,
+        "rounds": state.round,
+        "sim_time": state.sim_time,
+        "wall_time": state.wall_time,
+        "final_test_accuracy": final["test_accuracy"] if final else None,
+        "final_test_loss": final["test_loss"] if final else None,
+        "best_test_accuracy": best["test_accuracy"] if best else None,
+        "best_round": int(best["round"]) if best else None,
+        "time_budget": config.run.time_budget or None,
+        "stopped_by": state.stopped_by or ("rounds" if state.round >= config.run.rounds else None),
+        "finished": state.round >= config.run.rounds or state.stopped_by == "time_budget",
+        "notes": notes,
+    }

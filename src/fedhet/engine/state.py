@@ -1,0 +1,81 @@
+"""A run's evolving state and its checkpoint: everything needed to resume after an
+interruption and end with exactly the metrics of an uninterrupted run.
+
+Random streams are derived from (seed, round, client) (:mod:`fedhet.seeding`), so nothing
+random needs saving.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from fedhet.client import ClientStates
+from fedhet.errors import FedhetError
+
+CHECKPOINT_VERSION = 2
+
+
+@dataclass
+class RunState:
+    """Where a run stands after ``round`` finished rounds."""
+
+    params: torch.Tensor
+    buffers: torch.Tensor
+    round: int = 0
+    sim_time: float = 0.0
+    wall_time: float = 0.0
+    algorithm: dict = field(default_factory=dict)
+    clients: ClientStates = field(default_factory=ClientStates)
+    metrics: list[dict] = field(default_factory=list)
+    stopped_by: str | None = None
+
+
+def comparable(config_dict: dict) -> dict:
+    """The parts of a config that must match for a checkpoint to be resumed."""
+    out = {k: dict(v) for k, v in config_dict.items()}
+    out["run"] = {k: v for k, v in out["run"].items() if k not in ("rounds", "eval_every", "threads")}
+    return out
+
+
+def to_checkpoint(state: RunState, config_dict: dict) -> dict:
+    return {
+        "version": CHECKPOINT_VERSION,
+        "config": config_dict,
+        "round": state.round,
+        "sim_time": state.sim_time,
+        "wall_time": state.wall_time,
+        "params": state.params,
+        "buffers": state.buffers,
+        "algorithm": state.algorithm,
+        "client_states": state.clients.state_dict(),
+        "metrics": state.metrics,
+        "stopped_by": state.stopped_by,
+    }
+
+
+def from_checkpoint(saved: dict, config_dict: dict, where: str) -> RunState:
+    """Rebuild a run's state; refuse a checkpoint of another configuration or format."""
+    if saved.get("version") != CHECKPOINT_VERSION:
+        raise FedhetError(
+            f"{where}: written by an older fedhet (format {saved.get('version', 1)}); start again"
+        )
+    if comparable(saved["config"]) != comparable(config_dict):
+        raise FedhetError(
+            f"{where}: written by a different configuration; "
+            "resume with the same config (only run.rounds/eval_every may change) or use --out"
+        )
+    clients = ClientStates()
+    clients.load_state_dict(saved["client_states"])
+    return RunState(
+        params=saved["params"],
+        buffers=saved["buffers"],
+        round=saved["round"],
+        sim_time=saved["sim_time"],
+        wall_time=saved["wall_time"],
+        algorithm=saved["algorithm"],
+        clients=clients,
+        metrics=saved["metrics"],
+        stopped_by=saved["stopped_by"],
+    )

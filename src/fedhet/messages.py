@@ -1,0 +1,181 @@
+"""What the server and a client say to each other: a :class:`ClientTask` out, a
+:class:`ClientUpdate` back.
+
+These two messages are the whole protocol between an algorithm's server side and its client
+side. A client computes from its task, the global parameters it was sent, its own data, its
+own state and its own random stream, and nothing else, so the same messages serve the
+embedded engine (one process) and an engine that runs each client in another process.
+
+Both convert to and from plain dicts of NumPy arrays, strings and numbers
+(:meth:`ClientTask.to_dict`, :meth:`ClientTask.from_dict`): what a Flower ``RecordDict``
+(``ArrayRecord`` + ``ConfigRecord``) can carry.
+
+Coverage says which parameter elements the client trains: the layers ``depth..L`` (SALF's
+partial back-propagation; depth 1 = every layer) and a width rate (1 = the whole width;
+sub-models of a smaller width are HeteroFL's and are not implemented yet).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+Payload = dict[str, Any]  # named tensors (float32) or scalars (int, float, str, bool)
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """Which parameter elements a client trains or delivered: layers ``depth..L`` at width
+    rate ``width``. ``depth = L + 1`` covers nothing."""
+
+    depth: int = 1
+    width: float = 1.0
+
+    def region(self, layout) -> slice:
+        """The flat slice of the covered parameters in ``layout`` (a ModelLayout)."""
+        return layout.param_slices.from_depth(self.depth)
+
+    def buffer_region(self, layout) -> slice:
+        """The flat slice of the covered float buffers (BatchNorm statistics)."""
+        return layout.buffer_slices.from_depth(self.depth)
+
+    def is_full(self) -> bool:
+        return self.depth == 1 and self.width == 1.0
+
+
+def _payload_to_dict(payload: Payload, prefix: str, arrays: dict, scalars: dict) -> None:
+    for key, value in payload.items():
+        if isinstance(value, torch.Tensor):
+            arrays[f"{prefix}{key}"] = value.detach().cpu().numpy()
+        elif isinstance(value, np.ndarray):
+            arrays[f"{prefix}{key}"] = value
+        elif isinstance(value, bool | int | float | str):
+            scalars[f"{prefix}{key}"] = value
+        else:
+            raise TypeError(f"payload {key!r}: {type(value).__name__} cannot travel in a message")
+
+
+def _payload_from_dict(data: dict, prefix: str) -> Payload:
+    out: Payload = {}
+    for key, value in data.items():
+        if key.startswith(prefix):
+            name = key[len(prefix) :]
+            out[name] = torch.from_numpy(np.array(value)) if isinstance(value, np.ndarray) else value
+    return out
+
+
+@dataclass
+class ClientTask:
+    """The server's instructions to one client for one round.
+
+    ``local_steps`` and ``coverage`` are the work to do (the plan's assignment, cut to what
+    the client's simulated outcome allows by the deadline); ``deadline`` is the round's
+    (``None`` = no deadline); ``model_round`` is the round the sent parameters come from;
+    ``kind`` is ``"train"`` or ``"probe"`` (gradient statistics, nothing trained);
+    ``payload`` carries algorithm data such as SCAFFOLD's server control variate c.
+    """
+
+    round: int
+    client: int
+    lr: float
+    batch_size: int
+    local_steps: int
+    coverage: Coverage = field(default_factory=Coverage)
+    deadline: float | None = None
+    model_round: int = 0
+    kind: str = "train"
+    payload: Payload = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        """A flat dict of NumPy arrays and scalars (``None`` deadline as NaN)."""
+        scalars = {
+            "round": self.round,
+            "client": self.client,
+            "lr": float(self.lr),
+            "batch_size": self.batch_size,
+            "local_steps": self.local_steps,
+            "coverage.depth": self.coverage.depth,
+            "coverage.width": float(self.coverage.width),
+            "deadline": float("nan") if self.deadline is None else float(self.deadline),
+            "model_round": self.model_round,
+            "kind": self.kind,
+        }
+        arrays: dict = {}
+        _payload_to_dict(self.payload, "payload.", arrays, scalars)
+        return {**scalars, **arrays}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ClientTask:
+        deadline = float(data["deadline"])
+        return cls(
+            round=int(data["round"]),
+            client=int(data["client"]),
+            lr=float(data["lr"]),
+            batch_size=int(data["batch_size"]),
+            local_steps=int(data["local_steps"]),
+            coverage=Coverage(int(data["coverage.depth"]), float(data["coverage.width"])),
+            deadline=None if np.isnan(deadline) else deadline,
+            model_round=int(data["model_round"]),
+            kind=str(data["kind"]),
+            payload=_payload_from_dict(data, "payload."),
+        )
+
+
+@dataclass
+class ClientUpdate:
+    """What one client sends back.
+
+    ``delta`` is Delta_u = w_u - w_t over the covered parameter elements only (the flat
+    region ``coverage.region(layout)``), ``delta_buffers`` likewise for float buffers;
+    ``steps`` local steps were done on ``num_samples`` examples with mean training loss
+    ``loss``; ``model_round`` is the round of the model the work started from; ``payload``
+    carries algorithm data (e.g. SCAFFOLD's change of c_i, a probe's gradient statistics).
+    """
+
+    client: int
+    coverage: Coverage
+    steps: int
+    num_samples: int
+    loss: float
+    delta: torch.Tensor
+    delta_buffers: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
+    model_round: int = 0
+    payload: Payload = field(default_factory=dict)
+
+    @property
+    def depth(self) -> int:
+        return self.coverage.depth
+
+    def to_dict(self) -> dict:
+        scalars = {
+            "client": self.client,
+            "coverage.depth": self.coverage.depth,
+            "coverage.width": float(self.coverage.width),
+            "steps": self.steps,
+            "num_samples": self.num_samples,
+            "loss": float(self.loss),
+            "model_round": self.model_round,
+        }
+        arrays = {
+            "delta": self.delta.detach().cpu().numpy(),
+            "delta_buffers": self.delta_buffers.detach().cpu().numpy(),
+        }
+        _payload_to_dict(self.payload, "payload.", arrays, scalars)
+        return {**scalars, **arrays}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ClientUpdate:
+        return cls(
+            client=int(data["client"]),
+            coverage=Coverage(int(data["coverage.depth"]), float(data["coverage.width"])),
+            steps=int(data["steps"]),
+            num_samples=int(data["num_samples"]),
+            loss=float(data["loss"]),
+            delta=torch.from_numpy(np.array(data["delta"])),
+            delta_buffers=torch.from_numpy(np.array(data["delta_buffers"])),
+            model_round=int(data["model_round"]),
+            payload=_payload_from_dict(data, "payload."),
+        )

@@ -1,0 +1,71 @@
+"""What ``fedhet plan`` shows: the expected depth at a deadline, a deadline calibrated for a
+depth share (ADEL-FL Sec. 4's way of setting T_max / R), and an algorithm's plan (ADEL-FL's
+deadlines and batch scale) computed without training."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from fedhet.config import Config
+from fedhet.system.outcomes import ExponentialLayers, deadline_for_depth_fraction, expected_depth_fraction
+
+
+def describe_plan(config: Config, depth_fraction: float | None = None, out: str | None = None) -> list[str]:
+    """Lines describing the run's deadlines and its algorithm's plan (written to ``out`` as
+    JSON when given). Clients answer the algorithm's probe tasks as in a run."""
+    from fedhet.engine.clients import InProcessClients
+    from fedhet.engine.state import RunState
+    from fedhet.world import build_world
+
+    world = build_world(config)
+    system, rounds = world.system, config.run.rounds
+    batch = np.full(world.num_clients, config.train.batch_size)
+    lines = [
+        f"{config.run.name}: {world.num_clients} clients, {world.flat.num_layers} layers, {rounds} rounds"
+    ]
+    if isinstance(system, ExponentialLayers):
+        if config.system.deadline > 0 or config.run.time_budget:
+            deadline = config.round_deadline
+            share = expected_depth_fraction(system, deadline, batch)
+            lines.append(
+                f"fixed deadline {deadline:.6g} at batch {config.train.batch_size}: "
+                f"expected depth {100 * share:.1f}% of the layers"
+            )
+        if depth_fraction is not None:
+            deadline = deadline_for_depth_fraction(system, batch, depth_fraction)
+            lines.append(
+                f"depth {100 * depth_fraction:g}% at batch {config.train.batch_size}: "
+                f"deadline {deadline:.6g}, run.time_budget = {deadline * rounds:.6g} for {rounds} rounds"
+            )
+    setting = world.setting()
+    probes = world.algorithm.probe_tasks(setting)
+    if probes:
+        clients = InProcessClients(world.worker, world.client_data, config.run.seed, rule=world.algorithm)
+        state = RunState(world.initial_params, world.initial_buffers)
+        setting.probes = clients.run(probes, state.params, state.buffers, state.clients)
+    algorithm_state = world.algorithm.init_state(setting)
+    lines += [f"warning: {note}" for note in world.algorithm.warnings(algorithm_state)]
+    plan = world.algorithm.reports(algorithm_state).get("plan")
+    if plan:
+        deadlines = plan["deadlines"]
+        lines.append(f"{config.algorithm_name} plan: {plan['status']} after {plan['iterations']} iterations")
+        lines.append(
+            f"  objective {plan['objective']:.6g} (equal deadlines {plan['equal_deadlines_objective']:.6g}); "
+            f"batch scale m = {plan['batch_scale']:.4g}; batch sizes {min(plan['batch_sizes'])}.."
+            f"{max(plan['batch_sizes'])}"
+        )
+        lines.append(
+            f"  deadlines: first {deadlines[0]:.4g}, middle {deadlines[len(deadlines) // 2]:.4g}, "
+            f"last {deadlines[-1]:.4g}; total {plan['total_time']:.6g} of {plan['time_budget']:.6g}"
+        )
+        if out:
+            Path(out).write_text(json.dumps(plan, indent=2) + "\n")
+            lines.append(f"  written to {out}")
+    elif not isinstance(system, ExponentialLayers):
+        lines.append(
+            f"{config.algorithm_name}: no planner; system {system.name} has no time law to calibrate"
+        )
+    return lines
