@@ -9,8 +9,10 @@ layer l" means d <= l.
 A model prices a round's whole :class:`Workload`: the deadline (``None`` = wait for
 everyone: each client does all its work and the round lasts until the slowest finishes) and,
 per client, the batch size, the number of local steps K and the planned coverage (first layer
-d0 of its back-propagation, 1 = every layer). Local steps cost time: K steps cost K times
-one. A client that runs out of time can deliver its work in two ways, and every model says
+d0 of its back-propagation, 1 = every layer). Models with a time law (exponential,
+per-step) charge K steps K times one step. Depth-only models (full, uniform-depth,
+straggler-ratio) have none: their depth law (SALF AS4, Sec. IV) is the outcome of whatever
+work is asked, and the clock is implied from it (:func:`implied_full_time`). A client that runs out of time can deliver its work in two ways, and every model says
 how far it got in both:
 
 - ``depth``: all K steps over the layers it reached, d..L (SALF's partial back-propagation);
