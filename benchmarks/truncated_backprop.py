@@ -13,7 +13,8 @@ import time
 import numpy as np
 import torch
 
-from fedhet.client import LocalTrainer
+from fedhet.client import ClientData, LocalWorker
+from fedhet.messages import ClientTask, Coverage
 from fedhet.models import FlatModel, build_model
 
 
@@ -31,15 +32,18 @@ def main() -> None:
     for name in args.models.split(","):
         torch.manual_seed(0)
         flat = FlatModel(build_model(name, (1, 28, 28), 10))
-        trainer = LocalTrainer(flat, x, y, [np.arange(n)])
+        worker = LocalWorker(flat)
+        data = ClientData(x, y, np.arange(n))
         params, buffers = flat.params.clone(), flat.buffers.clone()
         repeats = args.repeats if name != "vgg11" else max(5, args.repeats // 20)
         L = flat.num_layers
         for depth in range(1, L + 1):
             rng = np.random.default_rng(0)
-            trainer.train(params, buffers, 0, depth, 2, args.batch, 0.01, rng)  # warm-up
+            warm_up = ClientTask(0, 0, 0.01, args.batch, 2, Coverage(depth))
+            timed = ClientTask(0, 0, 0.01, args.batch, repeats, Coverage(depth))
+            worker.train(warm_up, params, buffers, data, {}, rng)
             start = time.perf_counter()
-            trainer.train(params, buffers, 0, depth, repeats, args.batch, 0.01, rng)
+            worker.train(timed, params, buffers, data, {}, rng)
             ms = 1000 * (time.perf_counter() - start) / repeats
             print(f"{name:<14}{depth:>6}{L + 1 - depth:>16}{ms:>10.3f}")
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fedhet.studies.beta_map import beta_map, collect, markdown_table
 from fedhet.errors import FedhetError
+from fedhet.studies.beta_map import beta_map, collect, markdown_table
 from fedhet.studies.plots import plot_beta_map, plot_stale_slices
 
 

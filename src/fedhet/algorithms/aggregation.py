@@ -1,6 +1,6 @@
 """Layer-wise sums of partial client updates over flat parameter vectors.
 
-A client with depth d sends the flat region of layers d..L. Summing every update into a
+A client whose coverage starts at depth d sends the flat region of layers d..L. Summing every update into a
 full-size vector and counting, per layer, the clients that reached it costs O(U * P) and
 gives what every layer-wise rule needs: sum over U_l of Delta_u^l and |U_l|.
 """
@@ -31,6 +31,8 @@ def layerwise_sum(
     counts = torch.zeros(num_layers)
     lengths = torch.tensor([end - start for start, end in slices.bounds])
     for update in updates:
+        if update.coverage.width != 1.0:
+            raise ValueError("layer-wise aggregation takes full-width updates only")
         if update.depth > num_layers:
             continue
         delta = update.delta if which == "params" else update.delta_buffers

@@ -32,7 +32,7 @@ class DropStragglers(Algorithm):
 
     def aggregate(self, params, buffers, updates, state, context, layout):
         """SALF eq. (4)."""
-        finishers = [u for u in updates if u.depth == 1]
+        finishers = [u for u in updates if u.coverage.is_full()]
         if not finishers:
             return params, buffers
         divisor = len(finishers) if self.options.normalize == "finishers" else context.num_clients

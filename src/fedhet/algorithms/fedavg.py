@@ -39,7 +39,7 @@ class FedAvg(Algorithm):
 
     def aggregate(self, params, buffers, updates, state, context, layout):
         """w_{t+1} = w_t + eta_s sum_u a_u Delta_u with a_u = 1/U or n_u/n (eq. (3))."""
-        full = [u for u in updates if u.depth == 1]
+        full = [u for u in updates if u.coverage.is_full()]
         if not full:
             return params, buffers
         if self.options.weights == "samples":

@@ -59,7 +59,7 @@ class FedDyn(Algorithm):
 
     def aggregate(self, params, buffers, updates, state, context, layout):
         """h <- h - alpha (1/N) sum_S Delta_i; theta = theta_t + mean_S Delta_i - h / alpha."""
-        full = [u for u in updates if u.depth == 1 and u.steps > 0]
+        full = [u for u in updates if u.coverage.is_full() and u.steps > 0]
         if not full:
             return params, buffers
         alpha = self.options.alpha

@@ -38,7 +38,7 @@ class FedNova(FedAvg):
 
     def aggregate(self, params, buffers, updates, state, context, layout):
         """tau_eff sum_i p_i Delta_i / a_i (FedNova's normalised update)."""
-        full = [u for u in updates if u.depth == 1 and u.steps > 0]
+        full = [u for u in updates if u.coverage.is_full() and u.steps > 0]
         if not full:
             return params, buffers
         weights = client_weights(full, self.options.weights)

@@ -65,7 +65,7 @@ class Scaffold(Algorithm):
 
     def aggregate(self, params, buffers, updates, state, context, layout):
         """w += eta_g mean_S Delta_i; c += (1/N) sum_S Delta c_i."""
-        full = [u for u in updates if u.depth == 1 and u.steps > 0]
+        full = [u for u in updates if u.coverage.is_full() and u.steps > 0]
         if not full:
             return params, buffers
         new_params = params.clone()

@@ -119,7 +119,7 @@ class MemoryAlgorithm(Algorithm):
     def aggregate(self, params, buffers, updates, state, context, layout):
         """w_{t+1} = w_t + eta_s D, then h_i <- Delta_i for the participants (FedStale
         Algorithm 2); buffers are averaged over the participants."""
-        full = [u for u in updates if u.depth == 1]
+        full = [u for u in updates if u.coverage.is_full()]
         inverse = self.inverse_probabilities(state, context, full)
         memory = state["memory"]
         if self.refresh_before_direction:

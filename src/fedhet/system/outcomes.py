@@ -12,8 +12,10 @@ per client, the batch size, the number of local steps K and the planned coverage
 d0 of its back-propagation, 1 = every layer). Models with a time law (exponential,
 per-step) charge K steps K times one step. Depth-only models (full, uniform-depth,
 straggler-ratio) have none: their depth law (SALF AS4, Sec. IV) is the outcome of whatever
-work is asked, and the clock is implied from it (:func:`implied_full_time`). A client that runs out of time can deliver its work in two ways, and every model says
-how far it got in both:
+work is asked, and the clock is implied from it (:func:`implied_full_time`).
+
+A client that runs out of time can deliver its work in two ways, and every model says how
+far it got in both:
 
 - ``depth``: all K steps over the layers it reached, d..L (SALF's partial back-propagation);
 - ``steps_done``: the number of whole steps over its planned layers d0..L (FedProx, FedNova).
