@@ -3,10 +3,13 @@
 
 A client computes from its task, the global parameters it was sent, its own data
 (:class:`ClientData`), its own state (a dict of tensors from :class:`ClientStates`) and its
-own random stream, and nothing else. The algorithm's client-side rule enters through two
-hooks (:class:`ClientRule`): a correction added to every step's gradient (FedProx's
-proximal term, SCAFFOLD's control variates, FedDyn's linear term) and a step after the local
-work that updates the client's state and fills the update's payload.
+own random stream, and nothing else. The algorithm's client-side rule enters through hooks
+(:class:`ClientRule`): a correction added to every step's gradient (FedProx's proximal
+term, SCAFFOLD's control variates, FedDyn's linear term), a step after the local work that
+updates the client's state and fills the update's payload, and, for rules that set
+``tracks_gradient_differences``, each step's gradient beside the gradient at the received
+model on the same batch (AMSFL's gradient difference approximation; it costs one more
+backward pass per step on the host, not on the simulated clock).
 
 One working model (a :class:`~fedhet.models.FlatModel`) serves every client: it is reloaded
 from the global vectors in place before each client's work (DESIGN idea 5). A client with
@@ -83,6 +86,15 @@ class ClientRule(Protocol):
         anchor: torch.Tensor,
     ) -> None: ...
 
+    def observe_gradients(
+        self,
+        task: ClientTask,
+        state: ClientState,
+        local_grad: torch.Tensor,
+        anchor_grad: torch.Tensor,
+        distance: float,
+    ) -> None: ...
+
 
 @dataclass
 class SGDSettings:
@@ -153,6 +165,7 @@ class LocalWorker:
         reached = flat.parameters_from_depth(depth)
         region = flat.params[pslice]
         buf = state.get("momentum") if (self.sgd.momentum and self.sgd.keep_momentum) else None
+        track = rule is not None and getattr(rule, "tracks_gradient_differences", False)
         losses = []
         for _ in range(steps):
             x, y = data.batch(rng, task.batch_size)
@@ -161,6 +174,12 @@ class LocalWorker:
             losses.append(float(loss.detach()))
             with torch.no_grad():
                 grad = torch.cat([g.reshape(-1) for g in grads])
+            if track:
+                anchor_grad = self._gradient_at(params[pslice], buffers, x, y, depth, reached, pslice)
+                with torch.no_grad():
+                    distance = float((region - params[pslice]).norm())
+                rule.observe_gradients(task, state, grad, anchor_grad, distance)
+            with torch.no_grad():
                 if rule is not None:
                     correction = rule.gradient_correction(task, state, pslice, flat.params, params)
                     if correction is not None:
@@ -191,6 +210,30 @@ class LocalWorker:
             if rule is not None:
                 rule.finish_local_work(task, update, state, pslice, flat.params, params)
         return update
+
+    def _gradient_at(
+        self,
+        point: torch.Tensor,
+        buffers: torch.Tensor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        depth: int,
+        reached: list,
+        pslice: slice,
+    ) -> torch.Tensor:
+        """The gradient over the covered layers at ``point`` (their values) on the batch
+        (x, y), leaving the working model's parameters and buffers as they were."""
+        flat = self.flat
+        with torch.no_grad():
+            saved_params = flat.params[pslice].clone()
+            saved_buffers = flat.buffers.clone()
+            flat.params[pslice].copy_(point)
+        loss = F.cross_entropy(flat.model(x, depth), y)
+        grads = torch.autograd.grad(loss, reached)
+        with torch.no_grad():
+            flat.params[pslice].copy_(saved_params)
+            flat.buffers.copy_(saved_buffers)
+            return torch.cat([g.reshape(-1) for g in grads])
 
     def probe(
         self,

@@ -2,6 +2,7 @@
 
 from fedhet.algorithms import (  # noqa: F401  (registration)
     adelfl,
+    amsfl,
     drop,
     fedavg,
     feddyn,

@@ -23,6 +23,9 @@ Client side (run by the client over its own state, see :mod:`fedhet.client`):
   step's gradient over the covered ``region`` (FedProx, SCAFFOLD, FedDyn); ``None`` = plain SGD.
 - ``finish_local_work(task, update, state, region, local, anchor)``: update the client's
   state and the update's payload after the local steps.
+- ``observe_gradients(task, state, local_grad, anchor_grad, distance)``: with
+  ``tracks_gradient_differences``, each step's gradient beside the gradient at the received
+  model on the same batch (AMSFL's GDA).
 
 Algorithms depend only on the messages, the model layout and the system model's marginals:
 they never import an engine, the local trainer or the data.
@@ -123,6 +126,7 @@ class Algorithm:
     Options: ClassVar[type] = NoOptions
     uses_deadline: ClassVar[bool] = True
     partial_work: ClassVar[str] = "none"
+    tracks_gradient_differences: ClassVar[bool] = False
 
     def __init__(self, options: Any, train: Any):
         self.options = options
@@ -214,6 +218,18 @@ class Algorithm:
         anchor: torch.Tensor,
     ) -> None:
         """After the local steps: update the client's own ``state`` and ``update.payload``."""
+
+    def observe_gradients(
+        self,
+        task: ClientTask,
+        state: dict,
+        local_grad: torch.Tensor,
+        anchor_grad: torch.Tensor,
+        distance: float,
+    ) -> None:
+        """With ``tracks_gradient_differences``: each local step's gradient at the client's
+        current parameters and at the received ones on the same batch, and the distance
+        ||w_t - w^(k)|| between them (AMSFL Sec. 3.2)."""
 
     # -- server: aggregation -------------------------------------------------------------
     def aggregate(
