@@ -69,7 +69,10 @@ def _summary_table(summaries: list[dict], title: str) -> None:
     from rich.table import Table
 
     table = Table(title=title)
-    for col in ("run", "algorithm", "rounds", "sim_time", "final acc", "best acc", "wall s"):
+    targets = sorted({t for s in summaries for t in (s.get("targets") or {})}, key=float)
+    columns = ["run", "algorithm", "rounds", "sim_time", "final acc", "best acc"]
+    columns += [f"time to {t}" for t in targets] + ["wall s"]
+    for col in columns:
         table.add_column(col, justify="left" if col in ("run", "algorithm") else "right")
 
     def fmt(v, spec):
@@ -83,9 +86,15 @@ def _summary_table(summaries: list[dict], title: str) -> None:
             fmt(s["sim_time"], ".4g"),
             fmt(s["final_test_accuracy"], ".4f"),
             fmt(s["best_test_accuracy"], ".4f"),
+            *[_reached((s.get("targets") or {}).get(t)) for t in targets],
             fmt(s["wall_time"], ".1f"),
         )
     Console().print(table)
+
+
+def _reached(hit: dict | None) -> str:
+    """``sim_time (round)`` of a target's first hit, ``-`` if never reached."""
+    return "-" if not hit else f"{hit['sim_time']:.4g} (r{hit['round']})"
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -28,6 +28,9 @@ class RunConfig:
     time_budget: float = 0.0  # simulated seconds; 0 = no budget (stop after `rounds`)
     eval_every: int = 1
     threads: int = 0  # torch intra-op threads; 0 leaves torch's default
+    client_eval: bool = False  # also evaluate on each client's held-out part of its data
+    client_eval_fraction: float = 0.2  # share of each client's data held out for it
+    targets: list = field(default_factory=list)  # accuracies whose first round and time are recorded
 
     def validate(self) -> None:
         _at_least("run.rounds", self.rounds, 1)
@@ -37,6 +40,12 @@ class RunConfig:
             raise ConfigError(f"run.time_budget = {self.time_budget}: must be >= 0 (0 = none)")
         if not self.name or "/" in self.name or self.name.startswith("."):
             raise ConfigError(f"run.name = {self.name!r}: must be a plain folder name")
+        _in_range(
+            "run.client_eval_fraction", self.client_eval_fraction, 0.0, 1.0, low_open=True, high_open=True
+        )
+        for target in self.targets:
+            if isinstance(target, bool) or not isinstance(target, int | float) or not 0 < target <= 1:
+                raise ConfigError(f"run.targets: {target!r} is not an accuracy in (0, 1]")
 
 
 @dataclass
@@ -51,6 +60,7 @@ class DataConfig:
     swap_fraction: float = 0.0  # label-swap: fraction of each label of a pair relabelled
     swap_pairs: list = field(default_factory=lambda: [[0, 1], [8, 9]])
     swap_clients: str = "all"  # "all" or "second-half"
+    label_mode: str = "binary"  # nsl-kdd: "binary" or "5-class"
 
     def validate(self) -> None:
         from fedhet.data import DATASETS, PARTITIONERS
@@ -58,6 +68,7 @@ class DataConfig:
         _one_of("data.dataset", self.dataset, DATASETS)
         _one_of("data.partition", self.partition, PARTITIONERS)
         _one_of("data.swap_clients", self.swap_clients, ("all", "second-half"))
+        _one_of("data.label_mode", self.label_mode, ("binary", "5-class"))
         _at_least("data.num_clients", self.num_clients, 1)
         _at_least("data.shards_per_client", self.shards_per_client, 1)
         _in_range("data.fraction", self.fraction, 0.0, 1.0, low_open=True)

@@ -80,6 +80,21 @@ class RunDirectory:
         with self.metrics_path.open("a", newline="") as fh:
             csv.writer(fh).writerow([_cell(row.get(c)) for c in METRIC_COLUMNS])
 
+    @property
+    def client_metrics_path(self) -> Path:
+        return self.path / "client_metrics.csv"
+
+    def write_client_metrics(self, rows: list[dict]) -> None:
+        """Rewrite client_metrics.csv (round, client, examples, loss, accuracy)."""
+        tmp = self.path / ".client_metrics.csv.tmp"
+        columns = ("round", "client", "examples", "loss", "accuracy")
+        with tmp.open("w", newline="") as fh:
+            writer = csv.writer(fh)
+            writer.writerow(columns)
+            for row in rows:
+                writer.writerow([_cell(row.get(c)) for c in columns])
+        os.replace(tmp, self.client_metrics_path)
+
     def read_metrics(self) -> list[dict]:
         """metrics.csv as a list of dicts (numbers parsed, blanks as None)."""
         with self.metrics_path.open() as fh:

@@ -38,6 +38,7 @@ class World:
     dataset: Dataset
     train_labels: torch.Tensor
     client_indices: list[np.ndarray]
+    client_holdout: list[np.ndarray]  # each client's held-out examples (empty unless run.client_eval)
     flat: FlatModel
     initial_params: torch.Tensor
     initial_buffers: torch.Tensor
@@ -82,6 +83,24 @@ def build_partition(config: Config, dataset: Dataset) -> tuple[list[np.ndarray],
         )
         labels = swap_labels(labels, parts, d.swap_fraction, d.swap_pairs, list(clients), rng)
     return parts, torch.from_numpy(np.ascontiguousarray(labels))
+
+
+def hold_out(
+    parts: list[np.ndarray], fraction: float, seed: int
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Split each client's indices into the part it trains on and a held-out part of
+    ``round(fraction x n)`` examples (at least one left to train on) for per-client
+    evaluation; nothing is held out when ``fraction`` is 0."""
+    if not fraction:
+        return parts, [np.zeros(0, dtype=np.int64) for _ in parts]
+    rng = seeding.stream(seed, "client-eval")
+    train, held = [], []
+    for indices in parts:
+        shuffled = rng.permutation(indices)
+        k = min(int(round(fraction * len(indices))), max(len(indices) - 1, 0))
+        held.append(np.sort(shuffled[:k]))
+        train.append(np.sort(shuffled[k:]))
+    return train, held
 
 
 def build_system(config: Config, num_clients: int, num_layers: int) -> SystemModel:
@@ -142,9 +161,12 @@ def build_world(config: Config) -> World:
     """Load data, split it, build the model, system model, algorithm and the local worker."""
     if config.run.threads:
         torch.set_num_threads(config.run.threads)
-    dataset = load_dataset(config.data.dataset, config.data.data_dir or None)
+    dataset = load_dataset(config.data.dataset, config.data.data_dir or None, config.data.label_mode)
     dataset = subsample(dataset, config.data.fraction, seeding.stream(config.run.seed, "data-fraction"))
     parts, train_labels = build_partition(config, dataset)
+    parts, holdout = hold_out(
+        parts, config.run.client_eval_fraction if config.run.client_eval else 0.0, config.run.seed
+    )
     torch.manual_seed(seeding.torch_seed(config.run.seed, "init"))
     model = build_model(config.model.name, dataset.input_shape, dataset.num_classes, config.model.hidden)
     flat = FlatModel(model)
@@ -157,6 +179,7 @@ def build_world(config: Config) -> World:
         dataset=dataset,
         train_labels=train_labels,
         client_indices=parts,
+        client_holdout=holdout,
         flat=flat,
         initial_params=flat.params.detach().clone(),
         initial_buffers=flat.buffers.detach().clone(),

@@ -233,6 +233,7 @@ DATASETS: dict[str, Callable[..., Dataset]] = {
     "fmnist": load_fmnist,
     "mnist": load_mnist,
     "cifar10": load_cifar10,
+    "nsl-kdd": None,  # fedhet.data.nslkdd.load_nslkdd (takes a label mode)
 }
 
 
@@ -253,10 +254,12 @@ def subsample(dataset: Dataset, fraction: float, rng: np.random.Generator) -> Da
     )
 
 
-def load_dataset(name: str, data_dir: str | None = None) -> Dataset:
-    """Load dataset ``name`` (one of :data:`DATASETS`)."""
-    try:
-        loader = DATASETS[name]
-    except KeyError:
-        raise DataError(f"unknown dataset {name!r} (known: {', '.join(DATASETS)})") from None
-    return loader(data_dir)
+def load_dataset(name: str, data_dir: str | None = None, label_mode: str = "binary") -> Dataset:
+    """Load dataset ``name`` (one of :data:`DATASETS`); ``label_mode`` is NSL-KDD's."""
+    if name not in DATASETS:
+        raise DataError(f"unknown dataset {name!r} (known: {', '.join(DATASETS)})")
+    if name == "nsl-kdd":
+        from fedhet.data.nslkdd import load_nslkdd
+
+        return load_nslkdd(data_dir, label_mode)
+    return DATASETS[name](data_dir)

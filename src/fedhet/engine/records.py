@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedhet.engine.evaluation import target_times
 from fedhet.messages import ClientUpdate
 
 
@@ -61,5 +62,16 @@ def run_summary(config, world, state, notes: list[str]) -> dict:
         "time_budget": config.run.time_budget or None,
         "stopped_by": state.stopped_by or ("rounds" if state.round >= config.run.rounds else None),
         "finished": state.round >= config.run.rounds or state.stopped_by == "time_budget",
+        "mean_round_time": state.sim_time / state.round if state.round else None,
+        "targets": target_times(state.metrics, config.run.targets),
+        "final_client_accuracy": _final_client_accuracy(state.client_metrics),
         "notes": notes,
     }
+
+
+def _final_client_accuracy(rows: list[dict]) -> dict[str, float] | None:
+    """Each client's accuracy at the last evaluation (``None`` without run.client_eval)."""
+    if not rows:
+        return None
+    last = max(r["round"] for r in rows)
+    return {str(r["client"]): r["accuracy"] for r in rows if r["round"] == last}

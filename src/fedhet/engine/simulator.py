@@ -99,7 +99,7 @@ class Simulator:
                 break
             row = self._round(world, clients, clock, evaluator, state, t)
             if row is None:  # the next round would exceed the time budget
-                self._stop_on_budget(evaluator, state)
+                self._stop_on_budget(world, evaluator, state)
                 break
             state.metrics.append(row)
             state.round = t + 1
@@ -128,12 +128,12 @@ class Simulator:
         for name, document in world.algorithm.reports(state.algorithm).items():
             self.run_dir.write_json(f"{name}.json", document)
 
-    def _stop_on_budget(self, evaluator: Evaluator, state: RunState) -> None:
+    def _stop_on_budget(self, world: World, evaluator: Evaluator, state: RunState) -> None:
         """End the run at the time budget; make sure the last finished round is evaluated."""
         state.stopped_by = "time_budget"
         last = state.metrics[-1] if state.metrics else None
         if last is not None and last.get("test_accuracy") is None:
-            last["test_loss"], last["test_accuracy"] = evaluator(state.params, state.buffers)
+            self._evaluate(world, evaluator, state, last)
             self.run_dir.write_metrics(state.metrics)
         self.run_dir.save_checkpoint(to_checkpoint(state, self.config.to_dict()))
 
@@ -171,8 +171,18 @@ class Simulator:
             t + 1, state.sim_time, duration, plan.deadline, plan.lr, updates, outcomes.depth[asked]
         )
         if evaluator.due(t + 1):
-            row["test_loss"], row["test_accuracy"] = evaluator(state.params, state.buffers)
+            self._evaluate(world, evaluator, state, row)
         return row
+
+    def _evaluate(self, world: World, evaluator: Evaluator, state: RunState, row: dict) -> None:
+        """Test loss and accuracy into ``row``; with ``run.client_eval`` also every client's."""
+        row["test_loss"], row["test_accuracy"] = evaluator(state.params, state.buffers)
+        if self.config.run.client_eval:
+            for entry in evaluator.clients(
+                state.params, state.buffers, world.dataset.x_train, world.train_labels, world.client_holdout
+            ):
+                state.client_metrics.append({"round": row["round"], **entry})
+            self.run_dir.write_client_metrics(state.client_metrics)
 
 
 def run(

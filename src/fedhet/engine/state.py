@@ -29,6 +29,7 @@ class RunState:
     algorithm: dict = field(default_factory=dict)
     clients: ClientStates = field(default_factory=ClientStates)
     metrics: list[dict] = field(default_factory=list)
+    client_metrics: list[dict] = field(default_factory=list)
     stopped_by: str | None = None
 
 
@@ -51,6 +52,7 @@ def to_checkpoint(state: RunState, config_dict: dict) -> dict:
         "algorithm": state.algorithm,
         "client_states": state.clients.state_dict(),
         "metrics": state.metrics,
+        "client_metrics": state.client_metrics,
         "stopped_by": state.stopped_by,
     }
 
@@ -77,5 +79,6 @@ def from_checkpoint(saved: dict, config_dict: dict, where: str) -> RunState:
         algorithm=saved["algorithm"],
         clients=clients,
         metrics=saved["metrics"],
+        client_metrics=saved["client_metrics"],
         stopped_by=saved["stopped_by"],
     )
