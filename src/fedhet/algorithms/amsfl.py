@@ -141,9 +141,8 @@ class AMSFLOptions(FedAvgOptions):
     """``round_budget`` S (simulated seconds, the sum over clients of c_i t_i + b_i);
     ``mu`` (strong convexity in alpha); ``allocation`` = marginal | paper; ``costs`` = known
     (c_i, b_i from the per-step system model, without its jitter) | estimated (fitted
-    online from observed finish times); ``max_steps``; ``init_smoothness`` and
-    ``init_grad`` (L and G = G_k before the first GDA reports). ``weights`` defaults to
-    ``samples`` (w_i = n_i / n)."""
+    online from observed finish times); ``max_steps``. ``weights`` defaults to ``samples``
+    (w_i = n_i / n)."""
 
     weights: str = "samples"
     round_budget: float = 0.0
@@ -151,8 +150,6 @@ class AMSFLOptions(FedAvgOptions):
     allocation: str = "marginal"
     costs: str = "known"
     max_steps: int = 50
-    init_smoothness: float = 1.0
-    init_grad: float = 1.0
 
     def validate(self) -> None:
         super().validate()
@@ -171,9 +168,6 @@ class AMSFLOptions(FedAvgOptions):
             raise ConfigError(f"algorithm.costs = {self.costs!r}: must be one of {', '.join(COSTS)}")
         if self.max_steps < 1:
             raise ConfigError(f"algorithm.max_steps = {self.max_steps}: must be >= 1")
-        for key in ("init_smoothness", "init_grad"):
-            if not getattr(self, key) > 0:
-                raise ConfigError(f"algorithm.{key} = {getattr(self, key)}: must be > 0")
 
 
 @register
@@ -201,7 +195,7 @@ class AMSFL(FedAvg):
             )
         return {
             "weights": weights,
-            "estimates": GDAEstimates(o.init_smoothness, o.init_grad, o.init_grad).__dict__,
+            "estimates": None,
             "cost_sums": np.zeros((setting.num_clients, 5)),
             "history": [],
         }
@@ -214,23 +208,30 @@ class AMSFL(FedAvg):
         return estimator.costs()
 
     def plan(self, round_index: int, state: dict, system, deadline) -> RoundPlan:
-        """AMSFL Algorithm 1 with alpha, beta from the last round's GDA estimates."""
+        """AMSFL Algorithm 1 with alpha, beta from the last GDA estimates. Until the first
+        estimates arrive every client runs ``train.local_steps`` (fewer, equally, if that
+        does not fit the budget)."""
         o, lr = self.options, self.lr_at(round_index)
         batch = np.full(system.num_clients, self.train.batch_size)
         step_cost, comm_cost = self._costs(state, system, batch)
         est = state["estimates"]
-        alpha = 2.0 * lr * np.sqrt(o.mu) * est["round_grad"]  # AMSFL Sec. 3.4
-        beta = lr**2 * est["smoothness"] ** 2 * est["grad_bound"] ** 2 / 2.0
-        steps = greedy_steps(
-            state["weights"], step_cost, comm_cost, o.round_budget, alpha, beta, o.allocation, o.max_steps
-        )
+        if est is None:
+            alpha = beta = float("nan")
+            affordable = int((o.round_budget - comm_cost.sum()) / max(step_cost.sum(), 1e-300) + 1e-9)
+            steps = np.full(system.num_clients, max(1, min(self.train.local_steps, affordable, o.max_steps)))
+        else:
+            alpha = 2.0 * lr * np.sqrt(o.mu) * est["round_grad"]  # AMSFL Sec. 3.4
+            beta = lr**2 * est["smoothness"] ** 2 * est["grad_bound"] ** 2 / 2.0
+            steps = greedy_steps(
+                state["weights"], step_cost, comm_cost, o.round_budget, alpha, beta, o.allocation, o.max_steps
+            )
         state["history"].append(
             {
                 "round": round_index + 1,
                 "steps": steps.tolist(),
                 "alpha": float(alpha),
                 "beta": float(beta),
-                **{k: float(v) for k, v in est.items()},
+                **{k: float(v) for k, v in (est or {}).items()},
                 "step_cost": [float(v) for v in step_cost],
                 "comm_cost": [float(v) for v in comm_cost],
                 "budget_used": float(np.sum(step_cost * steps + comm_cost)),
@@ -295,17 +296,12 @@ class AMSFL(FedAvg):
                 estimator.observe(u.client, u.steps, float(context.outcomes.finish_time[u.client]))
         history = state["history"][-1]
         history["drift_norm"] = [float(u.payload.get("drift_norm", 0.0)) for u in reports]
+        est = state["estimates"] or {"smoothness": float("nan"), "grad_bound": float("nan")}
         history["drift_bound"] = [
-            float(
-                state["estimates"]["smoothness"]
-                * state["estimates"]["grad_bound"]
-                * u.steps
-                * (u.steps - 1)
-                / 2
-            )
-            for u in reports
+            float(est["smoothness"] * est["grad_bound"] * u.steps * (u.steps - 1) / 2) for u in reports
         ]
         return new_params, new_buffers
 
     def reports(self, state: dict) -> dict[str, dict]:
-        return {"amsfl": {"estimates": state["estimates"], "rounds": state["history"]}}
+        run_rounds = [h for h in state["history"] if "drift_norm" in h]  # not a plan cut by the budget
+        return {"amsfl": {"estimates": state["estimates"], "rounds": run_rounds}}
