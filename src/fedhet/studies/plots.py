@@ -178,3 +178,27 @@ def _write(plt, fig, path: str | Path) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def plot_distributions(
+    groups: dict[str, list[float]], path: str | Path, kind: str = "box", title: str = ""
+) -> Path:
+    """Box (``kind="box"``) or violin plot of values per group, e.g. final accuracy over
+    seeds per method (AMSFL Fig. 1)."""
+    plt = _pyplot()
+    labels = list(groups)
+    fig, ax = plt.subplots(figsize=(1.2 * len(labels) + 2, 4))
+    data = [groups[k] for k in labels]
+    if kind == "violin":
+        ax.violinplot(data, showmedians=True)
+        ax.set_xticks(range(1, len(labels) + 1))
+        ax.set_xticklabels(labels, rotation=20)
+    else:
+        ax.boxplot(data, tick_labels=labels)
+        ax.tick_params(axis="x", labelrotation=20)
+    ax.set_ylabel("final test accuracy")
+    ax.grid(alpha=0.3, axis="y")
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    return _write(plt, fig, path)
