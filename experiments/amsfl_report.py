@@ -29,8 +29,11 @@ def interval(values: list[float]) -> float:
 
 
 def label(cell: str) -> str:
-    name = cell.split("-")[0]
-    return f"{name} ({'paper' if 'paper' in cell else 'marginal'})" if name == "amsfl" else name
+    """``amsfl-<S>-<mu>[-paper]`` -> ``amsfl marginal (mu 1.0)``; baselines keep their name."""
+    parts = cell.split("-")
+    if parts[0] != "amsfl":
+        return parts[0]
+    return f"amsfl {'paper' if 'paper' in parts else 'marginal'} (mu {parts[2]})"
 
 
 def main() -> None:
