@@ -66,15 +66,19 @@ class RunDirectory:
     def write_config(self, toml_text: str) -> None:
         self._atomic_write("config.toml", toml_text)
 
-    def write_metrics(self, rows: list[dict]) -> None:
-        """Rewrite metrics.csv from ``rows`` (used at start and on resume)."""
-        tmp = self.path / ".metrics.csv.tmp"
+    def _write_table(self, path: Path, columns: tuple[str, ...], rows: list[dict]) -> None:
+        """Write a CSV table atomically (a temporary file, then a rename)."""
+        tmp = path.with_name(f".{path.name}.tmp")
         with tmp.open("w", newline="") as fh:
             writer = csv.writer(fh)
-            writer.writerow(METRIC_COLUMNS)
+            writer.writerow(columns)
             for row in rows:
-                writer.writerow([_cell(row.get(c)) for c in METRIC_COLUMNS])
-        os.replace(tmp, self.metrics_path)
+                writer.writerow([_cell(row.get(c)) for c in columns])
+        os.replace(tmp, path)
+
+    def write_metrics(self, rows: list[dict]) -> None:
+        """Rewrite metrics.csv from ``rows`` (used at start and on resume)."""
+        self._write_table(self.metrics_path, METRIC_COLUMNS, rows)
 
     def append_metrics(self, row: dict) -> None:
         with self.metrics_path.open("a", newline="") as fh:
@@ -86,14 +90,7 @@ class RunDirectory:
 
     def write_client_metrics(self, rows: list[dict]) -> None:
         """Rewrite client_metrics.csv (round, client, examples, loss, accuracy)."""
-        tmp = self.path / ".client_metrics.csv.tmp"
-        columns = ("round", "client", "examples", "loss", "accuracy")
-        with tmp.open("w", newline="") as fh:
-            writer = csv.writer(fh)
-            writer.writerow(columns)
-            for row in rows:
-                writer.writerow([_cell(row.get(c)) for c in columns])
-        os.replace(tmp, self.client_metrics_path)
+        self._write_table(self.client_metrics_path, ("round", "client", "examples", "loss", "accuracy"), rows)
 
     def read_metrics(self) -> list[dict]:
         """metrics.csv as a list of dicts (numbers parsed, blanks as None)."""
