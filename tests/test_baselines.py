@@ -1,4 +1,4 @@
-"""FedProx, FedNova, SCAFFOLD and FedDyn on the message protocol (ALGORITHMS.md Sec. 2):
+"""FedProx, FedNova, SCAFFOLD and FedDyn on the message protocol:
 each rule checked where it must reduce to FedAvg, and against a hand computation."""
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from the global vectors in place before each client's work (DESIGN idea 5). A cl
 coverage depth d trains layers d..L only: the forward pass runs layers below d without a
 graph (:meth:`LayeredModel.forward`), ``torch.autograd.grad`` is asked for the reached
 layers' parameters only, and the SGD step touches only their flat region, so unreached layers
-get no gradient, cost no backward compute and do not move (ALGORITHMS.md Sec. 3).
+get no gradient, cost no backward compute and do not move (SALF Sec. III-A).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Learning-rate schedules (ALGORITHMS.md Sec. 3).
+"""Learning-rate schedules.
 
 ``constant``: eta_0. ``inverse``: eta_0 / (1 + t) (ADEL-FL Sec. 4). ``salf-theorem``:
 2 / (rho_c (gamma + t)) (SALF Theorem 1). Rounds t are 0-based.

@@ -104,7 +104,7 @@ def hold_out(
 
 
 def build_system(config: Config, num_clients: int, num_layers: int) -> SystemModel:
-    """The configured system model (ALGORITHMS.md Sec. 1), wrapped in Bernoulli participation
+    """The configured system model (see :mod:`fedhet.system`), wrapped in Bernoulli participation
     unless ``system.participation = "always"``."""
     s = config.system
     base = _build_straggler_model(config, num_clients, num_layers)

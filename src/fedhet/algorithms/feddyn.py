@@ -1,5 +1,5 @@
 """FedDyn (Acar et al., 2021): dynamic regularisation with a per-client linear term and a
-server state h (ALGORITHMS.md Sec. 2)."""
+server state h."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """FedNova (Wang et al., 2020): normalised averaging of updates made with unequal numbers of
-local steps (ALGORITHMS.md Sec. 2)."""
+local steps."""
 
 from __future__ import annotations
 

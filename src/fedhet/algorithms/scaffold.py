@@ -1,5 +1,4 @@
-"""SCAFFOLD (Karimireddy et al., 2020), option II, with server and client control variates
-(ALGORITHMS.md Sec. 2)."""
+"""SCAFFOLD (Karimireddy et al., 2020), option II, with server and client control variates."""
 
 from __future__ import annotations
 

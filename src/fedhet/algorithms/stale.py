@@ -1,5 +1,5 @@
 """Server rules with a memory of each client's last update: U-FedAvg, FedVARP, FedStale, MIFA
-(FedStale eqs. (5), (7), (9); ALGORITHMS.md Sec. 2).
+(FedStale eqs. (5), (7), (9)).
 
 Sign: inside fedhet a client update is Delta_i = w_i - w_t (the paper writes w_t - w_i and
 steps w - eta_s D); every rule below is the paper's with both signs flipped, so
