@@ -110,7 +110,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             out,
             resume=args.resume,
             overwrite=args.overwrite,
-            on_round=_progress_printer(config.run.rounds, config.algorithm_name),
+            on_round=None if args.quiet else _progress_printer(config.run.rounds, config.algorithm_name),
         )
         _summary_table([result.summary], f"fedhet run -> {result.path}")
         return 0
@@ -121,7 +121,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             out / cell.name,
             resume=args.resume,
             overwrite=args.overwrite,
-            on_round=_progress_printer(cell.config.run.rounds, cell.name),
+            on_round=None if args.quiet else _progress_printer(cell.config.run.rounds, cell.name),
         )
         summaries.append(result.summary)
     _summary_table(
@@ -228,6 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="run directory (default runs/<run.name>)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run")
     p.add_argument("--overwrite", action="store_true", help="discard an existing run in --out")
+    p.add_argument("--quiet", action="store_true", help="no progress output, only the final table")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("reproduce", help="run an experiment grid and print its table")

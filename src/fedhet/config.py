@@ -10,6 +10,7 @@ Command-line overrides use ``section.key=value`` with TOML values (``0.5``, ``tr
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 import types
 import typing
@@ -18,6 +19,31 @@ from pathlib import Path
 from typing import Any
 
 from fedhet.errors import ConfigError
+
+MAX_ROUNDS = 10_000_000
+MAX_THREADS = 1024
+MAX_CLIENTS = 1_000_000
+MAX_HIDDEN = 65_536
+MAX_NAME = 100
+MAX_CONFIG_BYTES = 10_000_000
+NON_FINITE_POLICIES = ("stop", "skip-client")
+
+
+def check_name(key: str, name: str) -> None:
+    """A run or experiment name becomes a folder name: printable, at most 100 characters,
+    no path separators, not hidden."""
+    if (
+        not name
+        or len(name) > MAX_NAME
+        or not name.isprintable()
+        or any(c in name for c in "/\\:")
+        or name.startswith(".")
+        or name != name.strip()
+    ):
+        raise ConfigError(
+            f"{key} = {name[:40]!r}{'...' if len(name) > 40 else ''}: must be a plain folder name "
+            f"(1-{MAX_NAME} printable characters, no / \\ : and not starting with a dot)"
+        )
 
 
 @dataclass
@@ -31,15 +57,19 @@ class RunConfig:
     client_eval: bool = False  # also evaluate on each client's held-out part of its data
     client_eval_fraction: float = 0.2  # share of each client's data held out for it
     targets: list = field(default_factory=list)  # accuracies whose first round and time are recorded
+    on_non_finite: str = "stop"  # a NaN/inf loss or update: stop the run, or skip that client's update
 
     def validate(self) -> None:
+        _at_least("run.seed", self.seed, 0)
         _at_least("run.rounds", self.rounds, 1)
+        _at_most("run.rounds", self.rounds, MAX_ROUNDS)
         _at_least("run.eval_every", self.eval_every, 1)
         _at_least("run.threads", self.threads, 0)
+        _at_most("run.threads", self.threads, MAX_THREADS)
         if self.time_budget < 0:
             raise ConfigError(f"run.time_budget = {self.time_budget}: must be >= 0 (0 = none)")
-        if not self.name or "/" in self.name or self.name.startswith("."):
-            raise ConfigError(f"run.name = {self.name!r}: must be a plain folder name")
+        check_name("run.name", self.name)
+        _one_of("run.on_non_finite", self.on_non_finite, NON_FINITE_POLICIES)
         _in_range(
             "run.client_eval_fraction", self.client_eval_fraction, 0.0, 1.0, low_open=True, high_open=True
         )
@@ -70,14 +100,22 @@ class DataConfig:
         _one_of("data.swap_clients", self.swap_clients, ("all", "second-half"))
         _one_of("data.label_mode", self.label_mode, ("binary", "5-class"))
         _at_least("data.num_clients", self.num_clients, 1)
+        _at_most("data.num_clients", self.num_clients, MAX_CLIENTS)
         _at_least("data.shards_per_client", self.shards_per_client, 1)
         _in_range("data.fraction", self.fraction, 0.0, 1.0, low_open=True)
         _in_range("data.swap_fraction", self.swap_fraction, 0.0, 1.0)
         if self.alpha <= 0:
             raise ConfigError(f"data.alpha = {self.alpha}: must be > 0")
+        if self.partition == "label-swap" and not self.swap_pairs:
+            raise ConfigError("data.swap_pairs = []: label-swap needs at least one pair of labels")
         for pair in self.swap_pairs:
-            if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(v, int) for v in pair)):
-                raise ConfigError(f"data.swap_pairs: {pair!r} is not a pair of integer labels")
+            if not (
+                isinstance(pair, list)
+                and len(pair) == 2
+                and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in pair)
+                and pair[0] != pair[1]
+            ):
+                raise ConfigError(f"data.swap_pairs: {pair!r} is not a pair of two different labels >= 0")
 
 
 @dataclass
@@ -89,8 +127,10 @@ class ModelConfig:
         from fedhet.models import MODELS
 
         _one_of("model.name", self.name, MODELS)
-        if not all(isinstance(h, int) and h >= 1 for h in self.hidden):
-            raise ConfigError(f"model.hidden = {self.hidden!r}: must be positive integers")
+        if not all(
+            isinstance(h, int) and not isinstance(h, bool) and 1 <= h <= MAX_HIDDEN for h in self.hidden
+        ):
+            raise ConfigError(f"model.hidden = {self.hidden!r}: must be integers in 1..{MAX_HIDDEN}")
 
 
 @dataclass
@@ -116,6 +156,10 @@ class TrainConfig:
         _in_range("train.momentum", self.momentum, 0.0, 1.0, high_open=True)
         if self.weight_decay < 0:
             raise ConfigError(f"train.weight_decay = {self.weight_decay}: must be >= 0")
+        if self.lr_rho_c <= 0:
+            raise ConfigError(f"train.lr_rho_c = {self.lr_rho_c}: must be > 0")
+        if self.lr_gamma <= 0:
+            raise ConfigError(f"train.lr_gamma = {self.lr_gamma}: must be > 0")
 
 
 @dataclass
@@ -172,6 +216,26 @@ class SystemConfig:
             raise ConfigError(f"system.comm_time = {self.comm_time}: must be >= 0")
         if self.step_jitter < 0:
             raise ConfigError(f"system.step_jitter = {self.step_jitter}: must be >= 0")
+        _at_least("system.straggler_min_depth", self.straggler_min_depth, 1)
+        if not 0 < self.capability_low <= self.capability_high:
+            raise ConfigError(
+                f"system.capability_low/high = {self.capability_low}/{self.capability_high}: "
+                "need 0 < low <= high"
+            )
+        if self.capability_sigma < 0:
+            raise ConfigError(f"system.capability_sigma = {self.capability_sigma}: must be >= 0")
+        if abs(self.capability_mu) > 50 or self.capability_sigma > 10:
+            raise ConfigError(
+                f"system.capability_mu/sigma = {self.capability_mu}/{self.capability_sigma}: "
+                "need |mu| <= 50 and sigma <= 10 (capabilities exp(mu + sigma z) must stay finite)"
+            )
+        number_list("system.capabilities", self.capabilities, 0.0, 1e12, low_open=True)
+        if self.participation_low > self.participation_high:
+            raise ConfigError(
+                f"system.participation_low/high = {self.participation_low}/{self.participation_high}: "
+                "need low <= high"
+            )
+        number_list("system.participation_probs", self.participation_probs, 0.0, 1.0, low_open=True)
 
 
 @dataclass
@@ -250,6 +314,28 @@ SECTIONS = {
 }
 
 
+def finite(key: str, value: float) -> float:
+    """``value`` as a float; NaN and infinities are refused (no key takes them)."""
+    value = float(value)
+    if not math.isfinite(value):
+        raise ConfigError(f"{key} = {value}: must be a finite number")
+    return value
+
+
+def number_list(key: str, values: list, low: float, high: float, low_open: bool = False) -> list[float]:
+    """Check a list of numbers, each finite and in [low, high] (or (low, high])."""
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{key}: {value!r} is not a number")
+        _in_range(key, finite(key, value), low, high, low_open=low_open)
+    return values
+
+
+def _at_most(key: str, value: int, high: int) -> None:
+    if value > high:
+        raise ConfigError(f"{key} = {value}: must be <= {high}")
+
+
 def _at_least(key: str, value: int, low: int) -> None:
     if value < low:
         raise ConfigError(f"{key} = {value}: must be >= {low}")
@@ -288,7 +374,7 @@ def coerce_value(key: str, value: Any, annotation: Any) -> Any:
     if annotation is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConfigError(f"{key} = {value!r}: expected a number")
-        return float(value)
+        return finite(key, value)
     if annotation is str:
         if not isinstance(value, str):
             raise ConfigError(f"{key} = {value!r}: expected a string")
@@ -364,9 +450,24 @@ def validate(config: Config) -> None:
         if check:
             check()
     config.algorithm.options = build_options(config.algorithm_name, config.algorithm_options)
+    system, clients = config.system, config.data.num_clients
+    if system.capability_profile == "list" and len(system.capabilities) != clients:
+        raise ConfigError(
+            f"system.capabilities: {len(system.capabilities)} values given for {clients} clients "
+            "(capability_profile = 'list')"
+        )
+    if system.participation == "list" and len(system.participation_probs) != clients:
+        raise ConfigError(
+            f"system.participation_probs: {len(system.participation_probs)} values given for "
+            f"{clients} clients (participation = 'list')"
+        )
     if config.system.deadline == 0 and not config.run.time_budget:
         raise ConfigError("system.deadline = 0 (equal share of the budget) needs run.time_budget > 0")
     for name in config.compare.algorithms:
+        if not isinstance(name, str):
+            raise ConfigError(f"compare.algorithms: {name!r} is not an algorithm name (a string)")
+        if config.compare.algorithms.count(name) > 1:
+            raise ConfigError(f"compare.algorithms: {name!r} listed twice")
         if name not in ALGORITHMS:
             raise ConfigError(
                 f"compare.algorithms: {name!r} unknown (known: {', '.join(sorted(ALGORITHMS))})"
@@ -403,15 +504,46 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
 def read_toml(path: str | Path) -> dict:
     """Parse a TOML file; errors name the file."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a folder, not a TOML file")
+    if path.exists() and not path.is_file():
+        raise ConfigError(f"{path}: not a regular file")
     try:
         with path.open("rb") as fh:
-            return tomllib.load(fh)
+            data = fh.read(MAX_CONFIG_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES // 1_000_000} MB; not a configuration")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}); not a TOML file") from None
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML ({exc})") from None
 
 
+def require_algorithm(raw: dict, where: str | Path) -> None:
+    """A configuration file must say what to run: refuse an empty one (or one without an
+    algorithm) instead of running defaults."""
+    if not raw:
+        raise ConfigError(
+            f'{where}: empty configuration; it needs at least [algorithm] name = "..." '
+            "(or [compare] algorithms = [...]); see examples/quickstart.toml"
+        )
+    algorithm, compare = raw.get("algorithm"), raw.get("compare")
+    named = isinstance(algorithm, dict) and "name" in algorithm
+    compared = isinstance(compare, dict) and compare.get("algorithms")
+    if not (named or compared):
+        raise ConfigError(f"{where}: no algorithm given; set [algorithm] name (or [compare] algorithms)")
+
+
 def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
     """Read, override and validate a configuration file."""
-    return from_dict(apply_overrides(read_toml(path), overrides or []))
+    raw = apply_overrides(read_toml(path), overrides or [])
+    require_algorithm(raw, path)
+    return from_dict(raw)

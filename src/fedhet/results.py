@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import errno
+import fcntl
 import json
 import math
 import os
@@ -20,6 +23,7 @@ METRIC_COLUMNS = (
     "round_time",
     "deadline",
     "participants",
+    "skipped",
     "mean_depth",
     "mean_steps",
     "lr",
@@ -35,6 +39,73 @@ def _cell(value: Any) -> str:
     if isinstance(value, float):
         return repr(value)
     return str(value)
+
+
+LOCK_NAME = ".lock"
+
+
+def _reason(exc: OSError) -> str:
+    """An OS error in words (``No space left on device``, ``Permission denied``)."""
+    return exc.strerror or str(exc)
+
+
+class RunLock:
+    """One writer per run folder: an exclusive ``flock`` on ``<folder>/.lock`` holding the
+    writer's PID. The operating system drops the lock when its process dies (kill -9
+    included), so a stale lock file is simply taken over."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.handle = None
+
+    def acquire(self) -> None:
+        handle = self.path.open("a+")
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            handle.close()
+            if exc.errno in (errno.EAGAIN, errno.EACCES):
+                raise FedhetError(
+                    f"{self.path.parent}: in use by another fedhet run (PID {holder}); "
+                    "wait for it or choose another --out"
+                ) from None
+            raise FedhetError(f"{self.path}: cannot lock the run folder ({_reason(exc)})") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        self.handle = handle
+
+    def remove_summary(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.summary_path.unlink()
+
+    @contextlib.contextmanager
+    def writing(self, rounds_done: int):
+        """Turn an OS error while writing the run's files (full disk, a folder made
+        read-only) into one line; atomic writes leave the last checkpoint whole."""
+        try:
+            yield
+        except OSError as exc:
+            raise FedhetError(
+                f"{self.path}: cannot write ({_reason(exc)}); the checkpoint of round {rounds_done} "
+                "is kept: free space or fix the folder, then --resume"
+            ) from None
+        except RuntimeError as exc:  # torch.save reports a failed write as a RuntimeError
+            if "write" not in str(exc).lower() and "file" not in str(exc).lower():
+                raise
+            raise FedhetError(
+                f"{self.path}: cannot write the checkpoint ({str(exc).splitlines()[0]}); the checkpoint "
+                f"of round {rounds_done} is kept: free space, then --resume"
+            ) from None
+
+    def release(self) -> None:
+        if self.handle is not None:
+            fcntl.flock(self.handle.fileno(), fcntl.LOCK_UN)
+            self.handle.close()
+            self.handle = None
 
 
 class RunDirectory:
@@ -57,6 +128,82 @@ class RunDirectory:
 
     def create(self) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
+
+    def prepare(self, resume: bool, overwrite: bool) -> None:
+        """Make the folder ready for a run before anything expensive happens: it must be a
+        writable folder; take its lock (one writer per run folder); refuse to start over a
+        run unless told to resume or overwrite; for a new start, remove the files of any
+        earlier run first, so that no old summary can sit beside a new run."""
+        where = self.path
+        if where.exists() and not where.is_dir():
+            raise FedhetError(f"{where}: is a file, not a run folder; choose another --out")
+        try:
+            where.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise FedhetError(f"{where}: cannot create the run folder ({_reason(exc)})") from None
+        self._probe_writable()
+        self.lock = RunLock(where / LOCK_NAME)
+        self.lock.acquire()
+        if self.checkpoint_path.exists() and not (resume or overwrite):
+            self.lock.release()
+            raise FedhetError(
+                f"{where}: already holds a run; pass --resume to continue it, "
+                "--overwrite to start again, or --out for another folder"
+            )
+        if overwrite or not self.checkpoint_path.exists():
+            self.clear()
+
+    def _probe_writable(self) -> None:
+        """Write and remove a small file: a read-only or full file system fails here, before
+        data and model are built."""
+        probe = self.path / ".write-test"
+        try:
+            with probe.open("wb") as fh:
+                fh.write(b"\0" * 65536)
+                fh.flush()
+                os.fsync(fh.fileno())
+            probe.unlink()
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                probe.unlink()
+            raise FedhetError(f"{self.path}: cannot write in the run folder ({_reason(exc)})") from None
+
+    def clear(self) -> None:
+        """Remove an earlier run's files (summary first, so a half-removed folder never
+        shows an old result)."""
+        for name in ("summary.json", "checkpoint.pt", "metrics.csv", "client_metrics.csv", "config.toml"):
+            with contextlib.suppress(FileNotFoundError):
+                (self.path / name).unlink()
+        for report in self.path.glob("*.json"):  # algorithm reports (plan.json, ...)
+            report.unlink()
+
+    def remove_summary(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.summary_path.unlink()
+
+    @contextlib.contextmanager
+    def writing(self, rounds_done: int):
+        """Turn an OS error while writing the run's files (full disk, a folder made
+        read-only) into one line; atomic writes leave the last checkpoint whole."""
+        try:
+            yield
+        except OSError as exc:
+            raise FedhetError(
+                f"{self.path}: cannot write ({_reason(exc)}); the checkpoint of round {rounds_done} "
+                "is kept: free space or fix the folder, then --resume"
+            ) from None
+        except RuntimeError as exc:  # torch.save reports a failed write as a RuntimeError
+            if "write" not in str(exc).lower() and "file" not in str(exc).lower():
+                raise
+            raise FedhetError(
+                f"{self.path}: cannot write the checkpoint ({str(exc).splitlines()[0]}); the checkpoint "
+                f"of round {rounds_done} is kept: free space, then --resume"
+            ) from None
+
+    def release(self) -> None:
+        lock = getattr(self, "lock", None)
+        if lock is not None:
+            lock.release()
 
     def _atomic_write(self, name: str, text: str) -> None:
         tmp = self.path / f".{name}.tmp"

@@ -16,6 +16,7 @@ from fedhet.config import Config
 from fedhet.data import Dataset, load_dataset, partition_indices
 from fedhet.data.partition import swap_labels
 from fedhet.data.sources import subsample
+from fedhet.errors import ConfigError
 from fedhet.models import FlatModel, build_model
 from fedhet.system import (
     BernoulliParticipation,
@@ -78,6 +79,11 @@ def build_partition(config: Config, dataset: Dataset) -> tuple[list[np.ndarray],
     labels = dataset.y_train.numpy()
     parts = partition_indices(labels, d.num_clients, d.partition, rng, d.alpha, d.shards_per_client)
     if d.partition == "label-swap" or d.swap_fraction > 0:
+        for pair in d.swap_pairs:
+            if max(pair) >= dataset.num_classes:
+                raise ConfigError(
+                    f"data.swap_pairs: {pair} has a label outside {d.dataset}'s 0..{dataset.num_classes - 1}"
+                )
         clients = (
             range(d.num_clients) if d.swap_clients == "all" else range(d.num_clients // 2, d.num_clients)
         )

@@ -16,9 +16,11 @@ def metrics_row(
     lr: float,
     updates: list[ClientUpdate],
     depths: np.ndarray,
+    skipped: int = 0,
 ) -> dict:
     """A metrics.csv row (test columns filled by the evaluator when due). ``depths``: the
-    sampled depths of the asked, present clients."""
+    sampled depths of the asked, present clients; ``skipped``: clients whose non-finite
+    update was left out (``run.on_non_finite = "skip-client"``)."""
     trained = [u.loss for u in updates if u.steps > 0]
     return {
         "round": round_number,
@@ -26,6 +28,7 @@ def metrics_row(
         "round_time": duration,
         "deadline": deadline,
         "participants": sum(1 for u in updates if u.steps > 0),
+        "skipped": skipped,
         "mean_depth": float(np.mean(depths)) if len(depths) else None,
         "mean_steps": float(np.mean([u.steps for u in updates])) if updates else None,
         "lr": lr,

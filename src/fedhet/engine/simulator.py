@@ -28,6 +28,7 @@ from fedhet.config import Config
 from fedhet.engine.clients import InProcessClients, TaskOrder
 from fedhet.engine.clock import VirtualClock, round_duration
 from fedhet.engine.evaluation import Evaluator
+from fedhet.engine.faults import NonFinite, params_fault, update_fault
 from fedhet.engine.records import metrics_row, run_summary
 from fedhet.engine.state import RunState, from_checkpoint, to_checkpoint
 from fedhet.errors import FedhetError
@@ -68,50 +69,83 @@ class Simulator:
         """Run (or resume) to ``run.rounds`` rounds, or until the next round would take the
         virtual clock past ``run.time_budget``. ``stop_after`` ends the process early after that
         many rounds in total, as an interruption would (used by tests)."""
+        run_dir = self.run_dir
+        run_dir.prepare(resume=resume, overwrite=overwrite)  # before anything expensive
+        try:
+            return self._run(resume, stop_after)
+        finally:
+            run_dir.release()
+
+    def _run(self, resume: bool, stop_after: int | None) -> RunResult:
         config, run_dir = self.config, self.run_dir
-        if run_dir.checkpoint_path.exists() and not (resume or overwrite):
+        saved = run_dir.load_checkpoint() if resume and run_dir.checkpoint_path.exists() else None
+        if saved is not None and saved.get("round", 0) > config.run.rounds:
             raise FedhetError(
-                f"{run_dir.path}: already holds a run; pass --resume to continue it, "
-                "--overwrite to start again, or --out for another folder"
+                f"run.rounds = {config.run.rounds}: {run_dir.path} already holds {saved['round']} "
+                f"rounds; --resume needs run.rounds >= {saved['round']}"
             )
         world = build_world(config)
         clients = InProcessClients(
             world.worker, world.client_data, config.run.seed, rule=world.algorithm, order=self.client_order
         )
-        if resume and run_dir.checkpoint_path.exists():
-            state = from_checkpoint(run_dir.load_checkpoint(), config.to_dict(), str(run_dir.checkpoint_path))
+        if saved is not None:
+            state = from_checkpoint(saved, config.to_dict(), str(run_dir.checkpoint_path))
+            run_dir.remove_summary()  # written again when the run finishes
         else:
             state = self._fresh_state(world, clients)
-        run_dir.create()
-        self._write_reports(world, state)
+        with run_dir.writing(state.round):
+            self._write_reports(world, state)
+            run_dir.write_config(config.to_toml())
+            run_dir.write_metrics(state.metrics)
+            if state.client_metrics:
+                run_dir.write_client_metrics(state.client_metrics)
         for note in world.algorithm.warnings(state.algorithm):
             log.warning("%s: %s", config.run.name, note)
-        run_dir.write_config(config.to_toml())
-        run_dir.write_metrics(state.metrics)
         evaluator = Evaluator(
             world.flat, world.dataset.x_test, world.dataset.y_test, config.run.eval_every, config.run.rounds
         )
         clock = VirtualClock(state.sim_time, config.run.time_budget)
         started, wall_before = time.perf_counter(), state.wall_time
         last = config.run.rounds if stop_after is None else min(stop_after, config.run.rounds)
+        fault = None
         for t in range(state.round, last):
             if state.stopped_by:
                 break
-            row = self._round(world, clients, clock, evaluator, state, t)
-            if row is None:  # the next round would exceed the time budget
-                self._stop_on_budget(world, evaluator, state)
+            result = self._round(world, clients, clock, evaluator, state, t)
+            if result is None:  # the next round would exceed the time budget
+                with run_dir.writing(state.round):
+                    self._stop_on_budget(world, evaluator, state)
                 break
+            if isinstance(result, NonFinite):
+                fault = result
+                break
+            row = result
             state.metrics.append(row)
             state.round = t + 1
             state.wall_time = wall_before + time.perf_counter() - started
-            run_dir.append_metrics(row)
-            run_dir.save_checkpoint(to_checkpoint(state, config.to_dict()))
+            with run_dir.writing(t):
+                run_dir.append_metrics(row)
+                run_dir.save_checkpoint(to_checkpoint(state, config.to_dict()))
             if self.on_round:
                 self.on_round(row)
-        self._write_reports(world, state)
-        summary = run_summary(config, world, state, world.algorithm.warnings(state.algorithm))
-        if summary["finished"]:
-            run_dir.write_summary(summary)
+        with run_dir.writing(state.round):
+            self._write_reports(world, state)
+            notes = world.algorithm.warnings(state.algorithm)
+            summary = run_summary(config, world, state, notes)
+            if fault is not None:
+                # the last good checkpoint stays; --resume retries the round (e.g. with
+                # run.on_non_finite = "skip-client")
+                summary.update(stopped_by="non_finite", finished=False, non_finite=fault.to_dict())
+                summary["notes"] = [*notes, fault.describe()]
+                log.warning(
+                    "%s: stopped: %s; the checkpoint of round %d is kept (set run.on_non_finite = "
+                    '"skip-client" to skip such updates, or lower train.lr)',
+                    config.run.name,
+                    fault.describe(),
+                    state.round,
+                )
+            if summary["finished"] or fault is not None:
+                run_dir.write_summary(summary)
         return RunResult(run_dir.path, summary, state.metrics)
 
     def _fresh_state(self, world: World, clients: InProcessClients) -> RunState:
@@ -145,7 +179,9 @@ class Simulator:
         evaluator: Evaluator,
         state: RunState,
         t: int,
-    ) -> dict | None:
+    ) -> dict | NonFinite | None:
+        """One round: its metrics row, a :class:`NonFinite` fault, or None when the round
+        would pass the time budget."""
         config, algorithm, system = self.config, world.algorithm, world.system
         plan = algorithm.plan(t, state.algorithm, system, config.round_deadline)
         work = plan.workload()
@@ -163,12 +199,28 @@ class Simulator:
             if (task := algorithm.client_task(context, c, state.algorithm))
         ]
         updates = clients.run(tasks, state.params, state.buffers, state.clients)
-        state.params, state.buffers = algorithm.aggregate(
+        faulty = [(u.client, what) for u in updates if (what := update_fault(u))]
+        if faulty and config.run.on_non_finite == "stop":
+            return NonFinite(t + 1, faulty[0][0], faulty[0][1])
+        if faulty:  # skip-client: those updates are left out of this round
+            bad = {client for client, _ in faulty}
+            updates = [u for u in updates if u.client not in bad]
+        params, buffers = algorithm.aggregate(
             state.params, state.buffers, updates, state.algorithm, context, world.flat.layout
         )
+        if what := params_fault(params, buffers):
+            return NonFinite(t + 1, None, what)
+        state.params, state.buffers = params, buffers
         state.sim_time = clock.advance(duration)
         row = metrics_row(
-            t + 1, state.sim_time, duration, plan.deadline, plan.lr, updates, outcomes.depth[asked]
+            t + 1,
+            state.sim_time,
+            duration,
+            plan.deadline,
+            plan.lr,
+            updates,
+            outcomes.depth[asked],
+            len(faulty),
         )
         if evaluator.due(t + 1):
             self._evaluate(world, evaluator, state, row)

@@ -36,7 +36,21 @@ class RunState:
 def comparable(config_dict: dict) -> dict:
     """The parts of a config that must match for a checkpoint to be resumed."""
     out = {k: dict(v) for k, v in config_dict.items()}
-    out["run"] = {k: v for k, v in out["run"].items() if k not in ("rounds", "eval_every", "threads")}
+    out["run"] = {k: v for k, v in out["run"].items() if k not in RESUMABLE_CHANGES}
+    return out
+
+
+RESUMABLE_CHANGES = ("rounds", "eval_every", "threads", "on_non_finite")
+
+
+def differences(saved: dict, current: dict) -> list[str]:
+    """The dotted keys whose values differ between two comparable configurations."""
+    out = []
+    for section in sorted(set(saved) | set(current)):
+        a, b = saved.get(section, {}), current.get(section, {})
+        for key in sorted(set(a) | set(b)):
+            if a.get(key) != b.get(key):
+                out.append(f"{section}.{key} ({a.get(key, 'unset')!r} -> {b.get(key, 'unset')!r})")
     return out
 
 
@@ -63,10 +77,12 @@ def from_checkpoint(saved: dict, config_dict: dict, where: str) -> RunState:
         raise FedhetError(
             f"{where}: written by an older fedhet (format {saved.get('version', 1)}); start again"
         )
-    if comparable(saved["config"]) != comparable(config_dict):
+    changed = differences(comparable(saved["config"]), comparable(config_dict))
+    if changed:
+        more = f" and {len(changed) - 2} more" if len(changed) > 2 else ""
         raise FedhetError(
-            f"{where}: written by a different configuration; "
-            "resume with the same config (only run.rounds/eval_every may change) or use --out"
+            f"{where}: written by a different configuration: {', '.join(changed[:2])}{more}; resume with "
+            f"the same config (only run.{', run.'.join(RESUMABLE_CHANGES)} may change) or use --out"
         )
     clients = ClientStates()
     clients.load_state_dict(saved["client_states"])

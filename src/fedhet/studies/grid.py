@@ -19,6 +19,7 @@ grid continues where it stopped.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 from collections.abc import Callable
@@ -27,7 +28,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedhet.config import AlgorithmConfig, Config, apply_overrides, from_dict, read_toml
+from fedhet.config import (
+    MAX_THREADS,
+    AlgorithmConfig,
+    Config,
+    apply_overrides,
+    check_name,
+    from_dict,
+    read_toml,
+    require_algorithm,
+)
 from fedhet.errors import ConfigError, FedhetError
 
 EXPERIMENT_SECTIONS = ("experiment", "grid", "cases", "report")
@@ -79,17 +89,25 @@ def _override_text(key: str, value: Any) -> str:
 def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Experiment:
     """Read an experiment file into its validated cells."""
     raw = read_toml(path)
-    meta = raw.get("experiment", {})
-    grid = raw.get("grid", {})
+    meta = _table(raw, "experiment", path, ("name", "jobs"))
+    grid = _table(raw, "grid", path, None)
+    report = _table(raw, "report", path, ("rows", "columns", "value"))
     cases = raw.get("cases", [{}]) or [{}]
-    report = raw.get("report", {})
+    if not isinstance(cases, list) or not all(isinstance(c, dict) for c in cases):
+        raise ConfigError(f"{path}: [[cases]] must be a list of tables")
     base = {k: v for k, v in raw.items() if k not in EXPERIMENT_SECTIONS}
     base = apply_overrides(base, overrides or [])
     for key, values in grid.items():
         if not isinstance(values, list) or not values:
-            raise ConfigError(f"{path}: grid.{key!r} must be a non-empty list")
-    name = str(meta.get("name", Path(path).stem))
-    jobs = int(meta.get("jobs", 0)) or (os.cpu_count() or 1)
+            raise ConfigError(f"{path}: grid.{key} must be a non-empty list")
+    name = meta.get("name", Path(path).stem)
+    if not isinstance(name, str):
+        raise ConfigError(f"{path}: experiment.name = {name!r}: expected a string")
+    check_name(f"{path}: experiment.name", name)
+    jobs = meta.get("jobs", 0)
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or not 0 <= jobs <= MAX_THREADS:
+        raise ConfigError(f"{path}: experiment.jobs = {jobs!r}: expected an integer in 0..{MAX_THREADS}")
+    jobs = jobs or (os.cpu_count() or 1)
     keys = list(grid)
     cells = []
     for case in cases:
@@ -97,14 +115,71 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Exp
             chosen = {**case, **dict(zip(keys, combo, strict=True))}
             cell_name = "-".join(_label(v) for v in _flatten(chosen).values()) or "base"
             cells.append(_cell(base, chosen, cell_name, path))
-    return Experiment(
-        name=name,
-        jobs=jobs,
-        cells=cells,
-        rows=list(report.get("rows", [])),
-        columns=list(report.get("columns", keys)),
-        value=str(report.get("value", "final_test_accuracy")),
-    )
+    names = [c.name for c in cells]
+    if len(set(names)) != len(names):
+        twice = next(n for n in names if names.count(n) > 1)
+        raise ConfigError(f"{path}: two cells are both named {twice!r} (repeated grid or case values)")
+    rows = _key_list(report, "rows", [], path)
+    columns = _key_list(report, "columns", keys, path)
+    for key in rows + columns:
+        _check_report_key(key, cells, path)
+    value = report.get("value", "final_test_accuracy")
+    if value not in REPORT_VALUES:
+        raise ConfigError(
+            f"{path}: report.value = {value!r}: not a summary number (known: {', '.join(REPORT_VALUES)})"
+        )
+    return Experiment(name=name, jobs=jobs, cells=cells, rows=rows, columns=columns, value=value)
+
+
+REPORT_VALUES = (
+    "final_test_accuracy",
+    "best_test_accuracy",
+    "final_test_loss",
+    "best_round",
+    "rounds",
+    "sim_time",
+    "mean_round_time",
+    "wall_time",
+)
+
+
+def _table(raw: dict, section: str, path, known: tuple[str, ...] | None) -> dict:
+    """An experiment section as a dict; unknown keys are refused when ``known`` is given."""
+    table = raw.get(section, {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: [{section}] must be a table")
+    for key in table if known is not None else ():
+        if key not in known:
+            raise ConfigError(f"{path}: {section}.{key}: unknown key (known: {', '.join(known)})")
+    return table
+
+
+def _key_list(report: dict, key: str, default: list, path) -> list[str]:
+    values = report.get(key, default)
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+        raise ConfigError(f"{path}: report.{key} = {values!r}: expected a list of dotted keys")
+    return list(values)
+
+
+def _check_report_key(key: str, cells: list[Cell], path) -> None:
+    """A ``[report]`` row or column key must name a configuration key (``section.key``, or
+    ``algorithm`` / ``algorithm.<option>`` of at least one cell's algorithm)."""
+    from fedhet.config import SECTIONS
+
+    section, _, name = key.partition(".")
+    if section == "algorithm":
+        if not name or name == "name":
+            return
+        from fedhet.algorithms import ALGORITHMS
+
+        options = {
+            f.name for c in cells for f in dataclasses.fields(ALGORITHMS[c.config.algorithm_name].Options)
+        }
+        if name in options:
+            return
+    elif section in SECTIONS and name in {f.name for f in dataclasses.fields(SECTIONS[section])}:
+        return
+    raise ConfigError(f"{path}: report key {key!r}: not a configuration key (section.key)")
 
 
 def _cell(base: dict, chosen: dict[str, Any], cell_name: str, where: str | Path) -> Cell:
@@ -112,7 +187,9 @@ def _cell(base: dict, chosen: dict[str, Any], cell_name: str, where: str | Path)
     texts = [_override_text(k, v) for k, v in _flatten(chosen).items()]
     texts.append(_override_text("run.name", cell_name))
     try:
-        config = from_dict(apply_overrides(base, texts))
+        raw = apply_overrides(base, texts)
+        require_algorithm(raw, "configuration")
+        config = from_dict(raw)
     except ConfigError as exc:
         raise ConfigError(f"{where}: cell {cell_name}: {exc}") from None
     return Cell(cell_name, chosen, config)
