@@ -1,22 +1,26 @@
-"""The ``fedhet`` command: run, reproduce, compare, list.
+"""The fedhet command line: run, reproduce, compare, plan, plot, report, list.
 
-Errors in the input (config keys, values, data files) print one line naming the problem
-and exit with status 2; no traceback.
+Errors in the input (config keys, values, data files, output folders) print one line
+naming the problem and exit with status 2; no traceback. A run stopped by a non-finite
+loss or model exits with status 1.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
+import time
 from pathlib import Path
 
 from fedhet.errors import FedhetError
 
 
-def _progress_printer(total_rounds: int, label: str):
-    """A per-round callback: a live progress bar on a terminal, evaluation lines otherwise."""
+def _progress_printer(config, label: str, every: float = 5.0):
+    """A per-round callback: a live progress bar on a terminal; otherwise (CI logs, files)
+    one plain line at each evaluation, at the last round, and at least every ``every``
+    seconds of wall time. With a time budget, progress is simulated time spent of it."""
+    total_rounds, budget = config.run.rounds, config.run.time_budget
     from rich.console import Console
 
     console = Console(stderr=True)
@@ -38,7 +42,7 @@ def _progress_printer(total_rounds: int, label: str):
             console=console,
             transient=True,
         )
-        task = progress.add_task(label, total=total_rounds, info="")
+        task = progress.add_task(label, total=budget or total_rounds, info="")
         state = {"acc": None}
 
         def on_round(row: dict) -> None:
@@ -47,19 +51,27 @@ def _progress_printer(total_rounds: int, label: str):
             if row.get("test_accuracy") is not None:
                 state["acc"] = row["test_accuracy"]
             acc = "" if state["acc"] is None else f" acc {state['acc']:.3f}"
-            progress.update(task, completed=row["round"], info=f"sim {row['sim_time']:.4g}s{acc}")
+            done = row["sim_time"] if budget else row["round"]
+            progress.update(
+                task, completed=done, info=f"round {int(row['round'])} sim {row['sim_time']:.4g}s{acc}"
+            )
             if row["round"] >= total_rounds:
                 progress.stop()
 
         return on_round
 
+    last = {"time": time.monotonic()}
+
     def on_round_plain(row: dict) -> None:
-        if row.get("test_accuracy") is not None:
-            console.print(
-                f"{label} round {int(row['round'])}/{total_rounds} sim_time {row['sim_time']:.4g} "
-                f"test_accuracy {row['test_accuracy']:.4f}",
-                highlight=False,
-            )
+        now = time.monotonic()
+        evaluated = row.get("test_accuracy") is not None
+        if not (evaluated or row["round"] >= total_rounds or now - last["time"] >= every):
+            return
+        last["time"] = now
+        acc = f" test_accuracy {row['test_accuracy']:.4f}" if evaluated else ""
+        rounds = f"round {int(row['round'])}" + ("" if budget else f"/{total_rounds}")
+        clock = f"sim_time {row['sim_time']:.4g}" + (f"/{budget:g}" if budget else "")
+        console.print(f"{label} {rounds} {clock}{acc}", highlight=False)
 
     return on_round_plain
 
@@ -110,30 +122,47 @@ def cmd_run(args: argparse.Namespace) -> int:
             out,
             resume=args.resume,
             overwrite=args.overwrite,
-            on_round=None if args.quiet else _progress_printer(config.run.rounds, config.algorithm_name),
+            on_round=None if args.quiet else _progress_printer(config, config.algorithm_name),
         )
         _summary_table([result.summary], f"fedhet run -> {result.path}")
-        return 0
+        return _exit_status([result.summary])
     summaries = []
-    for cell in compare_cells(apply_overrides(read_toml(args.config), args.set), args.config):
+    cells = compare_cells(apply_overrides(read_toml(args.config), args.set), args.config)
+    for cell in cells:
         result = run(
             cell.config,
             out / cell.name,
             resume=args.resume,
             overwrite=args.overwrite,
-            on_round=None if args.quiet else _progress_printer(cell.config.run.rounds, cell.name),
+            on_round=None if args.quiet else _progress_printer(cell.config, cell.name),
         )
         summaries.append(result.summary)
     _summary_table(
         summaries,
         f"{config.run.name}: {config.data.dataset}, {config.model.name}, {config.system.model} -> {out}",
     )
-    return 0
+    _comparison_plot([out / cell.name for cell in cells], out / "comparison", config)
+    return _exit_status(summaries)
+
+
+def _comparison_plot(runs: list[Path], prefix: Path, config) -> None:
+    """Accuracy against simulated time for the runs of a ``[compare]``, beside them."""
+    from fedhet.studies.plots import plot_runs
+
+    setting = f"{config.data.dataset} ({config.data.partition}), {config.system.model}"
+    for path in plot_runs(runs, prefix, title=setting, deadlines=False):
+        print(f"figure: {path}")
+
+
+def _exit_status(summaries: list[dict]) -> int:
+    """1 when a run stopped on a non-finite value (the warning said where), else 0."""
+    return 1 if any(s.get("stopped_by") == "non_finite" for s in summaries) else 0
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from fedhet.results import dumps
     from fedhet.studies.grid import load_experiment, report_table, run_experiment
 
     console = Console(stderr=True)
@@ -143,15 +172,24 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         for cell in experiment.cells:
             print(cell.name)
         return 0
+    if out.exists() and not out.is_dir():
+        raise FedhetError(f"{out}: is a file, not a folder; choose another --out")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise FedhetError(f"{out}: cannot create the output folder ({exc.strerror or exc})") from None
     console.print(f"{experiment.name}: {len(experiment.cells)} cells -> {out}", highlight=False)
     done = {"n": 0}
 
     def on_cell(cell, summary):
         done["n"] += 1
+        if args.quiet:
+            return
         acc = summary.get("final_test_accuracy")
+        stopped = " (stopped: non-finite values)" if summary.get("stopped_by") == "non_finite" else ""
         console.print(
             f"[{done['n']}/{len(experiment.cells)}] {cell.name}: final_test_accuracy "
-            f"{acc if acc is None else round(acc, 4)}",
+            f"{acc if acc is None else round(acc, 4)}{stopped}",
             highlight=False,
         )
 
@@ -159,7 +197,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     table = report_table(experiment, summaries)
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(table)
-    (out / "summaries.json").write_text(json.dumps(summaries, indent=2, sort_keys=True) + "\n")
+    (out / "summaries.json").write_text(dumps(summaries, indent=2, sort_keys=True))
     print(table)
     return 0
 
@@ -188,15 +226,18 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from fedhet.results import RunDirectory
+    from fedhet.studies.plots import find_runs
 
-    summaries = []
-    for path in args.runs:
-        run_dir = RunDirectory(path)
-        if not run_dir.summary_path.exists():
-            raise FedhetError(f"{run_dir.summary_path}: not found (is {path} a finished run?)")
-        summaries.append(run_dir.read_summary())
+    summaries = [run.read_summary() for run in find_runs(args.runs, marker="summary.json")]
     _summary_table(summaries, "fedhet compare")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from fedhet.studies.report import write_report
+
+    for path in write_report(args.path, args.out):
+        print(path)
     return 0
 
 
@@ -213,10 +254,18 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fedhet", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="fedhet",
+        description="Federated learning on heterogeneous devices under time constraints: SALF, "
+        "ADEL-FL, AMSFL, FedStale and their baselines on one simulated clock.",
+        epilog="Start with: fedhet run examples/quickstart.toml. Help on one command: fedhet COMMAND --help.",
+    )
+    parser.add_argument("--version", action="version", version=f"fedhet {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
 
-    p = sub.add_parser("run", help="run a configuration (or the algorithms of its [compare])")
+    p = sub.add_parser(
+        "run", help="train one configuration (or each algorithm of its [compare]) and print a table"
+    )
     p.add_argument("config", help="TOML configuration file")
     p.add_argument(
         "--set",
@@ -231,19 +280,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress output, only the final table")
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("reproduce", help="run an experiment grid and print its table")
+    p = sub.add_parser(
+        "reproduce", help="run every cell of an experiment grid (resumable) and print its table"
+    )
     p.add_argument("experiment", help="experiment TOML (see experiments/)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--out", help="output folder (default runs/<experiment.name>)")
-    p.add_argument("--jobs", type=int, help="cells run in parallel (default: experiment.jobs)")
+    p.add_argument("--jobs", type=_positive_int, help="cells run in parallel (default: experiment.jobs)")
+    p.add_argument("--quiet", action="store_true", help="no line per finished cell, only the table")
     p.add_argument("--list", action="store_true", help="list the cells and exit")
     p.set_defaults(func=cmd_reproduce)
 
-    p = sub.add_parser("compare", help="table of finished runs' summaries")
-    p.add_argument("runs", nargs="+", help="run directories")
+    p = sub.add_parser("compare", help="a table of finished runs side by side")
+    p.add_argument("runs", nargs="+", help="run folders, or folders of runs")
     p.set_defaults(func=cmd_compare)
 
-    p = sub.add_parser("plan", help="calibrate deadlines and show an algorithm's plan, without training")
+    p = sub.add_parser("plan", help="calibrate deadlines and show an algorithm's plan without training")
     p.add_argument("config", help="TOML configuration (or experiment file: its base configuration)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument(
@@ -254,14 +306,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="write the plan (JSON) here")
     p.set_defaults(func=cmd_plan)
 
-    p = sub.add_parser("plot", help="figures from run directories (needs the plot extra)")
+    p = sub.add_parser("plot", help="figures of accuracy against simulated time and of deadlines")
     p.add_argument("runs", nargs="+", help="run directories (or folders holding them)")
     p.add_argument("--out", required=True, help="output file prefix, e.g. figures/fig2")
     p.add_argument("--x", default="sim_time", choices=("sim_time", "round"), help="x axis of accuracy")
     p.add_argument("--title", default="", help="figure title")
     p.set_defaults(func=cmd_plot)
 
-    p = sub.add_parser("list", help="algorithms, datasets, models, system models")
+    p = sub.add_parser("report", help="one self-contained HTML page for a run or a grid of runs")
+    p.add_argument("path", help="a run folder, or a folder of runs (a grid or a [compare])")
+    p.add_argument("--out", help="the HTML file (default <path>/report.html)")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("list", help="the algorithms, datasets, models and system models there are")
     p.set_defaults(func=cmd_list)
     return parser
 
@@ -275,6 +332,32 @@ def _show_warnings() -> None:
         logger.addHandler(handler)
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fedhet")
+    except PackageNotFoundError:  # running from a source tree that is not installed
+        return "unknown"
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: must be >= 1")
+    return value
+
+
+INTERRUPTED = {
+    "run": "finished rounds are saved; continue with the same command and --resume",
+    "reproduce": "finished cells are kept; run the same command again to continue "
+    "(finished cells are skipped, unfinished ones resume)",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _show_warnings()
@@ -284,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fedhet: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("fedhet: interrupted; finished rounds are saved, continue with --resume", file=sys.stderr)
+        print(f"fedhet: interrupted; {INTERRUPTED.get(args.command, 'nothing was lost')}", file=sys.stderr)
         return 130
 
 

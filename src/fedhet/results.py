@@ -7,6 +7,7 @@ import contextlib
 import csv
 import errno
 import fcntl
+import io
 import json
 import math
 import os
@@ -34,11 +35,30 @@ METRIC_COLUMNS = (
 
 
 def _cell(value: Any) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    """A CSV cell: blank only for "not measured" (None); NaN and infinities written as
+    ``nan``, ``inf``, ``-inf`` (which ``float()`` reads back)."""
+    if value is None:
         return ""
     if isinstance(value, float):
-        return repr(value)
+        return repr(value) if math.isfinite(value) else str(value)
     return str(value)
+
+
+def strict_json(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by None, so that ``json.dumps`` with
+    ``allow_nan=False`` writes strict JSON (no bare NaN or Infinity)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [strict_json(v) for v in value]
+    return value
+
+
+def dumps(document: Any, **kwargs) -> str:
+    """Strict JSON text of ``document`` (non-finite numbers as null)."""
+    return json.dumps(strict_json(document), allow_nan=False, **kwargs) + "\n"
 
 
 LOCK_NAME = ".lock"
@@ -92,13 +112,6 @@ class RunLock:
             raise FedhetError(
                 f"{self.path}: cannot write ({_reason(exc)}); the checkpoint of round {rounds_done} "
                 "is kept: free space or fix the folder, then --resume"
-            ) from None
-        except RuntimeError as exc:  # torch.save reports a failed write as a RuntimeError
-            if "write" not in str(exc).lower() and "file" not in str(exc).lower():
-                raise
-            raise FedhetError(
-                f"{self.path}: cannot write the checkpoint ({str(exc).splitlines()[0]}); the checkpoint "
-                f"of round {rounds_done} is kept: free space, then --resume"
             ) from None
 
     def release(self) -> None:
@@ -159,7 +172,7 @@ class RunDirectory:
         probe = self.path / ".write-test"
         try:
             with probe.open("wb") as fh:
-                fh.write(b"\0" * 65536)
+                fh.write(b"\0" * 4096)
                 fh.flush()
                 os.fsync(fh.fileno())
             probe.unlink()
@@ -191,13 +204,6 @@ class RunDirectory:
             raise FedhetError(
                 f"{self.path}: cannot write ({_reason(exc)}); the checkpoint of round {rounds_done} "
                 "is kept: free space or fix the folder, then --resume"
-            ) from None
-        except RuntimeError as exc:  # torch.save reports a failed write as a RuntimeError
-            if "write" not in str(exc).lower() and "file" not in str(exc).lower():
-                raise
-            raise FedhetError(
-                f"{self.path}: cannot write the checkpoint ({str(exc).splitlines()[0]}); the checkpoint "
-                f"of round {rounds_done} is kept: free space, then --resume"
             ) from None
 
     def release(self) -> None:
@@ -248,17 +254,23 @@ class RunDirectory:
             return rows
 
     def write_summary(self, summary: dict) -> None:
-        self._atomic_write("summary.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")
+        self._atomic_write("summary.json", dumps(summary, indent=2, sort_keys=True))
 
     def write_json(self, name: str, document: dict) -> None:
-        self._atomic_write(name, json.dumps(document, indent=2) + "\n")
+        self._atomic_write(name, dumps(document, indent=2))
 
     def read_summary(self) -> dict:
         return json.loads(self.summary_path.read_text())
 
     def save_checkpoint(self, state: dict) -> None:
+        """Serialise in memory, then write a temporary file and rename it over the old
+        checkpoint: a killed process or a failed write (full disk, an OSError) leaves the
+        old one whole."""
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
         tmp = self.path / ".checkpoint.pt.tmp"
-        torch.save(state, tmp)
+        with tmp.open("wb") as fh:
+            fh.write(buffer.getbuffer())
         os.replace(tmp, self.checkpoint_path)
 
     def load_checkpoint(self) -> dict:

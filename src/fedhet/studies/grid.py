@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
+import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -220,6 +221,20 @@ def _run_cell(config: Config, out_dir: str) -> dict:
     return sim.run(resume=True).summary
 
 
+def _watch_parent(parent_pid: int, interval: float = 0.5) -> None:
+    """Run in each worker: end the worker as soon as the process that started it is gone
+    (killed by any signal, kill -9 included), so no orphan keeps writing into a cell."""
+    import threading
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent_pid:
+                os._exit(1)
+            time.sleep(interval)
+
+    threading.Thread(target=watch, name="fedhet-parent-watch", daemon=True).start()
+
+
 def run_experiment(
     experiment: Experiment,
     out_dir: str | Path,
@@ -234,8 +249,9 @@ def run_experiment(
     todo = []
     for cell in experiment.cells:
         run_dir = RunDirectory(out_dir / cell.name)
-        if run_dir.summary_path.exists() and run_dir.read_summary().get("finished"):
-            summaries[cell.name] = run_dir.read_summary()
+        summary = run_dir.read_summary() if run_dir.summary_path.exists() else {}
+        if summary.get("finished") or summary.get("stopped_by") == "non_finite":
+            summaries[cell.name] = summary
             if on_cell:
                 on_cell(cell, summaries[cell.name])
         else:
@@ -247,7 +263,9 @@ def run_experiment(
             if on_cell:
                 on_cell(cell, summaries[cell.name])
     else:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
+        with ProcessPoolExecutor(
+            max_workers=workers, initializer=_watch_parent, initargs=(os.getpid(),)
+        ) as pool:
             futures = {pool.submit(_run_cell, c.config, str(out_dir / c.name)): c for c in todo}
             for future in as_completed(futures):
                 cell = futures[future]

@@ -4,12 +4,13 @@ deadlines and batch scale) computed without training."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
 from fedhet.config import Config
+from fedhet.errors import ConfigError
+from fedhet.results import dumps
 from fedhet.system.outcomes import ExponentialLayers, deadline_for_depth_fraction, expected_depth_fraction
 
 
@@ -20,8 +21,15 @@ def describe_plan(config: Config, depth_fraction: float | None = None, out: str 
     from fedhet.engine.state import RunState
     from fedhet.world import build_world
 
+    if depth_fraction is not None and not 0 < depth_fraction <= 1:
+        raise ConfigError(f"--depth-fraction {depth_fraction}: must be in (0, 1]")
     world = build_world(config)
     system, rounds = world.system, config.run.rounds
+    if depth_fraction is not None and not isinstance(system, ExponentialLayers):
+        raise ConfigError(
+            f"--depth-fraction: system.model = {config.system.model!r} has no time law to calibrate a "
+            "deadline against; use system.model = 'exponential'"
+        )
     batch = np.full(world.num_clients, config.train.batch_size)
     lines = [
         f"{config.run.name}: {world.num_clients} clients, {world.flat.num_layers} layers, {rounds} rounds"
@@ -62,8 +70,10 @@ def describe_plan(config: Config, depth_fraction: float | None = None, out: str 
             f"last {deadlines[-1]:.4g}; total {plan['total_time']:.6g} of {plan['time_budget']:.6g}"
         )
         if out:
-            Path(out).write_text(json.dumps(plan, indent=2) + "\n")
+            Path(out).write_text(dumps(plan, indent=2))
             lines.append(f"  written to {out}")
+    elif out:
+        raise ConfigError(f"--out {out}: {config.algorithm_name} has no plan to write (adel-fl has)")
     elif not isinstance(system, ExponentialLayers):
         lines.append(
             f"{config.algorithm_name}: no planner; system {system.name} has no time law to calibrate"

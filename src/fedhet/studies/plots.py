@@ -1,6 +1,5 @@
 """Figures from run directories: test accuracy against simulated time (or rounds), and the
-per-round deadline schedule (ADEL-FL Fig. 2a). Needs matplotlib (``pip install
-fedhet[plot]``), imported only here."""
+per-round deadline schedule (ADEL-FL Fig. 2a). matplotlib is imported only here."""
 
 from __future__ import annotations
 
@@ -11,18 +10,22 @@ from fedhet.errors import FedhetError
 from fedhet.results import RunDirectory
 
 
-def find_runs(paths: Sequence[str | Path]) -> list[RunDirectory]:
-    """Run directories among ``paths`` and their direct sub-folders (those with metrics.csv)."""
+def find_runs(paths: Sequence[str | Path], marker: str = "metrics.csv") -> list[RunDirectory]:
+    """Run directories among ``paths`` and their direct sub-folders (those holding
+    ``marker``: metrics.csv, or summary.json for finished runs)."""
     runs = []
     for path in map(Path, paths):
-        if (path / "metrics.csv").exists():
+        if (path / marker).exists():
             runs.append(RunDirectory(path))
         elif path.is_dir():
-            runs.extend(RunDirectory(p) for p in sorted(path.iterdir()) if (p / "metrics.csv").exists())
+            found = [RunDirectory(p) for p in sorted(path.iterdir()) if (p / marker).exists()]
+            if not found:
+                raise FedhetError(f"{path}: neither a run folder nor a folder of runs (no {marker})")
+            runs.extend(found)
         else:
-            raise FedhetError(f"{path}: not a run directory (no metrics.csv)")
+            raise FedhetError(f"{path}: not a run folder (no {marker})")
     if not runs:
-        raise FedhetError(f"{', '.join(map(str, paths))}: no run directories found")
+        raise FedhetError(f"{', '.join(map(str, paths))}: no run folders found")
     return runs
 
 
@@ -37,6 +40,46 @@ def _labels(runs: list[RunDirectory]) -> dict[Path, str]:
     return {run.path: run.path.name for run in runs}
 
 
+# Strong colours for the methods most often compared, lighter ones for the rest.
+COLOR_ORDER = ("salf", "fedavg", "drop", "adel-fl", "fedstale", "amsfl", "u-fedavg", "fedvarp", "mifa",
+               "fedprox", "fednova", "scaffold", "feddyn")  # fmt: skip
+PALETTE = (
+    "#1f77b4", "#d62728", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+    "#bcbd22", "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94",
+)  # fmt: skip
+
+
+def algorithm_color(name: str) -> str:
+    """The colour of an algorithm in every figure (a fixed slot per algorithm, so FedAvg is
+    the same colour in all of them)."""
+    index = COLOR_ORDER.index(name) if name in COLOR_ORDER else len(COLOR_ORDER) + sum(map(ord, name))
+    return PALETTE[index % len(PALETTE)]
+
+
+def _styles(runs: list[RunDirectory]) -> dict[Path, dict]:
+    """Line colour by algorithm; runs of the same algorithm get different line styles."""
+    seen: dict[str, int] = {}
+    out = {}
+    for run in runs:
+        algorithm = _summary(run).get("algorithm") or run.path.name
+        n = seen.get(algorithm, 0)
+        seen[algorithm] = n + 1
+        out[run.path] = {"color": algorithm_color(algorithm), "linestyle": ("-", "--", ":", "-.")[n % 4]}
+    return out
+
+
+def _summary(run: RunDirectory) -> dict:
+    return run.read_summary() if run.summary_path.exists() else {}
+
+
+def default_title(runs: list[RunDirectory]) -> str:
+    """``dataset, model, system model`` of the runs (from their summaries), when they agree."""
+    settings = {
+        ", ".join(str(s.get(k)) for k in ("dataset", "model", "system")) for s in map(_summary, runs) if s
+    }
+    return settings.pop() if len(settings) == 1 else ""
+
+
 def _pyplot():
     try:
         import matplotlib
@@ -49,13 +92,18 @@ def _pyplot():
 
 
 def plot_runs(
-    paths: Sequence[str | Path], out_prefix: str | Path, x: str = "sim_time", title: str = ""
+    paths: Sequence[str | Path],
+    out_prefix: str | Path,
+    x: str = "sim_time",
+    title: str = "",
+    deadlines: bool = True,
 ) -> list[Path]:
     """Write ``<out_prefix>-accuracy.png`` (test accuracy vs ``x``) and, when some run has
     deadlines, ``<out_prefix>-deadlines.png`` (deadline per round). Returns the files."""
     plt = _pyplot()
     runs = find_runs(paths)
-    labels = _labels(runs)
+    labels, styles = _labels(runs), _styles(runs)
+    title = title or default_title(runs)
     out_prefix = Path(out_prefix)
     out_prefix.parent.mkdir(parents=True, exist_ok=True)
     written = []
@@ -64,16 +112,26 @@ def plot_runs(
     for run in runs:
         rows = [r for r in run.read_metrics() if r.get("test_accuracy") is not None]
         if rows:
-            ax.plot([r[x] for r in rows], [r["test_accuracy"] for r in rows], label=labels[run.path])
+            ax.plot(
+                [r[x] for r in rows],
+                [r["test_accuracy"] for r in rows],
+                label=labels[run.path],
+                **styles[run.path],
+            )
     xlabel = "simulated time [s]" if x == "sim_time" else "round"
     written.append(_save(plt, fig, ax, xlabel, "test accuracy", title, out_prefix, "accuracy"))
 
-    with_deadlines = [(run, run.read_metrics()) for run in runs]
+    with_deadlines = [(run, run.read_metrics()) for run in runs] if deadlines else []
     with_deadlines = [(run, rows) for run, rows in with_deadlines if any(r.get("deadline") for r in rows)]
     if with_deadlines:
         fig, ax = plt.subplots(figsize=(6, 4))
         for run, rows in with_deadlines:
-            ax.plot([r["round"] for r in rows], [r["deadline"] for r in rows], label=labels[run.path])
+            ax.plot(
+                [r["round"] for r in rows],
+                [r["deadline"] for r in rows],
+                label=labels[run.path],
+                **styles[run.path],
+            )
         written.append(_save(plt, fig, ax, "round", "deadline [s]", title, out_prefix, "deadlines"))
     return written
 
@@ -83,7 +141,8 @@ def _save(plt, fig, ax, xlabel: str, ylabel: str, title: str, out_prefix: Path, 
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
-    ax.legend()
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
     if title:
         ax.set_title(title)
     fig.tight_layout()

@@ -1,0 +1,224 @@
+"""``fedhet report``: one self-contained HTML page for a run or a folder of runs.
+
+A run's page holds its configuration, its summary, test accuracy against rounds and against
+simulated time, the deadline per round, histograms of participants and mean depth per round,
+and the algorithm's reports (``plan.json``, ``participation.json``, ...). A folder of runs
+(a grid or a ``[compare]``) gets a table of every run, one accuracy figure with them all and,
+for up to 12 runs, each run's section. Figures are PNGs embedded as data URIs, so the page
+is one file that can be mailed or archived.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from pathlib import Path
+
+from fedhet.errors import FedhetError
+from fedhet.results import RunDirectory
+
+MAX_RUN_SECTIONS = 12
+MAX_REPORT_BYTES = 200_000  # an algorithm report larger than this is shown truncated
+FIXED_FILES = {"summary.json"}
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 70em; color: #222; }
+table { border-collapse: collapse; margin: 1em 0; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }
+th:first-child, td:first-child { text-align: left; }
+pre { background: #f6f6f6; padding: 0.8em; overflow-x: auto; font-size: 0.85em; }
+img { max-width: 100%; }
+.figures { display: flex; flex-wrap: wrap; gap: 1em; }
+.figures figure { margin: 0; width: 32em; }
+"""
+
+
+def write_report(path: str | Path, out: str | Path | None = None) -> list[Path]:
+    """Write the report of a run folder or a folder of runs; return the file written."""
+    from fedhet.studies.plots import find_runs
+
+    path = Path(path)
+    if not path.is_dir():
+        raise FedhetError(f"{path}: not a folder (give a run folder or a folder of runs)")
+    single = (path / "metrics.csv").exists()
+    runs = [RunDirectory(path)] if single else find_runs([path])
+    target = Path(out) if out else path / "report.html"
+    body = _run_page(runs[0], level=1) if single else _grid_page(path, runs)
+    document = (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>fedhet report: {html.escape(path.name)}</title><style>{STYLE}</style></head>"
+        f"<body>\n{body}\n</body></html>\n"
+    )
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(document, encoding="utf-8")
+    except OSError as exc:
+        raise FedhetError(f"{target}: cannot write the report ({exc.strerror or exc})") from None
+    return [target]
+
+
+def _grid_page(path: Path, runs: list[RunDirectory]) -> str:
+    from fedhet.studies.plots import default_title
+
+    summaries = {run.path: _read_json(run.summary_path) for run in runs}
+    parts = [f"<h1>{html.escape(path.name)}: {len(runs)} runs</h1>"]
+    setting = default_title(runs)
+    if setting:
+        parts.append(f"<p>Setting: {html.escape(setting)}</p>")
+    parts.append(_runs_table(runs, summaries))
+    table = path / "table.md"
+    if table.exists():
+        parts.append(f"<h2>Experiment table</h2><pre>{html.escape(table.read_text())}</pre>")
+    parts.append('<div class="figures">')
+    parts.append(_figure(_accuracy_figure(runs, "sim_time"), "test accuracy against simulated time"))
+    parts.append(_figure(_accuracy_figure(runs, "round"), "test accuracy against rounds"))
+    parts.append("</div>")
+    if len(runs) <= MAX_RUN_SECTIONS:
+        parts += [_run_page(run, level=2) for run in runs]
+    else:
+        parts.append(f"<p>{len(runs)} runs: per-run sections are left out above {MAX_RUN_SECTIONS}; "
+                     "run <code>fedhet report RUN</code> on one of them.</p>")  # fmt: skip
+    return "\n".join(parts)
+
+
+def _runs_table(runs: list[RunDirectory], summaries: dict) -> str:
+    columns = ["run", "algorithm", "rounds", "sim_time", "final_test_accuracy", "best_test_accuracy",
+               "stopped_by"]  # fmt: skip
+    head = "".join(f"<th>{c}</th>" for c in columns)
+    rows = []
+    for run in runs:
+        summary = summaries[run.path] or {}
+        cells = [run.path.name] + [summary.get(c) for c in columns[1:]]
+        rows.append("<tr>" + "".join(f"<td>{_format(v)}</td>" for v in cells) + "</tr>")
+    return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
+
+
+def _run_page(run: RunDirectory, level: int) -> str:
+    h, h2 = f"h{level}", f"h{level + 1}"
+    summary = _read_json(run.summary_path)
+    metrics = run.read_metrics() if run.metrics_path.exists() else []
+    state = "finished" if summary and summary.get("finished") else "not finished"
+    if summary and summary.get("stopped_by") == "non_finite":
+        state = "stopped: non-finite values"
+    parts = [f'<section id="{html.escape(run.path.name)}"><{h}>{html.escape(run.path.name)}</{h}>']
+    parts.append(f"<p>{html.escape(state)}; {len(metrics)} rounds in metrics.csv</p>")
+    if summary:
+        parts.append(f"<{h2}>Summary</{h2}>")
+        rows = "".join(
+            f"<tr><td>{html.escape(k)}</td><td>{_format(v)}</td></tr>"
+            for k, v in summary.items()
+            if not isinstance(v, dict | list)
+        )
+        parts.append(f"<table>{rows}</table>")
+    if metrics:
+        parts.append(f'<{h2}>Figures</{h2}><div class="figures">')
+        parts.append(_figure(_accuracy_figure([run], "round"), "test accuracy against rounds"))
+        parts.append(_figure(_accuracy_figure([run], "sim_time"), "test accuracy against simulated time"))
+        if any(r.get("deadline") for r in metrics):
+            parts.append(_figure(_series_figure(metrics, "deadline", "deadline [s]"), "deadline per round"))
+        parts.append(_figure(_histogram(metrics, "participants"), "participants per round"))
+        if any(r.get("mean_depth") is not None for r in metrics):
+            parts.append(_figure(_histogram(metrics, "mean_depth"), "mean depth reached per round"))
+        parts.append("</div>")
+    config = run.path / "config.toml"
+    if config.exists():
+        parts.append(f"<{h2}>Configuration</{h2}><pre>{html.escape(config.read_text())}</pre>")
+    reports = sorted(p for p in run.path.glob("*.json") if p.name not in FIXED_FILES)
+    for report in reports:
+        text = report.read_text()
+        if len(text) > MAX_REPORT_BYTES:
+            text = text[:MAX_REPORT_BYTES] + f"\n... ({len(text):,} characters, truncated)"
+        parts.append(
+            f"<details><summary>{html.escape(report.name)}</summary><pre>{html.escape(text)}</pre></details>"
+        )
+    parts.append("</section>")
+    return "\n".join(parts)
+
+
+def _read_json(path: Path) -> dict | None:
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise FedhetError(f"{path}: unreadable ({exc})") from None
+
+
+def _format(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return html.escape(str(value))
+
+
+def _figure(png: bytes | None, caption: str) -> str:
+    if png is None:
+        return ""
+    data = base64.b64encode(png).decode("ascii")
+    return (
+        f'<figure><img alt="{html.escape(caption)}" src="data:image/png;base64,{data}">'
+        f"<figcaption>{html.escape(caption)}</figcaption></figure>"
+    )
+
+
+def _png(fig) -> bytes:
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buffer, format="png", dpi=90)
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def _accuracy_figure(runs: list[RunDirectory], x: str) -> bytes | None:
+    from fedhet.studies.plots import _labels, _pyplot, _styles
+
+    plt = _pyplot()
+    labels, styles = _labels(runs), _styles(runs)
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    drawn = False
+    for run in runs:
+        rows = [r for r in run.read_metrics() if r.get("test_accuracy") is not None]
+        if rows:
+            ax.plot([r[x] for r in rows], [r["test_accuracy"] for r in rows], label=labels[run.path],
+                    **styles[run.path])  # fmt: skip
+            drawn = True
+    if not drawn:
+        plt.close(fig)
+        return None
+    ax.set_xlabel("simulated time [s]" if x == "sim_time" else "round")
+    ax.set_ylabel("test accuracy")
+    ax.grid(alpha=0.3)
+    if len(runs) <= 20:
+        ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def _series_figure(metrics: list[dict], key: str, label: str) -> bytes:
+    from fedhet.studies.plots import _pyplot
+
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    ax.plot([r["round"] for r in metrics], [r.get(key) for r in metrics])
+    ax.set_xlabel("round")
+    ax.set_ylabel(label)
+    ax.grid(alpha=0.3)
+    return _png(fig)
+
+
+def _histogram(metrics: list[dict], key: str) -> bytes | None:
+    from fedhet.studies.plots import _pyplot
+
+    values = [r[key] for r in metrics if r.get(key) is not None]
+    if not values:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    ax.hist(values, bins=min(30, max(5, len(set(values)))))
+    ax.set_xlabel(key.replace("_", " "))
+    ax.set_ylabel("rounds")
+    return _png(fig)
