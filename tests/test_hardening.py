@@ -277,7 +277,8 @@ def test_a_lock_left_by_a_killed_process_is_taken_over(tmp_path):
     folder.mkdir()
     code = (
         "import sys, time; from pathlib import Path; from fedhet.results import RunLock;"
-        f"lock = RunLock(Path({str(folder / '.lock')!r})); lock.acquire(); print('locked', flush=True); time.sleep(60)"
+        f"lock = RunLock(Path({str(folder / '.lock')!r})); lock.acquire();"
+        "print('locked', flush=True); time.sleep(60)"
     )
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "locked"

@@ -151,3 +151,32 @@ def test_vgg11_trains_on_cifar_shaped_input(tmp_path):
     flat = FlatModel(build_model("vgg11", data.input_shape, 10))
     out = flat.model(data.x_train[:4])
     assert out.shape == (4, 10) and torch.isfinite(out).all()
+
+
+def test_a_test_set_with_no_images_is_refused_naming_the_file(tmp_path):
+    folder = write_idx_dataset(tmp_path / "d", n_train=30, n_test=10)
+    write_idx(folder / "t10k-images-idx3-ubyte", np.zeros((0, 28, 28)), compress=True)
+    write_idx(folder / "t10k-labels-idx1-ubyte", np.zeros(0), compress=True)
+    with pytest.raises(DataError, match="t10k-images-idx3-ubyte.gz: holds 0 images"):
+        load_dataset("mnist", str(folder))
+
+
+def test_test_images_of_another_size_are_refused_naming_the_file(tmp_path):
+    folder = write_idx_dataset(tmp_path / "d", n_train=30, n_test=10)
+    write_idx(folder / "t10k-images-idx3-ubyte", np.zeros((10, 27, 27)), compress=True)
+    with pytest.raises(
+        DataError, match="t10k-images-idx3-ubyte.gz: images are 27x27, the training images 28x28"
+    ):
+        load_dataset("mnist", str(folder))
+
+
+def test_a_fifo_in_place_of_a_data_file_is_refused_without_waiting(tmp_path):
+    """A named pipe would block a reader forever; it is refused as not a regular file."""
+    import os
+
+    folder = write_idx_dataset(tmp_path / "d", compress=False)
+    target = folder / "train-labels-idx1-ubyte"
+    target.unlink()
+    os.mkfifo(target)
+    with pytest.raises(DataError, match="train-labels-idx1-ubyte: not a regular file"):
+        load_dataset("mnist", str(folder))

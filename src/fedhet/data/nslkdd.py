@@ -43,6 +43,8 @@ ATTACK_CATEGORY = {
 
 def read_rows(path: Path) -> list[list[str]]:
     """The file's rows, each checked to have 43 columns; errors name the file and line."""
+    if path.exists() and not path.is_file():
+        raise DataError(f"{path}: not a regular file")
     if not path.is_file():
         raise DataError(
             f"{path}: NSL-KDD file not found (expected {TRAIN_FILE} and {TEST_FILE} in data.data_dir)"

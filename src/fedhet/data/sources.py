@@ -52,20 +52,36 @@ class Dataset:
         return int(self.x_train.shape[0])
 
 
+def check_data_file(path: Path) -> None:
+    """A data file must exist and be a regular file (a folder, a FIFO or a device would
+    hang or mislead a reader); errors name the file."""
+    if not path.exists():
+        raise DataError(f"{path}: file not found")
+    if not path.is_file():
+        raise DataError(f"{path}: not a regular file")
+
+
+def read_data_file(path: Path) -> bytes:
+    """The bytes of a data file, with one-line errors (missing, not a file, unreadable)."""
+    check_data_file(path)
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read ({exc.strerror or exc})") from None
+
+
 def read_idx(path: Path, expected_ndim: int) -> np.ndarray:
     """Read one IDX file (gzipped or not) of unsigned bytes into an array.
 
     Checks the magic number, the number of dimensions and that the payload holds exactly the
     number of items the header announces; raises ``DataError`` naming ``path`` otherwise.
     """
-    try:
-        raw = path.read_bytes()
-        if raw[:2] == b"\x1f\x8b":
+    raw = read_data_file(path)
+    if raw[:2] == b"\x1f\x8b":
+        try:
             raw = gzip.decompress(raw)
-    except FileNotFoundError:
-        raise DataError(f"{path}: file not found") from None
-    except (OSError, EOFError, zlib.error) as exc:
-        raise DataError(f"{path}: corrupt gzip data ({exc})") from None
+        except (OSError, EOFError, zlib.error) as exc:
+            raise DataError(f"{path}: corrupt gzip data ({exc})") from None
     if len(raw) < 4:
         raise DataError(f"{path}: truncated: {len(raw)} bytes, no IDX header")
     zero, dtype_code, ndim = struct.unpack(">HBB", raw[:4])
@@ -105,6 +121,9 @@ def load_idx_folder(name: str, folder: str | Path, num_classes: int = 10) -> Dat
         arrays[key] = read_idx(_find_idx(folder, stem), 3 if key.endswith("images") else 1)
     for split in ("train", "test"):
         n_img, n_lab = len(arrays[f"{split}_images"]), len(arrays[f"{split}_labels"])
+        if n_img == 0:
+            path = _find_idx(folder, IDX_FILES[f"{split}_images"])
+            raise DataError(f"{path}: holds 0 images")
         if n_img != n_lab:
             path = _find_idx(folder, IDX_FILES[f"{split}_labels"])
             raise DataError(f"{path}: wrong count: {n_lab} labels for {n_img} images")
@@ -112,6 +131,13 @@ def load_idx_folder(name: str, folder: str | Path, num_classes: int = 10) -> Dat
         if labels.size and labels.max() >= num_classes:
             path = _find_idx(folder, IDX_FILES[f"{split}_labels"])
             raise DataError(f"{path}: label {labels.max()} out of range 0..{num_classes - 1}")
+    train_shape, test_shape = arrays["train_images"].shape[1:], arrays["test_images"].shape[1:]
+    if train_shape != test_shape:
+        path = _find_idx(folder, IDX_FILES["test_images"])
+        raise DataError(
+            f"{path}: images are {test_shape[0]}x{test_shape[1]}, the training images "
+            f"{train_shape[0]}x{train_shape[1]}"
+        )
     x_train = arrays["train_images"].astype(np.float32) / 255.0
     x_test = arrays["test_images"].astype(np.float32) / 255.0
     mean, std = float(x_train.mean()), float(x_train.std()) or 1.0
@@ -173,11 +199,15 @@ def read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     Returns images [N, 3, 32, 32] (uint8) and labels (int64); errors name the file."""
     import pickle
 
+    if path.exists() and not path.is_file():
+        raise DataError(f"{path}: not a regular file")
     try:
         with path.open("rb") as fh:
             batch = pickle.load(fh, encoding="bytes")
     except FileNotFoundError:
         raise DataError(f"{path}: CIFAR-10 batch file not found") from None
+    except PermissionError as exc:
+        raise DataError(f"{path}: cannot read ({exc.strerror})") from None
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, ImportError) as exc:
         raise DataError(f"{path}: not a CIFAR-10 python batch ({type(exc).__name__}: {exc})") from None
     if not isinstance(batch, dict):
@@ -261,5 +291,22 @@ def load_dataset(name: str, data_dir: str | None = None, label_mode: str = "bina
     if name == "nsl-kdd":
         from fedhet.data.nslkdd import load_nslkdd
 
-        return load_nslkdd(data_dir, label_mode)
-    return DATASETS[name](data_dir)
+        dataset = load_nslkdd(data_dir, label_mode)
+    else:
+        dataset = DATASETS[name](data_dir)
+    return checked(dataset)
+
+
+def checked(dataset: Dataset) -> Dataset:
+    """Refuse a dataset no run can use: an empty split, or test examples shaped unlike the
+    training ones."""
+    where = dataset.name
+    if dataset.num_train == 0 or int(dataset.x_test.shape[0]) == 0:
+        split = "training" if dataset.num_train == 0 else "test"
+        raise DataError(f"{where}: the {split} set holds 0 examples")
+    if dataset.x_test.shape[1:] != dataset.x_train.shape[1:]:
+        raise DataError(
+            f"{where}: test examples have shape {tuple(dataset.x_test.shape[1:])}, "
+            f"training examples {tuple(dataset.x_train.shape[1:])}"
+        )
+    return dataset
