@@ -112,3 +112,39 @@ def test_plot_draws_accuracy_and_deadlines(tmp_path):
         assert (tmp_path / "figs" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     bad = fedhet("plot", "nowhere", "--out", "x", cwd=tmp_path)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "nowhere" in bad.stderr
+
+
+def test_help_lists_every_command_in_plain_words_and_version_prints(tmp_path):
+    done = fedhet("--help", cwd=tmp_path)
+    assert done.returncode == 0 and "``" not in done.stdout
+    for command in ("run", "reproduce", "compare", "plan", "plot", "report", "list"):
+        assert f"\n    {command}" in done.stdout
+    version = fedhet("--version", cwd=tmp_path)
+    assert version.returncode == 0 and version.stdout.startswith("fedhet ")
+
+
+def test_progress_goes_to_logs_one_line_per_evaluation_when_not_a_terminal(tmp_path, config_file):
+    done = fedhet("run", str(config_file), "--set", "run.eval_every=10", cwd=tmp_path)
+    lines = [line for line in done.stderr.splitlines() if " round " in line]
+    assert [line.split()[2] for line in lines] == ["10/30", "20/30", "30/30"]
+    quiet = fedhet("run", str(config_file), "--overwrite", "--quiet", cwd=tmp_path)
+    assert quiet.returncode == 0 and quiet.stderr == ""
+
+
+def test_compare_accepts_a_folder_of_runs_as_the_quickstart_writes(tmp_path):
+    path = tmp_path / "adel.toml"
+    path.write_text(ADEL_TOML.replace("rounds = 12", "rounds = 3"))
+    assert fedhet("run", str(path), "--out", "runs/cmp", "--quiet", cwd=tmp_path).returncode == 0
+    done = fedhet("compare", "runs/cmp", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "adel-fl" in done.stdout and "salf" in done.stdout
+    assert (tmp_path / "runs" / "cmp" / "comparison-accuracy.png").exists()
+
+
+def test_plan_refuses_depth_fraction_without_a_time_law_and_runs_the_shipped_example(tmp_path):
+    done = fedhet("plan", str(REPO / "examples" / "quickstart.toml"), "--depth-fraction", "0.5", cwd=tmp_path)
+    assert done.returncode == 2 and "has no time law" in done.stderr and done.stderr.count("\n") == 1
+    shipped = fedhet(
+        "plan", str(REPO / "examples" / "adelfl_digits.toml"), "--depth-fraction", "0.5", cwd=tmp_path
+    )
+    assert shipped.returncode == 0 and "adel-fl plan: optimal" in shipped.stdout
