@@ -199,6 +199,60 @@ EXPERIMENTS: list[tuple[str, dict]] = [
 ]
 
 
+# Valid but extreme values: they may run, stop on a non-finite value (exit 1) or be refused
+# with one line; never a traceback.
+EXTREMES: list[tuple[str, dict]] = [
+    ("huge shards_per_client", {"data": {"partition": "shards", "shards_per_client": 10**9}}),
+    ("huge batch", {"train": {"batch_size": 10**9}}),
+    ("huge deadline", {"system": {"deadline": 1e30}}),
+    ("tiny per-layer time", {"system": {"model": "exponential", "time_per_sample_layer": 1e-30}}),
+    ("huge per-layer time", {"system": {"model": "exponential", "time_per_sample_layer": 1e30}}),
+    ("tiny dirichlet alpha", {"data": {"partition": "dirichlet", "alpha": 1e-30}}),
+    ("huge dirichlet alpha", {"data": {"partition": "dirichlet", "alpha": 1e30}}),
+    ("tiny fraction", {"data": {"fraction": 1e-30}}),
+    ("tiny held-out share", {"run": {"client_eval": True, "client_eval_fraction": 1e-30}}),
+    ("tiny participation", {"system": {"participation": "two-group", "participation_min": 1e-30}}),
+    ("largest jitter", {"system": {"model": "per-step", "step_jitter": 10.0}}),
+    ("huge comm time", {"system": {"model": "per-step", "comm_time": 1e30}}),
+    (
+        "extreme lognormal fleet",
+        {
+            "system": {
+                "model": "exponential",
+                "capability_profile": "lognormal",
+                "capability_mu": 50.0,
+                "capability_sigma": 10.0,
+            }
+        },
+    ),  # fmt: skip
+    ("huge lr", {"train": {"lr": 1e30}}),
+    ("huge server_lr", {"algorithm": {"name": "fedavg", "server_lr": 1e30}}),
+    ("tiny feddyn alpha", {"algorithm": {"name": "feddyn", "alpha": 1e-30}}),
+    ("huge fedprox mu", {"algorithm": {"name": "fedprox", "mu": 1e30}}),
+    (
+        "tiny amsfl budget",
+        {"algorithm": {"name": "amsfl", "round_budget": 1e-30}, "system": {"model": "per-step"}},
+    ),
+    (
+        "adel-fl tiny budget",
+        {
+            "algorithm": {"name": "adel-fl"},
+            "run": {"time_budget": 1e-30},
+            "system": {"model": "exponential", "deadline": 0.0},
+        },
+    ),  # fmt: skip
+    (
+        "adel-fl huge budget",
+        {
+            "algorithm": {"name": "adel-fl"},
+            "run": {"time_budget": 1e30},
+            "system": {"model": "exponential", "deadline": 0.0},
+        },
+    ),  # fmt: skip
+    ("a huge mlp", {"model": {"hidden": [65536, 65536]}}),
+]
+
+
 def _write(path: Path, document: dict) -> None:
     path.write_text(tomli_w.dumps(document))
 
@@ -292,6 +346,8 @@ def cases(tmp: Path):
     yield "--set bad value", ["run", good, "--set", "run.rounds=abc"]
     yield "--set unknown key", ["run", good, "--set", "run.roundz=3"]
     yield "--resume with fewer rounds", ["__resume_fewer__", good]
+    for label, change in EXTREMES:
+        yield f"extreme: {label}", ["run", config(_merge(BASE, change))]
     for label, change in EXPERIMENTS:
         doc = _merge(BASE, {"grid": {"run.seed": [1, 2]}})
         doc = _merge(doc, change)
@@ -306,7 +362,7 @@ def _alarm(signum, frame):  # pragma: no cover - only on a hang
     raise _Timeout()
 
 
-def run_case(argv: list[str], tmp: Path, index: int) -> tuple[str, str]:
+def run_case(argv: list[str], tmp: Path, index: int, extreme: bool = False) -> tuple[str, str]:
     from fedhet.cli import main
 
     out_args = []
@@ -333,6 +389,8 @@ def run_case(argv: list[str], tmp: Path, index: int) -> tuple[str, str]:
         signal.alarm(0)
     lines = [line for line in err.getvalue().splitlines() if line.strip()]
     errors = [line for line in lines if line.startswith("fedhet: error:")]
+    if extreme and code in (0, 1):
+        return "ran", lines[-1] if lines else ""
     if code == 0:
         return "accepted", err.getvalue().strip()[-200:]
     if code == 2 and len(errors) == 1 and len(lines) == 1:
@@ -350,19 +408,26 @@ def main() -> int:
 
     torch.set_num_threads(1)
     counts = {"rejected": 0, "tracebacks": 0, "accepted": 0, "noisy": 0}
+    extremes = {"ran": 0, "rejected": 0, "tracebacks": 0, "noisy": 0}
     failures = []
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         for index, (label, argv) in enumerate(cases(tmp)):
-            outcome, message = run_case(argv, tmp, index)
-            counts[outcome] += 1
-            if args.verbose or outcome != "rejected":
+            extreme = label.startswith("extreme:")
+            outcome, message = run_case(argv, tmp, index, extreme)
+            (extremes if extreme else counts)[outcome] += 1
+            fine = outcome in (("ran", "rejected") if extreme else ("rejected",))
+            if args.verbose or not fine:
                 print(f"{outcome:<10} {label}: {message}")
-            if outcome != "rejected":
+            if not fine:
                 failures.append(label)
-    total = sum(counts.values())
     print(
-        f"{total} invalid inputs: {counts['rejected']} rejected with one line, "
+        f"{sum(extremes.values())} extreme valid inputs: {extremes['ran']} ran (or stopped on a "
+        f"non-finite value), {extremes['rejected']} refused with one line, "
+        f"{extremes['tracebacks']} tracebacks"
+    )
+    print(
+        f"{sum(counts.values())} invalid inputs: {counts['rejected']} rejected with one line, "
         f"{counts['tracebacks']} tracebacks, {counts['accepted']} accepted silently, "
         f"{counts['noisy']} rejected with extra output"
     )

@@ -231,7 +231,7 @@ def test_a_diverging_run_stops_with_its_last_good_checkpoint_and_resumes_skippin
     summary = json.loads(summary_text, parse_constant=lambda c: pytest.fail(f"non-strict JSON {c}"))
     assert summary["stopped_by"] == "non_finite" and not summary["finished"]
     fault = summary["non_finite"]
-    assert fault["round"] == result.summary["rounds"] + 1 and "not finite" in summary["notes"][-1]
+    assert fault["round"] == result.summary["rounds"] + 1 and "non-finite" in summary["notes"][-1]
     run_dir = RunDirectory(tmp_path / "r")
     assert run_dir.load_checkpoint()["round"] == fault["round"] - 1
     assert len(run_dir.read_metrics()) == fault["round"] - 1

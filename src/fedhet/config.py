@@ -214,8 +214,7 @@ class SystemConfig:
             raise ConfigError(f"system.time_per_sample_step = {self.time_per_sample_step}: must be > 0")
         if self.comm_time < 0:
             raise ConfigError(f"system.comm_time = {self.comm_time}: must be >= 0")
-        if self.step_jitter < 0:
-            raise ConfigError(f"system.step_jitter = {self.step_jitter}: must be >= 0")
+        _in_range("system.step_jitter", self.step_jitter, 0.0, 10.0)
         _at_least("system.straggler_min_depth", self.straggler_min_depth, 1)
         if not 0 < self.capability_low <= self.capability_high:
             raise ConfigError(
@@ -314,11 +313,17 @@ SECTIONS = {
 }
 
 
+MAX_MAGNITUDE = 1e30  # beyond it numbers overflow single-precision tensors
+
+
 def finite(key: str, value: float) -> float:
-    """``value`` as a float; NaN and infinities are refused (no key takes them)."""
+    """``value`` as a float; NaN, infinities and magnitudes above 1e30 are refused (no key
+    takes them: they overflow the single-precision tensors the numbers meet)."""
     value = float(value)
     if not math.isfinite(value):
         raise ConfigError(f"{key} = {value}: must be a finite number")
+    if abs(value) > MAX_MAGNITUDE:
+        raise ConfigError(f"{key} = {value}: must be within ±{MAX_MAGNITUDE:g}")
     return value
 
 

@@ -261,6 +261,8 @@ def _solve_from(
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="delta_grad == 0.0")  # BFGS at a converged point
+            # overflow/0/0 inside the solver at extreme budgets: its status reports the failure
+            warnings.filterwarnings("ignore", category=RuntimeWarning)
             result = minimize(
                 fun,
                 z0,

@@ -28,7 +28,7 @@ class NonFinite:
 
     def describe(self) -> str:
         who = "the global model" if self.client is None else f"client {self.client}"
-        return f"round {self.round}: {who}: {self.what} is not finite"
+        return f"round {self.round}: {who}: non-finite {self.what}"
 
     def to_dict(self) -> dict:
         return {"round": self.round, "client": self.client, "what": self.what}

@@ -31,12 +31,20 @@ def _image_shape(input_shape: Sequence[int], model: str) -> tuple[int, int, int]
     return int(input_shape[0]), int(input_shape[1]), int(input_shape[2])
 
 
+MAX_PARAMETERS = 200_000_000  # 800 MB of float32 weights, before gradients and copies
+
+
 def mlp(input_shape: Sequence[int], num_classes: int, hidden: Sequence[int] = (32, 16)) -> LayeredModel:
     """Fully connected network ``in -> hidden... -> classes``, one layer per Linear."""
     sizes = [1]
     for s in input_shape:
         sizes[0] *= int(s)
     sizes += [int(h) for h in hidden]
+    count = sum((a + 1) * b for a, b in zip(sizes, [*sizes[1:], num_classes], strict=True))
+    if count > MAX_PARAMETERS:
+        raise ConfigError(
+            f"model.hidden = {list(hidden)}: {count:,} parameters; at most {MAX_PARAMETERS:,} are allowed"
+        )
     blocks: list[nn.Module] = []
     for i in range(len(sizes) - 1):
         parts: list[nn.Module] = [nn.Flatten()] if i == 0 else []
