@@ -446,3 +446,44 @@ def test_participation_marginals_hold_for_100000_clients(presence):
     expected = np.exp(k * np.log1p(-presence * s) + (clients - k) * np.log1p(-presence))
     assert np.all(np.isfinite(marginals.no_reach_prob))
     np.testing.assert_allclose(marginals.no_reach_prob, expected, rtol=1e-9, atol=1e-300)
+
+
+@pytest.mark.parametrize("algorithm", [{"name": "salf"}, {"name": "fedstale"}])
+def test_kill_9_then_resume_ends_byte_identical(tmp_path, algorithm):
+    """A run killed with SIGKILL mid-run and resumed writes exactly the metrics.csv of an
+    uninterrupted run (momentum in the client state; FedStale's server memory)."""
+    document = _with(
+        run={"rounds": 400, "eval_every": 20},
+        train={"lr": 0.05, "momentum": 0.9, "keep_momentum": True},
+        system={"participation": "two-group", "participation_min": 0.3},
+        algorithm=algorithm,
+    )
+    path = tmp_path / "c.toml"
+    path.write_text(tomli_w.dumps(document))
+    run = [sys.executable, "-m", "fedhet", "run", str(path), "--quiet", "--out"]
+    assert subprocess.run([*run, str(tmp_path / "ref")], capture_output=True, timeout=300).returncode == 0
+    proc = subprocess.Popen([*run, str(tmp_path / "r")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics = tmp_path / "r" / "metrics.csv"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (not metrics.exists() or metrics.read_text().count("\n") < 40):
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (tmp_path / "r" / "summary.json").exists(), "the run finished before it was killed"
+    resumed = subprocess.run(
+        [*run, str(tmp_path / "r"), "--resume"], capture_output=True, text=True, timeout=300
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert metrics.read_bytes() == (tmp_path / "ref" / "metrics.csv").read_bytes()
+
+
+def test_a_new_run_removes_only_the_files_runs_wrote(tmp_path):
+    """Starting over removes the old run's reports (FedStale's participation.json) but no
+    other file that happens to be in the folder."""
+    stale = from_dict(_with(algorithm={"name": "fedstale"}, system={"participation": "two-group"}))
+    Simulator(stale, tmp_path / "r").run()
+    assert (tmp_path / "r" / "participation.json").exists()
+    (tmp_path / "r" / "notes.json").write_text("{}")
+    Simulator(from_dict(BASE), tmp_path / "r").run(overwrite=True)
+    assert not (tmp_path / "r" / "participation.json").exists()
+    assert (tmp_path / "r" / "notes.json").exists()

@@ -62,6 +62,7 @@ def dumps(document: Any, **kwargs) -> str:
 
 
 LOCK_NAME = ".lock"
+REPORTS_MANIFEST = ".reports"
 
 
 def _reason(exc: OSError) -> str:
@@ -187,8 +188,12 @@ class RunDirectory:
         for name in ("summary.json", "checkpoint.pt", "metrics.csv", "client_metrics.csv", "config.toml"):
             with contextlib.suppress(FileNotFoundError):
                 (self.path / name).unlink()
-        for report in self.path.glob("*.json"):  # algorithm reports (plan.json, ...)
-            report.unlink()
+        manifest = self.path / REPORTS_MANIFEST
+        if manifest.exists():  # algorithm reports this folder's runs wrote (plan.json, ...)
+            for name in manifest.read_text().split():
+                with contextlib.suppress(FileNotFoundError):
+                    (self.path / Path(name).name).unlink()
+            manifest.unlink()
 
     def remove_summary(self) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -257,6 +262,11 @@ class RunDirectory:
         self._atomic_write("summary.json", dumps(summary, indent=2, sort_keys=True))
 
     def write_json(self, name: str, document: dict) -> None:
+        """Write a report; its name is recorded so that a new run here can remove it."""
+        manifest = self.path / REPORTS_MANIFEST
+        known = manifest.read_text().split() if manifest.exists() else []
+        if name not in known:
+            self._atomic_write(REPORTS_MANIFEST, "\n".join([*known, name]) + "\n")
         self._atomic_write(name, dumps(document, indent=2))
 
     def read_summary(self) -> dict:
