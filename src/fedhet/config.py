@@ -27,6 +27,7 @@ MAX_HIDDEN = 65_536
 MAX_NAME = 100
 MAX_CONFIG_BYTES = 10_000_000
 NON_FINITE_POLICIES = ("stop", "skip-client")
+ENGINES = ("embedded", "flower")
 
 
 def check_name(key: str, name: str) -> None:
@@ -58,6 +59,9 @@ class RunConfig:
     client_eval_fraction: float = 0.2  # share of each client's data held out for it
     targets: list = field(default_factory=list)  # accuracies whose first round and time are recorded
     on_non_finite: str = "stop"  # a NaN/inf loss or update: stop the run, or skip that client's update
+    engine: str = "embedded"  # embedded (one process) | flower (Flower's simulation runtime)
+    round_timeout: float = 0.0  # flower: wall-clock seconds to wait for replies (0 = no limit)
+    flower_cpus_per_client: float = 1.0  # flower simulation: CPUs Ray reserves per client
 
     def validate(self) -> None:
         _at_least("run.seed", self.seed, 0)
@@ -70,6 +74,10 @@ class RunConfig:
             raise ConfigError(f"run.time_budget = {self.time_budget}: must be >= 0 (0 = none)")
         check_name("run.name", self.name)
         _one_of("run.on_non_finite", self.on_non_finite, NON_FINITE_POLICIES)
+        _one_of("run.engine", self.engine, ENGINES)
+        if self.round_timeout < 0:
+            raise ConfigError(f"run.round_timeout = {self.round_timeout}: must be >= 0 (0 = no limit)")
+        _in_range("run.flower_cpus_per_client", self.flower_cpus_per_client, 0.0, 1024.0, low_open=True)
         _in_range(
             "run.client_eval_fraction", self.client_eval_fraction, 0.0, 1.0, low_open=True, high_open=True
         )

@@ -46,6 +46,7 @@ def run_summary(config, world, state, notes: list[str]) -> dict:
     return {
         "name": config.run.name,
         "algorithm": config.algorithm_name,
+        "engine": config.run.engine,
         "algorithm_options": config.algorithm_options,
         "dataset": config.data.dataset,
         "model": config.model.name,

@@ -59,11 +59,13 @@ class Simulator:
         out_dir: str | Path,
         on_round: Callable[[dict], None] | None = None,
         client_order: TaskOrder | None = None,
+        clients_factory: Callable[[World], object] | None = None,
     ):
         self.config = config
         self.run_dir = RunDirectory(out_dir)
         self.on_round = on_round
         self.client_order = client_order
+        self.clients_factory = clients_factory
 
     def run(self, resume: bool = False, overwrite: bool = False, stop_after: int | None = None) -> RunResult:
         """Run (or resume) to ``run.rounds`` rounds, or until the next round would take the
@@ -85,9 +87,16 @@ class Simulator:
                 f"rounds; --resume needs run.rounds >= {saved['round']}"
             )
         world = build_world(config)
-        clients = InProcessClients(
-            world.worker, world.client_data, config.run.seed, rule=world.algorithm, order=self.client_order
-        )
+        if self.clients_factory is not None:  # another engine's clients (Flower)
+            clients = self.clients_factory(world)
+        else:
+            clients = InProcessClients(
+                world.worker,
+                world.client_data,
+                config.run.seed,
+                rule=world.algorithm,
+                order=self.client_order,
+            )
         if saved is not None:
             state = from_checkpoint(saved, config.to_dict(), str(run_dir.checkpoint_path))
             run_dir.remove_summary()  # written again when the run finishes
@@ -240,6 +249,13 @@ class Simulator:
 def run(
     config: Config, out_dir: str | Path, resume: bool = False, overwrite: bool = False, **kwargs
 ) -> RunResult:
-    """Run ``config`` on the embedded engine (see :class:`Simulator`)."""
+    """Run ``config`` on its engine: the embedded one (see :class:`Simulator`) or, with
+    ``run.engine = "flower"``, Flower's simulation runtime (:mod:`fedhet.engine.flower`)."""
+    if config.run.engine == "flower":
+        from fedhet.engine.flower import run_simulation
+
+        return run_simulation(
+            config, out_dir, resume=resume, overwrite=overwrite, on_round=kwargs.get("on_round")
+        )
     simulator_kwargs = {k: kwargs.pop(k) for k in ("on_round", "client_order") if k in kwargs}
     return Simulator(config, out_dir, **simulator_kwargs).run(resume=resume, overwrite=overwrite, **kwargs)

@@ -40,7 +40,15 @@ def comparable(config_dict: dict) -> dict:
     return out
 
 
-RESUMABLE_CHANGES = ("rounds", "eval_every", "threads", "on_non_finite")
+RESUMABLE_CHANGES = (
+    "rounds",
+    "eval_every",
+    "threads",
+    "on_non_finite",
+    "engine",
+    "round_timeout",
+    "flower_cpus_per_client",
+)
 
 
 def differences(saved: dict, current: dict) -> list[str]:

@@ -1,0 +1,355 @@
+"""The Flower engine: the same rounds as the embedded engine, with every client task sent as a
+Flower ``Message`` to a ``ClientApp`` on its own SuperNode.
+
+The ServerApp runs fedhet's round driver (:class:`~fedhet.engine.simulator.Simulator`: plan,
+system model, virtual clock, aggregation, evaluation, checkpoints, run directory) with
+:class:`FlowerClients` in place of the in-process clients. Each task travels as a
+``RecordDict``: a ``ConfigRecord`` ``"task"`` (the task's scalars), an ``ArrayRecord``
+``"model"`` (the global parameters and buffers) and an ``ArrayRecord`` ``"payload"`` (the
+algorithm's tensors, e.g. SCAFFOLD's c). The ClientApp loads its own partition (node config
+``partition-id``), keeps its client state (momentum, c_i, g_i) in Flower's
+``context.state``, runs :meth:`~fedhet.client.LocalWorker.execute` with the client's own
+random stream and replies with its :class:`~fedhet.messages.ClientUpdate`: only the covered
+layers. Aggregation is fedhet's (Flower's FedAvg refuses replies whose arrays differ).
+
+A client whose ClientApp raises, or whose reply does not arrive within the round's wall-clock
+timeout, is absent for that round (no update; ``participants`` in metrics.csv says so).
+
+Flower (``pip install 'fedhet[flower]'``) is imported only when this engine is used.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fedhet.errors import FedhetError
+from fedhet.messages import ClientTask, ClientUpdate
+
+log = logging.getLogger("fedhet")
+
+HELLO = "query.fedhet_hello"
+TRAIN = "train"
+QUIET_ENV = {
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_UPDATE_CHECK": "1",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_DEDUP_LOGS": "0",
+    "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+}
+
+
+def require_flower():
+    """Import flwr or stop with one line saying how to install it."""
+    try:
+        import flwr  # noqa: F401
+    except ImportError:
+        raise FedhetError(
+            "run.engine = 'flower' needs Flower: pip install 'fedhet[flower]' (flwr[simulation]==1.41.0)"
+        ) from None
+    for key, value in QUIET_ENV.items():
+        os.environ.setdefault(key, value)
+    import flwr
+
+    return flwr
+
+
+# --- messages -------------------------------------------------------------------------
+
+
+def _split(data: dict) -> tuple[dict, dict]:
+    """Scalars (ConfigRecord values) and NumPy arrays (ArrayRecord values) of a flat dict."""
+    scalars = {
+        k: (v.item() if isinstance(v, np.generic) else v)
+        for k, v in data.items()
+        if not isinstance(v, np.ndarray)
+    }
+    arrays = {k: np.ascontiguousarray(v) for k, v in data.items() if isinstance(v, np.ndarray)}
+    return scalars, arrays
+
+
+def _array_record(arrays: dict):
+    from flwr.app import Array, ArrayRecord
+
+    return ArrayRecord({k: Array(v) for k, v in arrays.items()})
+
+
+def _arrays(record) -> dict:
+    return {k: v.numpy() for k, v in record.items()}
+
+
+def encode_task(task: ClientTask, params: torch.Tensor, buffers: torch.Tensor):
+    """A task and the global model as a Flower ``RecordDict``."""
+    from flwr.app import ConfigRecord, RecordDict
+
+    scalars, arrays = _split(task.to_dict())
+    model = {"params": params.detach().cpu().numpy(), "buffers": buffers.detach().cpu().numpy()}
+    return RecordDict(
+        {"task": ConfigRecord(scalars), "model": _array_record(model), "payload": _array_record(arrays)}
+    )
+
+
+def decode_task(content) -> tuple[ClientTask, torch.Tensor, torch.Tensor]:
+    data = {**dict(content["task"]), **_arrays(content["payload"])}
+    model = _arrays(content["model"])
+    task = ClientTask.from_dict(data)
+    return task, torch.from_numpy(model["params"].copy()), torch.from_numpy(model["buffers"].copy())
+
+
+def encode_update(update: ClientUpdate):
+    from flwr.app import ConfigRecord, RecordDict
+
+    scalars, arrays = _split(update.to_dict())
+    return RecordDict({"update": ConfigRecord(scalars), "arrays": _array_record(arrays)})
+
+
+def decode_update(content) -> ClientUpdate:
+    return ClientUpdate.from_dict({**dict(content["update"]), **_arrays(content["arrays"])})
+
+
+STATE_KEY = "fedhet_client_state"
+
+
+def _state_to_record(state: dict):
+    """A client's state (named tensors) as the ArrayRecord kept in ``context.state``."""
+    tensors = {k: v.detach().cpu().numpy() for k, v in state.items() if isinstance(v, torch.Tensor)}
+    if len(tensors) != len(state):
+        other = sorted(set(state) - set(tensors))
+        raise TypeError(f"client state {other} is not made of tensors")
+    return _array_record(tensors)
+
+
+def _state_from_record(record) -> dict:
+    return {k: torch.from_numpy(v.copy()) for k, v in _arrays(record).items()}
+
+
+def _reason(reply) -> str:
+    """The gist of an error reply: the exception's own message, one line."""
+    reason = str(reply.error.reason)
+    if "Message:" in reason:
+        reason = reason.rsplit("Message:", 1)[1]
+    lines = [line.strip() for line in reason.splitlines() if line.strip()]
+    return (lines[0] if lines else "unknown error")[:200]
+
+
+# --- the ClientApp -----------------------------------------------------------------------
+
+
+@dataclass
+class _ClientSide:
+    """What one process needs to answer tasks: the world (data, model, algorithm) of a
+    configuration, built once per process and configuration."""
+
+    world: object
+    seed: int
+
+
+_CLIENT_SIDES: dict[str, _ClientSide] = {}
+_CLIENT_LOCK = threading.Lock()
+
+
+def _client_side(config_toml: str) -> _ClientSide:
+    with _CLIENT_LOCK:
+        if config_toml not in _CLIENT_SIDES:
+            import tomllib
+
+            from fedhet.config import from_dict
+            from fedhet.world import build_world
+
+            config = from_dict(tomllib.loads(config_toml))
+            torch.set_num_threads(max(1, config.run.threads))
+            _CLIENT_SIDES[config_toml] = _ClientSide(build_world(config), config.run.seed)
+        return _CLIENT_SIDES[config_toml]
+
+
+def partition_of(context) -> int:
+    """The client index this node serves: its node config's ``partition-id``."""
+    node_config = context.node_config
+    if "partition-id" not in node_config:
+        raise FedhetError("this SuperNode has no partition-id in its node config (--node-config)")
+    return int(node_config["partition-id"])
+
+
+def make_client_app(config_toml: str, fail_clients: tuple[int, ...] = ()):
+    """A ClientApp answering fedhet tasks for the run configured by ``config_toml`` (the
+    resolved config). ``fail_clients``: partitions that raise instead (to test failures)."""
+    require_flower()
+    from flwr.app import ConfigRecord, Message, RecordDict
+    from flwr.clientapp import ClientApp
+
+    from fedhet import seeding
+
+    app = ClientApp()
+
+    @app.query("fedhet_hello")
+    def hello(msg: Message, context) -> Message:
+        return Message(RecordDict({"node": ConfigRecord({"partition": partition_of(context)})}), reply_to=msg)
+
+    @app.train()
+    def train(msg: Message, context) -> Message:
+        partition = partition_of(context)
+        if partition in fail_clients:
+            raise RuntimeError(f"client {partition} fails on purpose")
+        side = _client_side(config_toml)
+        task, params, buffers = decode_task(msg.content)
+        if task.client != partition:
+            raise FedhetError(f"task for client {task.client} sent to the node of partition {partition}")
+        world = side.world
+        state = _state_from_record(context.state[STATE_KEY]) if STATE_KEY in context.state else {}
+        stream = "probe" if task.kind == "probe" else "training"
+        rng = seeding.client_stream(side.seed, task.round, task.client, stream)
+        update = world.worker.execute(
+            task, params, buffers, world.client_data(task.client), state, rng, world.algorithm
+        )
+        context.state[STATE_KEY] = _state_to_record(state)
+        return Message(encode_update(update), reply_to=msg)
+
+    return app
+
+
+# --- the server side -----------------------------------------------------------------------
+
+
+class FlowerClients:
+    """Runs client tasks through a Flower ``Grid``: one message per task to the node serving
+    that client; replies that are errors or late are absent clients. Same interface as
+    :class:`~fedhet.engine.clients.InProcessClients`."""
+
+    def __init__(self, grid, nodes: dict[int, int], timeout: float | None):
+        self.grid = grid
+        self.nodes = nodes  # client index -> node id
+        self.timeout = timeout
+        self.failures: list[tuple[int, int, str]] = []  # (round, client, why)
+
+    def run(self, tasks: list[ClientTask], params, buffers, states) -> list[ClientUpdate]:
+        from flwr.app import Message
+
+        messages, sent = [], {}
+        for task in tasks:
+            message = Message(encode_task(task, params, buffers), self.nodes[task.client], TRAIN)
+            messages.append(message)
+            sent[task.client] = task
+        replies = list(self.grid.send_and_receive(messages, timeout=self.timeout))
+        updates = []
+        for reply in replies:
+            if reply.has_error():
+                client = self._client_of(reply.metadata.src_node_id)
+                self._fail(sent, client, f"client error: {_reason(reply)}")
+                continue
+            update = decode_update(reply.content)
+            updates.append(update)
+        answered = {u.client for u in updates} | {c for _, c, _ in self.failures if c in sent}
+        for client in sent:
+            if client not in answered:
+                self._fail(sent, client, "no reply within the round's timeout")
+        return sorted(updates, key=lambda u: u.client)
+
+    def _client_of(self, node_id: int) -> int:
+        return next(c for c, n in self.nodes.items() if n == node_id)
+
+    def _fail(self, sent: dict, client: int, why: str) -> None:
+        task = sent[client]
+        self.failures.append((task.round, client, why))
+        log.warning("round %d: client %d absent: %s", task.round + 1, client, why)
+
+
+def discover_nodes(grid, num_clients: int, wait: float = 120.0) -> dict[int, int]:
+    """Map client index -> node id by asking every connected node for its partition-id;
+    waits (up to ``wait`` seconds) until ``num_clients`` distinct partitions answered."""
+    from flwr.app import Message, RecordDict
+
+    deadline = time.monotonic() + wait
+    nodes: dict[int, int] = {}
+    while True:
+        node_ids = [n for n in grid.get_node_ids() if n not in nodes.values()]
+        if node_ids:
+            asks = [Message(RecordDict(), node_id, HELLO) for node_id in node_ids]
+            for reply in grid.send_and_receive(asks, timeout=30):
+                if not reply.has_error():
+                    nodes[int(reply.content["node"]["partition"])] = reply.metadata.src_node_id
+        if all(c in nodes for c in range(num_clients)):
+            return {c: nodes[c] for c in range(num_clients)}
+        if time.monotonic() > deadline:
+            missing = [c for c in range(num_clients) if c not in nodes]
+            raise FedhetError(
+                f"flower: {len(missing)} of {num_clients} partitions never connected (e.g. {missing[:5]})"
+            )
+        time.sleep(1.0)
+
+
+def make_server_app(
+    config,
+    out_dir: str | Path,
+    resume: bool = False,
+    overwrite: bool = False,
+    on_round: Callable[[dict], None] | None = None,
+    outcome: dict | None = None,
+):
+    """A ServerApp that runs ``config`` with fedhet's round driver and Flower clients; the
+    RunResult (or the error) is left in ``outcome``."""
+    require_flower()
+    from flwr.serverapp import ServerApp
+
+    from fedhet.engine.simulator import Simulator
+
+    app = ServerApp()
+    outcome = {} if outcome is None else outcome
+
+    @app.main()
+    def main(grid, context) -> None:
+        try:
+            nodes = discover_nodes(grid, config.data.num_clients)
+            timeout = config.run.round_timeout or None
+
+            def clients(world):
+                return FlowerClients(grid, nodes, timeout)
+
+            simulator = Simulator(config, out_dir, on_round=on_round, clients_factory=clients)
+            outcome["result"] = simulator.run(resume=resume, overwrite=overwrite)
+        except BaseException as exc:  # reported by the caller, outside Flower's runtime
+            outcome["error"] = exc
+
+    return app
+
+
+def run_simulation(
+    config,
+    out_dir: str | Path,
+    resume: bool = False,
+    overwrite: bool = False,
+    on_round: Callable[[dict], None] | None = None,
+    fail_clients: tuple[int, ...] = (),
+):
+    """Run ``config`` on Flower's simulation runtime (Ray backend): one virtual SuperNode per
+    client, ``run.flower_cpus_per_client`` CPUs each. Returns the RunResult."""
+    require_flower()
+    from flwr.simulation import run_simulation as flower_run_simulation
+
+    outcome: dict = {}
+    server = make_server_app(config, out_dir, resume, overwrite, on_round, outcome)
+    client = make_client_app(config.to_toml(), fail_clients)
+    backend = {
+        "client_resources": {"num_cpus": config.run.flower_cpus_per_client, "num_gpus": 0.0},
+        "init_args": {"log_to_driver": False, "include_dashboard": False},
+    }
+    levels = {name: logging.getLogger(name).level for name in ("flwr", "ray")}
+    for name in levels:  # Flower's deprecation notice and start-up lines
+        logging.getLogger(name).setLevel(logging.ERROR)
+    try:
+        flower_run_simulation(server, client, num_supernodes=config.data.num_clients, backend_config=backend)
+    finally:
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
+    if "error" in outcome:
+        raise outcome["error"]
+    if "result" not in outcome:
+        raise FedhetError("flower: the simulation ended without a result (see Flower's log above)")
+    return outcome["result"]
