@@ -114,6 +114,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from fedhet.engine.simulator import run
     from fedhet.studies.grid import compare_cells
 
+    if args.engine:
+        args.set = [*args.set, f'run.engine="{args.engine}"']
     config = load_config(args.config, args.set)
     out = Path(args.out) if args.out else Path("runs") / config.run.name
     if not config.compare.algorithms:
@@ -278,6 +280,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue an interrupted run")
     p.add_argument("--overwrite", action="store_true", help="discard an existing run in --out")
     p.add_argument("--quiet", action="store_true", help="no progress output, only the final table")
+    p.add_argument(
+        "--engine",
+        choices=("embedded", "flower"),
+        help="run.engine: embedded (one process, default) or flower (Flower's simulation runtime)",
+    )
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser(

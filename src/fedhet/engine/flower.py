@@ -178,9 +178,13 @@ def partition_of(context) -> int:
     return int(node_config["partition-id"])
 
 
-def make_client_app(config_toml: str, fail_clients: tuple[int, ...] = ()):
+def make_client_app(
+    config_toml: str, fail_clients: tuple[int, ...] = (), delay_clients: dict[int, float] | None = None
+):
     """A ClientApp answering fedhet tasks for the run configured by ``config_toml`` (the
-    resolved config). ``fail_clients``: partitions that raise instead (to test failures)."""
+    resolved config). For tests of failures: ``fail_clients`` raise instead of training,
+    ``delay_clients`` (partition -> seconds) sleep before replying."""
+    delay_clients = dict(delay_clients or {})
     require_flower()
     from flwr.app import ConfigRecord, Message, RecordDict
     from flwr.clientapp import ClientApp
@@ -198,6 +202,8 @@ def make_client_app(config_toml: str, fail_clients: tuple[int, ...] = ()):
         partition = partition_of(context)
         if partition in fail_clients:
             raise RuntimeError(f"client {partition} fails on purpose")
+        if partition in delay_clients:
+            time.sleep(delay_clients[partition])
         side = _client_side(config_toml)
         task, params, buffers = decode_task(msg.content)
         if task.client != partition:
@@ -327,6 +333,7 @@ def run_simulation(
     overwrite: bool = False,
     on_round: Callable[[dict], None] | None = None,
     fail_clients: tuple[int, ...] = (),
+    delay_clients: dict[int, float] | None = None,
 ):
     """Run ``config`` on Flower's simulation runtime (Ray backend): one virtual SuperNode per
     client, ``run.flower_cpus_per_client`` CPUs each. Returns the RunResult."""
@@ -335,7 +342,7 @@ def run_simulation(
 
     outcome: dict = {}
     server = make_server_app(config, out_dir, resume, overwrite, on_round, outcome)
-    client = make_client_app(config.to_toml(), fail_clients)
+    client = make_client_app(config.to_toml(), fail_clients, delay_clients)
     backend = {
         "client_resources": {"num_cpus": config.run.flower_cpus_per_client, "num_gpus": 0.0},
         "init_args": {"log_to_driver": False, "include_dashboard": False},
