@@ -115,3 +115,85 @@ def test_tasks_and_updates_survive_a_record_dict_round_trip():
     again = decode_update(encode_update(update))
     assert torch.equal(again.delta, update.delta) and again.steps == 3 and again.loss == pytest.approx(0.7)
     assert torch.equal(again.payload["delta_control"], torch.ones(3))
+
+
+# --- real deployment: a SuperLink and three SuperNodes on this machine ---------------------
+
+import shutil  # noqa: E402
+import signal  # noqa: E402
+import socket  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+APP = REPO / "examples" / "flower-app"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _bin(name: str) -> str:
+    path = Path(sys.executable).with_name(name)
+    return str(path) if path.exists() else (shutil.which(name) or name)
+
+
+class Deployment:
+    """A SuperLink and SuperNodes started as the README's deployment section says."""
+
+    def __init__(self, home: Path, node_configs: list[str]):
+        self.home, self.procs = home, []
+        self.port = _free_port()
+        self.env = {**os.environ, "FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0",
+                    "FLWR_DISABLE_UPDATE_CHECK": "1", "OMP_NUM_THREADS": "1"}  # fmt: skip
+        home.mkdir(parents=True, exist_ok=True)
+        (home / "config.toml").write_text(
+            f'[superlink]\ndefault = "local-test"\n\n[superlink.local-test]\n'
+            f'address = "127.0.0.1:{self.port}"\ninsecure = true\n'
+        )
+        self._start([_bin("flower-superlink"), "--insecure", "--port", str(self.port),
+                     "--disable-runtime-dependency-installation"], "superlink")  # fmt: skip
+        time.sleep(3)
+        for i, node_config in enumerate(node_configs):
+            link = f"127.0.0.1:{self.port}"
+            cmd = [_bin("flower-supernode"), "--insecure", "--superlink", link, "--port", str(_free_port())]
+            self._start([*cmd, "--node-config", node_config], f"supernode{i}")
+
+    def _start(self, cmd: list[str], name: str) -> None:
+        log = (self.home / f"{name}.log").open("w")
+        self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                           start_new_session=True))  # fmt: skip
+
+    def run(self, *run_config: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        cmd = [_bin("flwr"), "run", str(APP), "local-test", "--stream"]
+        for item in run_config:
+            cmd += ["--run-config", item]
+        return subprocess.run(cmd, capture_output=True, text=True, env=self.env, timeout=timeout)
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            with __import__("contextlib").suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_a_superlink_and_three_supernodes_run_the_app_to_the_end(tmp_path):
+    """The example Flower App on real SuperNodes (each its own partition from its node
+    config) gives the embedded engine's metrics for the same fedhet.toml."""
+    deployment = Deployment(tmp_path / "flwr", [f"partition-id={i} num-partitions=3" for i in range(3)])
+    try:
+        time.sleep(3)
+        done = deployment.run(f'out="{tmp_path / "run"}"')
+    finally:
+        deployment.stop()
+    assert (tmp_path / "run" / "summary.json").exists(), done.stdout[-3000:] + done.stderr[-2000:]
+    from fedhet.config import load_config
+
+    embedded = Simulator(load_config(APP / "fedhet.toml"), tmp_path / "embedded").run()
+    deployed = (tmp_path / "run" / "metrics.csv").read_text()
+    assert deployed == (tmp_path / "embedded" / "metrics.csv").read_text()
+    assert len(embedded.metrics) == 3

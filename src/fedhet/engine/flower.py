@@ -179,12 +179,16 @@ def partition_of(context) -> int:
 
 
 def make_client_app(
-    config_toml: str, fail_clients: tuple[int, ...] = (), delay_clients: dict[int, float] | None = None
+    config_toml: str | Callable[[object], str],
+    fail_clients: tuple[int, ...] = (),
+    delay_clients: dict[int, float] | None = None,
 ):
     """A ClientApp answering fedhet tasks for the run configured by ``config_toml`` (the
-    resolved config). For tests of failures: ``fail_clients`` raise instead of training,
-    ``delay_clients`` (partition -> seconds) sleep before replying."""
+    resolved config, or a function of the Flower context returning it). For tests of
+    failures: ``fail_clients`` raise instead of training, ``delay_clients`` (partition ->
+    seconds) sleep before replying."""
     delay_clients = dict(delay_clients or {})
+    config_of = config_toml if callable(config_toml) else (lambda context: config_toml)
     require_flower()
     from flwr.app import ConfigRecord, Message, RecordDict
     from flwr.clientapp import ClientApp
@@ -204,7 +208,7 @@ def make_client_app(
             raise RuntimeError(f"client {partition} fails on purpose")
         if partition in delay_clients:
             time.sleep(delay_clients[partition])
-        side = _client_side(config_toml)
+        side = _client_side(config_of(context))
         task, params, buffers = decode_task(msg.content)
         if task.client != partition:
             raise FedhetError(f"task for client {task.client} sent to the node of partition {partition}")
@@ -299,12 +303,11 @@ def make_server_app(
     on_round: Callable[[dict], None] | None = None,
     outcome: dict | None = None,
 ):
-    """A ServerApp that runs ``config`` with fedhet's round driver and Flower clients; the
-    RunResult (or the error) is left in ``outcome``."""
+    """A ServerApp that runs ``config`` (or, if callable, ``config(context)`` returning
+    ``(config, out_dir)``) with fedhet's round driver and Flower clients; the RunResult (or
+    the error) is left in ``outcome``."""
     require_flower()
     from flwr.serverapp import ServerApp
-
-    from fedhet.engine.simulator import Simulator
 
     app = ServerApp()
     outcome = {} if outcome is None else outcome
@@ -312,18 +315,60 @@ def make_server_app(
     @app.main()
     def main(grid, context) -> None:
         try:
-            nodes = discover_nodes(grid, config.data.num_clients)
-            timeout = config.run.round_timeout or None
-
-            def clients(world):
-                return FlowerClients(grid, nodes, timeout)
-
-            simulator = Simulator(config, out_dir, on_round=on_round, clients_factory=clients)
-            outcome["result"] = simulator.run(resume=resume, overwrite=overwrite)
+            run_config, run_out = config(context) if callable(config) else (config, out_dir)
+            outcome["result"] = serve(grid, run_config, run_out, resume, overwrite, on_round)
         except BaseException as exc:  # reported by the caller, outside Flower's runtime
             outcome["error"] = exc
+            if callable(config):  # a deployment: nobody else will report it
+                log.error("fedhet: error: %s", exc)
+                raise
 
     return app
+
+
+def serve(grid, config, out_dir, resume=False, overwrite=False, on_round=None):
+    """Run ``config`` over the nodes of ``grid`` with fedhet's round driver."""
+    from fedhet.engine.simulator import Simulator
+
+    nodes = discover_nodes(grid, config.data.num_clients)
+    timeout = config.run.round_timeout or None
+
+    def clients(world):
+        return FlowerClients(grid, nodes, timeout)
+
+    simulator = Simulator(config, out_dir, on_round=on_round, clients_factory=clients)
+    return simulator.run(resume=resume, overwrite=overwrite)
+
+
+def _app_config(app_dir: Path, context):
+    """A deployed app's fedhet configuration: the file named by the run config's ``config``
+    (relative to the app folder), with ``set`` overrides (``"run.rounds=3 train.lr=0.05"``)."""
+    from fedhet.config import load_config
+
+    run_config = context.run_config
+    path = Path(str(run_config.get("config", "fedhet.toml")))
+    path = path if path.is_absolute() else app_dir / path
+    overrides = [item for item in str(run_config.get("set", "")).split() if item]
+    return load_config(path, overrides)
+
+
+def deployment_server_app(app_dir: str | Path):
+    """The ServerApp of a Flower App folder (see ``examples/flower-app``): reads the fedhet
+    configuration named in the run config and writes the run to ``out`` (run config; the
+    default is ``runs/<run.name>`` under the SuperLink's working folder)."""
+
+    def configure(context):
+        config = _app_config(Path(app_dir), context)
+        out = str(context.run_config.get("out", "")) or str(Path("runs") / config.run.name)
+        return config, out
+
+    return make_server_app(configure, "", overwrite=True)
+
+
+def deployment_client_app(app_dir: str | Path):
+    """The ClientApp of a Flower App folder: serves the partition of its SuperNode's
+    ``--node-config "partition-id=..."`` for the configuration named in the run config."""
+    return make_client_app(lambda context: _app_config(Path(app_dir), context).to_toml())
 
 
 def run_simulation(

@@ -1,0 +1,1 @@
+"""fedhet as a Flower App."""
