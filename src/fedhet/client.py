@@ -21,6 +21,7 @@ get no gradient, cost no backward compute and do not move (SALF Sec. III-A).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -111,6 +112,8 @@ class LocalWorker:
     def __init__(self, flat: FlatModel, sgd: SGDSettings | None = None):
         self.flat = flat
         self.sgd = sgd or SGDSettings()
+        self.slowdown = 1.0  # wall-clock tasks: this device runs `slowdown` times slower
+        self.layer_delay = 0.0  # wall-clock tasks: extra seconds per layer back-propagated
 
     @property
     def num_layers(self) -> int:
@@ -152,14 +155,25 @@ class LocalWorker:
             raise NotImplementedError("sub-models of a reduced width are not supported yet")
         depth, steps = task.coverage.depth, task.local_steps
         flat = self.flat
+        n = len(data)
+        clock = None
+        first = None
+        if task.time_limit and depth <= flat.num_layers and steps > 0:
+            x, y = data.batch(rng, task.batch_size)
+            self._warm_up(x, y)
+            flat.load(params, buffers)  # after the warm-up, which may touch BatchNorm statistics
+            flat.model.train()
+            clock = WallClockBudget(task.time_limit, self.slowdown, self.layer_delay)
+            depth, first = timed_first_step(flat.model, x, y, depth, clock)
+        coverage = task.coverage if clock is None else Coverage(depth, task.coverage.width)
         pslice = flat.param_slices.from_depth(depth)
         bslice = flat.buffer_slices.from_depth(depth)
-        n = len(data)
         if depth > flat.num_layers or steps <= 0:
             return ClientUpdate(
-                task.client, task.coverage, 0, n, float("nan"), torch.zeros(0), model_round=task.model_round
+                task.client, coverage, 0, n, float("nan"), torch.zeros(0), model_round=task.model_round
             )
-        flat.load(params, buffers)
+        if first is None:
+            flat.load(params, buffers)
         model = flat.model
         model.train()
         reached = flat.parameters_from_depth(depth)
@@ -167,10 +181,19 @@ class LocalWorker:
         buf = state.get("momentum") if (self.sgd.momentum and self.sgd.keep_momentum) else None
         track = rule is not None and getattr(rule, "tracks_gradient_differences", False)
         losses = []
-        for _ in range(steps):
-            x, y = data.batch(rng, task.batch_size)
-            loss = F.cross_entropy(model(x, depth), y)
-            grads = torch.autograd.grad(loss, reached)
+        done = 0
+        for step in range(steps):
+            if step == 0 and first is not None:  # the timed step already ran
+                loss, grads = first
+            else:
+                if clock is not None and not clock.fits_another_step():
+                    break
+                x, y = data.batch(rng, task.batch_size)
+                loss = F.cross_entropy(model(x, depth), y)
+                grads = torch.autograd.grad(loss, reached)
+                if clock is not None:
+                    clock.step_done(flat.num_layers + 1 - depth)
+            done += 1
             losses.append(float(loss.detach()))
             with torch.no_grad():
                 grad = torch.cat([g.reshape(-1) for g in grads])
@@ -199,8 +222,8 @@ class LocalWorker:
         with torch.no_grad():
             update = ClientUpdate(
                 client=task.client,
-                coverage=task.coverage,
-                steps=steps,
+                coverage=coverage,
+                steps=done,
                 num_samples=n,
                 loss=float(np.mean(losses)),
                 delta=region - params[pslice],
@@ -210,6 +233,15 @@ class LocalWorker:
             if rule is not None:
                 rule.finish_local_work(task, update, state, pslice, flat.params, params)
         return update
+
+    def _warm_up(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Once per process, before the first timed task: autograd's first calls are slow
+        (a fresh process pays a quarter of a second), which is no property of the device."""
+        if getattr(self, "_warm", False):
+            return
+        self.flat.model.train()
+        timed_first_step(self.flat.model, x[:2], y[:2], 1, WallClockBudget(60.0))
+        self._warm = True
 
     def _gradient_at(
         self,
@@ -298,3 +330,92 @@ def evaluate(
         total_loss += float(F.cross_entropy(out, target, reduction="sum"))
         correct += int((out.argmax(1) == target).sum())
     return total_loss / len(y), correct / len(y)
+
+
+class WallClockBudget:
+    """A wall-clock task's time: started now, ``limit`` seconds to deliver; on a device
+    ``slowdown`` times slower than this host (each measured piece of work is followed by a
+    sleep of ``slowdown - 1`` times its duration) plus ``layer_delay`` seconds per layer
+    back-propagated."""
+
+    def __init__(self, limit: float, slowdown: float = 1.0, layer_delay: float = 0.0):
+        self.limit, self.slowdown, self.layer_delay = float(limit), float(slowdown), float(layer_delay)
+        self.start = time.perf_counter()
+        self.mark = self.start
+        self.last_step = 0.0
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def spend(self, seconds: float, layers: int = 1) -> float:
+        """Make ``seconds`` of measured work last as long as on the slow device; returns the
+        device time it took."""
+        extra = (self.slowdown - 1.0) * seconds + self.layer_delay * layers
+        if extra > 0:
+            time.sleep(extra)
+        return seconds + max(extra, 0.0)
+
+    def fits(self, seconds: float) -> bool:
+        return self.elapsed() + seconds <= self.limit
+
+    def step_done(self, layers: int) -> None:
+        now = time.perf_counter()
+        self.spend(now - self.mark, layers)
+        end = time.perf_counter()
+        self.last_step, self.mark = end - self.mark, end
+
+    def fits_another_step(self) -> bool:
+        self.mark = time.perf_counter()
+        return self.fits(self.last_step)
+
+
+def timed_first_step(model, x: torch.Tensor, y: torch.Tensor, depth: int, clock: WallClockBudget):
+    """One local step back-propagated layer by layer from the output, timing each layer and
+    stopping before the deadline would pass (SALF on real hardware): returns the layer
+    reached (``L + 1`` if not even the output layer fits) and ``(loss, gradients of the
+    reached layers' parameters)`` or None.
+
+    The forward pass runs block by block with each block's input detached, so that each
+    layer's backward is its own ``autograd.grad`` call whose time is measured; a layer is
+    started only if the time left covers its predicted time (the previous layer's measured
+    backward time scaled by the two layers' forward times; the first from its forward time)."""
+    blocks = model.blocks
+    num_layers = len(blocks)
+    with torch.no_grad():
+        for block in blocks[: depth - 1]:
+            x = block(x)
+    inputs, outputs, forward_times = [], [], []
+    h = x.detach()
+    for index, block in enumerate(blocks[depth - 1 :]):
+        start = time.perf_counter()
+        inp = h.detach().requires_grad_(index > 0)
+        out = block(inp)
+        forward_times.append(clock.spend(time.perf_counter() - start, 0))
+        inputs.append(inp)
+        outputs.append(out)
+        h = out
+    loss = F.cross_entropy(h, y)
+    grad_out = torch.autograd.grad(loss, outputs[-1])[0]
+    per_layer: dict[int, tuple] = {}
+    estimate = 2.0 * forward_times[-1] + clock.layer_delay
+    reached = num_layers + 1
+    for index in reversed(range(len(outputs))):
+        layer = depth + index
+        if not clock.fits(estimate):
+            break
+        params = list(blocks[layer - 1].parameters())
+        wanted = params + ([inputs[index]] if index > 0 else [])
+        start = time.perf_counter()
+        results = torch.autograd.grad(outputs[index], wanted, grad_outputs=grad_out)
+        took = clock.spend(time.perf_counter() - start)
+        per_layer[layer] = results[: len(params)]
+        reached = layer
+        if index > 0:
+            grad_out = results[-1]
+            ratio = forward_times[index - 1] / max(forward_times[index], 1e-9)
+            estimate = (took - clock.layer_delay) * ratio + clock.layer_delay
+    clock.mark, clock.last_step = time.perf_counter(), clock.elapsed()
+    if reached > num_layers:
+        return reached, None
+    grads = tuple(g for layer in range(reached, num_layers + 1) for g in per_layer[layer])
+    return reached, (loss, grads)

@@ -75,7 +75,9 @@ class ClientTask:
     the client's simulated outcome allows by the deadline); ``deadline`` is the round's
     (``None`` = no deadline); ``model_round`` is the round the sent parameters come from;
     ``kind`` is ``"train"`` or ``"probe"`` (gradient statistics, nothing trained);
-    ``payload`` carries algorithm data such as SCAFFOLD's server control variate c.
+    ``payload`` carries algorithm data such as SCAFFOLD's server control variate c;
+    ``time_limit`` (wall-clock seconds, the ``wall-clock`` system model) lets the client cut
+    its own work: it back-propagates layer by layer and delivers the layers it finished.
     """
 
     round: int
@@ -88,9 +90,10 @@ class ClientTask:
     model_round: int = 0
     kind: str = "train"
     payload: Payload = field(default_factory=dict)
+    time_limit: float | None = None
 
     def to_dict(self) -> dict:
-        """A flat dict of NumPy arrays and scalars (``None`` deadline as NaN)."""
+        """A flat dict of NumPy arrays and scalars (``None`` deadline or time limit as NaN)."""
         scalars = {
             "round": self.round,
             "client": self.client,
@@ -102,6 +105,7 @@ class ClientTask:
             "deadline": float("nan") if self.deadline is None else float(self.deadline),
             "model_round": self.model_round,
             "kind": self.kind,
+            "time_limit": float("nan") if self.time_limit is None else float(self.time_limit),
         }
         arrays: dict = {}
         _payload_to_dict(self.payload, "payload.", arrays, scalars)
@@ -110,6 +114,7 @@ class ClientTask:
     @classmethod
     def from_dict(cls, data: dict) -> ClientTask:
         deadline = float(data["deadline"])
+        time_limit = float(data.get("time_limit", float("nan")))
         return cls(
             round=int(data["round"]),
             client=int(data["client"]),
@@ -121,6 +126,7 @@ class ClientTask:
             model_round=int(data["model_round"]),
             kind=str(data["kind"]),
             payload=_payload_from_dict(data, "payload."),
+            time_limit=None if np.isnan(time_limit) else time_limit,
         )
 
 

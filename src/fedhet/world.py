@@ -134,6 +134,10 @@ def _build_straggler_model(config: Config, num_clients: int, num_layers: int) ->
     setup_rng = seeding.stream(config.run.seed, "system-setup")
     if s.model == "full":
         return NoStragglers(num_clients, num_layers, deadline=config.round_deadline)
+    if s.model == "wall-clock":
+        from fedhet.system.wallclock import WallClock
+
+        return WallClock(num_clients, num_layers, deadline=config.round_deadline)
     if s.model == "uniform-depth":
         return UniformDepth(num_clients, num_layers, deadline=config.round_deadline)
     if s.model == "straggler-ratio":

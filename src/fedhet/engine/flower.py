@@ -213,6 +213,8 @@ def make_client_app(
         if task.client != partition:
             raise FedhetError(f"task for client {task.client} sent to the node of partition {partition}")
         world = side.world
+        world.worker.slowdown = float(context.node_config.get("slowdown", 1.0))  # wall-clock tasks
+        world.worker.layer_delay = float(context.node_config.get("layer-delay", 0.0))
         state = _state_from_record(context.state[STATE_KEY]) if STATE_KEY in context.state else {}
         stream = "probe" if task.kind == "probe" else "training"
         rng = seeding.client_stream(side.seed, task.round, task.client, stream)

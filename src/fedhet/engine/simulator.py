@@ -99,6 +99,7 @@ class Simulator:
             )
         if saved is not None:
             state = from_checkpoint(saved, config.to_dict(), str(run_dir.checkpoint_path))
+            world.system.load_state_dict(state.system)
             run_dir.remove_summary()  # written again when the run finishes
         else:
             state = self._fresh_state(world, clients)
@@ -207,7 +208,12 @@ class Simulator:
             for c in range(world.num_clients)
             if (task := algorithm.client_task(context, c, state.algorithm))
         ]
+        if system.wall_clock and plan.deadline is not None:  # clients cut their own work
+            for task in tasks:
+                task.time_limit = plan.deadline
         updates = clients.run(tasks, state.params, state.buffers, state.clients)
+        system.observe(updates)
+        state.system = system.state_dict()
         faulty = [(u.client, what) for u in updates if (what := update_fault(u))]
         if faulty and config.run.on_non_finite == "stop":
             return NonFinite(t + 1, faulty[0][0], faulty[0][1])
@@ -221,6 +227,8 @@ class Simulator:
             return NonFinite(t + 1, None, what)
         state.params, state.buffers = params, buffers
         state.sim_time = clock.advance(duration)
+        # depths reached: sampled by the model, or (wall-clock) delivered by the clients
+        depths = np.array([u.depth for u in updates]) if system.wall_clock else outcomes.depth[asked]
         row = metrics_row(
             t + 1,
             state.sim_time,
@@ -228,7 +236,7 @@ class Simulator:
             plan.deadline,
             plan.lr,
             updates,
-            outcomes.depth[asked],
+            depths,
             len(faulty),
         )
         if evaluator.due(t + 1):

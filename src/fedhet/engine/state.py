@@ -31,6 +31,7 @@ class RunState:
     metrics: list[dict] = field(default_factory=list)
     client_metrics: list[dict] = field(default_factory=list)
     stopped_by: str | None = None
+    system: dict = field(default_factory=dict)  # what the system model learned (wall-clock)
 
 
 def comparable(config_dict: dict) -> dict:
@@ -76,6 +77,7 @@ def to_checkpoint(state: RunState, config_dict: dict) -> dict:
         "metrics": state.metrics,
         "client_metrics": state.client_metrics,
         "stopped_by": state.stopped_by,
+        "system": state.system,
     }
 
 
@@ -105,4 +107,5 @@ def from_checkpoint(saved: dict, config_dict: dict, where: str) -> RunState:
         metrics=saved["metrics"],
         client_metrics=saved["client_metrics"],
         stopped_by=saved["stopped_by"],
+        system=saved.get("system", {}),
     )

@@ -94,10 +94,21 @@ class SystemModel:
     """Base class: ``sample`` draws outcomes, ``marginals`` gives their probabilities."""
 
     name = "base"
+    wall_clock = False  # True: clients cut their own work against a real deadline
 
     def __init__(self, num_clients: int, num_layers: int):
         self.num_clients = num_clients
         self.num_layers = num_layers
+
+    def observe(self, updates) -> None:
+        """Learn from a round's delivered updates (models that estimate their marginals)."""
+
+    def state_dict(self) -> dict:
+        """What :meth:`observe` learned, for checkpoints."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` returned."""
 
     def sample(self, work: Workload, rng: np.random.Generator) -> Outcomes:
         raise NotImplementedError
@@ -537,7 +548,7 @@ class PerStepCost(SystemModel):
         return Marginals(reach, np.prod(1.0 - reach, axis=0), np.ones(self.num_clients), step_prob)
 
 
-SYSTEM_MODELS = ("full", "uniform-depth", "straggler-ratio", "exponential", "per-step")
+SYSTEM_MODELS = ("full", "uniform-depth", "straggler-ratio", "exponential", "per-step", "wall-clock")
 
 
 def expected_depth_fraction(system: SystemModel, deadline: float, batch_sizes: np.ndarray) -> float:

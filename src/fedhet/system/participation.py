@@ -108,3 +108,16 @@ class BernoulliParticipation(SystemModel):
 
     def no_reach_given_presence(self, work, presence):
         return self.base.no_reach_given_presence(work, presence * self.participation_prob)
+
+    @property
+    def wall_clock(self) -> bool:
+        return self.base.wall_clock
+
+    def observe(self, updates) -> None:
+        self.base.observe(updates)
+
+    def state_dict(self) -> dict:
+        return self.base.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.base.load_state_dict(state)
