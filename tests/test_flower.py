@@ -222,3 +222,32 @@ def test_a_slowed_supernode_delivers_the_layers_it_finished_by_a_real_deadline(t
     # depths 1, 1 and 3 (layers 3..3 of an MLP with 3 layers) in every round
     assert [r["mean_depth"] for r in rows] == pytest.approx([5 / 3] * 3)
     assert [r["sim_time"] for r in rows] == pytest.approx([0.5, 1.0, 1.5])
+
+
+# --- experiment grids on Ray ----------------------------------------------------------------
+
+
+def test_a_grid_on_a_local_ray_matches_the_local_runner_and_skips_finished_cells(tmp_path):
+    import tomli_w
+
+    from fedhet.results import RunDirectory
+    from fedhet.studies.grid import load_experiment, run_experiment
+
+    document = {k: dict(v) for k, v in BASE.items()}
+    document["algorithm"] = {"name": "salf"}
+    document["experiment"] = {"name": "raygrid", "jobs": 2}
+    document["grid"] = {"run.seed": [1, 2], "algorithm.name": ["salf", "drop"]}
+    path = tmp_path / "e.toml"
+    path.write_text(tomli_w.dumps(document))
+    experiment = load_experiment(path)
+    on_ray = run_experiment(experiment, tmp_path / "ray", ray="local")
+    local = run_experiment(experiment, tmp_path / "local", jobs=1)
+    assert sorted(on_ray) == sorted(local) and len(on_ray) == 4
+    for name in on_ray:
+        mine = RunDirectory(tmp_path / "ray" / name).metrics_path.read_text()
+        assert mine == RunDirectory(tmp_path / "local" / name).metrics_path.read_text()
+    seen = []
+    again = run_experiment(
+        experiment, tmp_path / "ray", ray="local", on_cell=lambda c, s: seen.append(c.name)
+    )
+    assert sorted(seen) == sorted(on_ray) and again == on_ray  # nothing ran again

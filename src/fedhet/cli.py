@@ -195,7 +195,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
             highlight=False,
         )
 
-    summaries = run_experiment(experiment, out, jobs=args.jobs, on_cell=on_cell)
+    summaries = run_experiment(experiment, out, jobs=args.jobs, on_cell=on_cell, ray=args.ray)
     table = report_table(experiment, summaries)
     out.mkdir(parents=True, exist_ok=True)
     (out / "table.md").write_text(table)
@@ -295,6 +295,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="output folder (default runs/<experiment.name>)")
     p.add_argument("--jobs", type=_positive_int, help="cells run in parallel (default: experiment.jobs)")
     p.add_argument("--quiet", action="store_true", help="no line per finished cell, only the table")
+    p.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        metavar="ADDRESS",
+        help="run the cells as Ray tasks: on a local Ray (no ADDRESS; --jobs CPUs) or the cluster "
+        "at ADDRESS (e.g. ray://head:10001; --out must be on a file system every node sees)",
+    )
     p.add_argument("--list", action="store_true", help="list the cells and exit")
     p.set_defaults(func=cmd_reproduce)
 

@@ -240,8 +240,10 @@ def run_experiment(
     out_dir: str | Path,
     jobs: int | None = None,
     on_cell: Callable[[Cell, dict], None] | None = None,
+    ray: str | None = None,
 ) -> dict[str, dict]:
-    """Run every unfinished cell (in parallel processes); return summaries by cell name."""
+    """Run every unfinished cell (in parallel processes, or as Ray tasks when ``ray`` is
+    ``"local"`` or a cluster address); return summaries by cell name."""
     from fedhet.results import RunDirectory
 
     out_dir = Path(out_dir)
@@ -257,6 +259,10 @@ def run_experiment(
         else:
             todo.append(cell)
     workers = max(1, min(jobs or experiment.jobs, len(todo) or 1))
+    if ray is not None and todo:
+        summaries.update(_run_on_ray(todo, out_dir, ray, jobs or experiment.jobs, on_cell))
+    if ray is not None:
+        return summaries
     if workers == 1:
         for cell in todo:
             summaries[cell.name] = _run_cell(cell.config, str(out_dir / cell.name))
@@ -275,6 +281,50 @@ def run_experiment(
                     raise FedhetError(f"cell {cell.name}: {exc}") from None
                 if on_cell:
                     on_cell(cell, summaries[cell.name])
+    return summaries
+
+
+def _run_on_ray(todo: list[Cell], out_dir: Path, address: str, jobs: int, on_cell) -> dict[str, dict]:
+    """Each cell a Ray task (one CPU each) on a local Ray (``address = "local"``, ``jobs``
+    CPUs) or the cluster at ``address``; cells write their run folders under ``out_dir``,
+    which on a cluster must be a folder every node sees (a shared file system)."""
+    try:
+        import ray
+    except ImportError:
+        raise FedhetError("--ray needs Ray: pip install 'fedhet[flower]' (it brings ray)") from None
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+    started = not ray.is_initialized()
+    if started:
+        options = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
+        if address == "local":
+            ray.init(num_cpus=max(1, jobs), **options)
+        else:
+            try:
+                ray.init(address=address, **options)
+            except (ConnectionError, ValueError, RuntimeError) as exc:
+                raise FedhetError(f"--ray {address}: cannot connect ({str(exc).splitlines()[0]})") from None
+    summaries: dict[str, dict] = {}
+    try:
+        task = ray.remote(num_cpus=1)(_run_cell)
+        refs = {task.remote(cell.config, str(out_dir.resolve() / cell.name)): cell for cell in todo}
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            for ref in done:
+                cell = refs[ref]
+                try:
+                    summaries[cell.name] = ray.get(ref)
+                except ray.exceptions.RayTaskError as exc:
+                    cause = exc.cause if isinstance(getattr(exc, "cause", None), FedhetError) else None
+                    if cause is None:
+                        raise
+                    raise FedhetError(f"cell {cell.name}: {cause}") from None
+                if on_cell:
+                    on_cell(cell, summaries[cell.name])
+    finally:
+        if started:
+            ray.shutdown()
     return summaries
 
 
