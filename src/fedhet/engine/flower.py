@@ -91,17 +91,22 @@ def encode_task(task: ClientTask, params: torch.Tensor, buffers: torch.Tensor):
     from flwr.app import ConfigRecord, RecordDict
 
     scalars, arrays = _split(task.to_dict())
-    model = {"params": params.detach().cpu().numpy(), "buffers": buffers.detach().cpu().numpy()}
-    return RecordDict(
-        {"task": ConfigRecord(scalars), "model": _array_record(model), "payload": _array_record(arrays)}
-    )
+    model = {"params": params.detach().cpu().numpy()}
+    if buffers.numel():
+        model["buffers"] = buffers.detach().cpu().numpy()
+    records = {"task": ConfigRecord(scalars), "model": _array_record(model)}
+    if arrays:
+        records["payload"] = _array_record(arrays)
+    return RecordDict(records)
 
 
 def decode_task(content) -> tuple[ClientTask, torch.Tensor, torch.Tensor]:
-    data = {**dict(content["task"]), **_arrays(content["payload"])}
+    payload = _arrays(content["payload"]) if "payload" in content else {}
     model = _arrays(content["model"])
-    task = ClientTask.from_dict(data)
-    return task, torch.from_numpy(model["params"].copy()), torch.from_numpy(model["buffers"].copy())
+    task = ClientTask.from_dict({**dict(content["task"]), **payload})
+    params = torch.from_numpy(model["params"].copy())
+    buffers = torch.from_numpy(model["buffers"].copy()) if "buffers" in model else torch.zeros(0)
+    return task, params, buffers
 
 
 def encode_update(update: ClientUpdate):
@@ -221,7 +226,8 @@ def make_client_app(
         update = world.worker.execute(
             task, params, buffers, world.client_data(task.client), state, rng, world.algorithm
         )
-        context.state[STATE_KEY] = _state_to_record(state)
+        if state or STATE_KEY in context.state:  # stateless rules keep the context empty
+            context.state[STATE_KEY] = _state_to_record(state)
         return Message(encode_update(update), reply_to=msg)
 
     return app
