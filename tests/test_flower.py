@@ -181,43 +181,34 @@ class Deployment:
             proc.wait()
 
 
-def test_a_superlink_and_three_supernodes_run_the_app_to_the_end(tmp_path):
+def test_a_superlink_and_three_supernodes_run_the_app_with_simulated_and_real_deadlines(tmp_path):
     """The example Flower App on real SuperNodes (each its own partition from its node
-    config) gives the embedded engine's metrics for the same fedhet.toml."""
-    deployment = Deployment(tmp_path / "flwr", [f"partition-id={i} num-partitions=3" for i in range(3)])
+    config). On fedhet's simulated clock it gives the embedded engine's metrics for the same
+    fedhet.toml. With system.model = "wall-clock" (a real 0.5 s deadline) SuperNode 2, made
+    slow on purpose (node config layer-delay = 0.3 s per layer), delivers only the output
+    layer, which SALF aggregates, while the fast ones deliver every layer."""
+    configs = [f"partition-id={i} num-partitions=3" for i in range(3)]
+    configs[2] += " layer-delay=0.3"  # acts on wall-clock tasks only
+    deployment = Deployment(tmp_path / "flwr", configs)
     try:
         time.sleep(3)
-        done = deployment.run(f'out="{tmp_path / "run"}"')
+        simulated = deployment.run(f'out="{tmp_path / "run"}"')
+        real = deployment.run(
+            f'out="{tmp_path / "wall"}"', 'set="system.model=wall-clock system.deadline=0.5"'
+        )
     finally:
         deployment.stop()
-    assert (tmp_path / "run" / "summary.json").exists(), done.stdout[-3000:] + done.stderr[-2000:]
     from fedhet.config import load_config
+    from fedhet.results import RunDirectory
 
+    assert (tmp_path / "run" / "summary.json").exists(), simulated.stdout[-3000:] + simulated.stderr[-2000:]
     embedded = Simulator(load_config(APP / "fedhet.toml"), tmp_path / "embedded").run()
     deployed = (tmp_path / "run" / "metrics.csv").read_text()
     assert deployed == (tmp_path / "embedded" / "metrics.csv").read_text()
     assert len(embedded.metrics) == 3
 
-
-def test_a_slowed_supernode_delivers_the_layers_it_finished_by_a_real_deadline(tmp_path):
-    """system.model = "wall-clock": a 0.5 s real deadline; SuperNode 2 is made slow on
-    purpose (node config layer-delay = 0.3 s per layer) and delivers only the output layer,
-    which SALF aggregates; the fast ones deliver every layer."""
-    configs = [f"partition-id={i} num-partitions=3" for i in range(3)]
-    configs[2] += " layer-delay=0.3"
-    deployment = Deployment(tmp_path / "flwr", configs)
-    try:
-        time.sleep(3)
-        done = deployment.run(
-            f'out="{tmp_path / "run"}"', 'set="system.model=wall-clock system.deadline=0.5"'
-        )
-    finally:
-        deployment.stop()
-    metrics = tmp_path / "run" / "metrics.csv"
-    assert metrics.exists(), done.stdout[-3000:] + done.stderr[-2000:]
-    from fedhet.results import RunDirectory
-
-    rows = RunDirectory(tmp_path / "run").read_metrics()
+    assert (tmp_path / "wall" / "metrics.csv").exists(), real.stdout[-3000:] + real.stderr[-2000:]
+    rows = RunDirectory(tmp_path / "wall").read_metrics()
     assert len(rows) == 3 and all(r["participants"] == 3 for r in rows)
     # depths 1, 1 and 3 (layers 3..3 of an MLP with 3 layers) in every round
     assert [r["mean_depth"] for r in rows] == pytest.approx([5 / 3] * 3)
