@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from fedhet.messages import ClientTask, ClientUpdate, Coverage
 from fedhet.models.layers import FlatModel
+from fedhet.models.width import scaler_hooks, width_mask
 
 ClientState = dict[str, torch.Tensor]
 
@@ -151,8 +152,9 @@ class LocalWorker:
         Each step draws a batch of ``task.batch_size`` examples without replacement from the
         client's data; the gradient gets the rule's correction before weight decay and
         momentum."""
-        if task.coverage.width != 1.0:
-            raise NotImplementedError("sub-models of a reduced width are not supported yet")
+        rate = task.coverage.width
+        if rate != 1.0 and (task.coverage.depth != 1 or task.time_limit):
+            raise ValueError("a width-reduced sub-model trains every layer on the simulated clock")
         depth, steps = task.coverage.depth, task.local_steps
         flat = self.flat
         n = len(data)
@@ -176,6 +178,12 @@ class LocalWorker:
             flat.load(params, buffers)
         model = flat.model
         model.train()
+        mask, hooks = None, []
+        if rate != 1.0:  # HeteroFL: the sub-model's elements only, hidden outputs scaled by 1/r
+            mask = self.width_mask(rate)
+            with torch.no_grad():
+                flat.params.mul_(mask)
+            hooks = scaler_hooks(model, rate)
         reached = flat.parameters_from_depth(depth)
         region = flat.params[pslice]
         buf = state.get("momentum") if (self.sgd.momentum and self.sgd.keep_momentum) else None
@@ -197,6 +205,8 @@ class LocalWorker:
             losses.append(float(loss.detach()))
             with torch.no_grad():
                 grad = torch.cat([g.reshape(-1) for g in grads])
+                if mask is not None:
+                    grad.mul_(mask)
             if track:
                 anchor_grad = self._gradient_at(params[pslice], buffers, x, y, depth, reached, pslice)
                 with torch.no_grad():
@@ -217,22 +227,34 @@ class LocalWorker:
                         buf[pslice].mul_(self.sgd.momentum).add_(grad)
                     grad = buf[pslice]
                 region.sub_(grad, alpha=task.lr)
+        for handle in hooks:
+            handle.remove()
         if buf is not None and self.sgd.keep_momentum:
             state["momentum"] = buf
         with torch.no_grad():
+            delta = region - params[pslice]
+            if mask is not None:
+                delta.mul_(mask)  # elements outside the sub-model are not the client's
             update = ClientUpdate(
                 client=task.client,
                 coverage=coverage,
                 steps=done,
                 num_samples=n,
                 loss=float(np.mean(losses)),
-                delta=region - params[pslice],
+                delta=delta,
                 delta_buffers=flat.buffers[bslice] - buffers[bslice],
                 model_round=task.model_round,
             )
             if rule is not None:
                 rule.finish_local_work(task, update, state, pslice, flat.params, params)
         return update
+
+    def width_mask(self, rate: float) -> torch.Tensor:
+        """The flat parameters a sub-model of ``rate`` holds (cached per rate)."""
+        cache = self.__dict__.setdefault("_width_masks", {})
+        if rate not in cache:
+            cache[rate] = width_mask(self.flat.layout, rate)
+        return cache[rate]
 
     def _warm_up(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """Once per process, before the first timed task: autograd's first calls are slow

@@ -8,6 +8,7 @@ from fedhet.algorithms import (  # noqa: F401  (registration)
     feddyn,
     fednova,
     fedprox,
+    heterofl,
     salf,
     scaffold,
     stale,

@@ -1,0 +1,101 @@
+"""HeteroFL (Diao et al., "HeteroFL: Computation and Communication Efficient Federated
+Learning for Heterogeneous Clients", ICLR 2021), the width-scaling baseline of SALF and
+ADEL-FL: a client too slow for the full model by the deadline trains a sub-model of width
+rate r instead (:mod:`fedhet.models.width`), and the server averages each parameter element
+over the clients whose sub-models hold it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from fedhet.algorithms.base import Algorithm, register
+from fedhet.errors import ConfigError
+from fedhet.messages import ClientTask, Coverage
+from fedhet.models.width import width_mask
+
+DEFAULT_RATES = [1.0, 0.5, 0.25, 0.125, 0.0625]  # HeteroFL's levels a..e
+
+
+@dataclass
+class HeteroFLOptions:
+    """``rates``: the sub-model widths a client may get, largest first (HeteroFL's levels).
+    A sub-model of rate r costs r^2 of the full model's compute (HeteroFL Sec. 3.1)."""
+
+    rates: list = field(default_factory=lambda: list(DEFAULT_RATES))
+
+    def validate(self) -> None:
+        rates = self.rates
+        if not rates or not all(
+            isinstance(r, int | float) and not isinstance(r, bool) and 0 < r <= 1 for r in rates
+        ):
+            raise ConfigError(f"algorithm.rates = {rates!r}: need rates in (0, 1]")
+        if 1 not in rates:
+            raise ConfigError(f"algorithm.rates = {rates!r}: must include 1 (the full model)")
+
+
+@register
+class HeteroFL(Algorithm):
+    """Client u, whose full local work would take T_u (the system model's ``full_time``),
+    trains the largest sub-model with r^2 T_u <= deadline (every layer, all local steps,
+    hidden outputs divided by r); a client for which not even the smallest fits is not asked.
+    Aggregation: w_{t+1}[e] = w_t[e] + mean over the clients holding e of Delta_u[e];
+    elements nobody held keep their value. Not for models with BatchNorm (HeteroFL's static
+    BatchNorm is not implemented)."""
+
+    name = "heterofl"
+    summary = "HeteroFL: slow clients train width-reduced sub-models (r^2 of the compute)"
+    Options = HeteroFLOptions
+
+    def init_state(self, setting) -> dict:
+        if setting.layout.num_buffers:
+            raise ConfigError(
+                "algorithm.name = 'heterofl': the model has BatchNorm statistics; HeteroFL's static "
+                "BatchNorm is not implemented (use mlp, cnn2 or cnn-fedstale)"
+            )
+        return {}
+
+    def rate_for(self, full_time: float, deadline: float | None) -> float | None:
+        """The largest rate r with r^2 * full_time <= deadline (1 without a deadline)."""
+        if deadline is None:
+            return 1.0
+        fitting = [r for r in self.options.rates if r * r * full_time <= deadline * (1 + 1e-12)]
+        return max(fitting) if fitting else None
+
+    def client_task(self, context, client: int, state: dict) -> ClientTask | None:
+        plan, outcomes = context.plan, context.outcomes
+        assignment = plan.assignments[client]
+        if not (assignment.asked and outcomes.participates[client]):
+            return None
+        rate = self.rate_for(float(outcomes.full_time[client]), plan.deadline)
+        if rate is None:
+            return None
+        return ClientTask(
+            round=plan.round,
+            client=int(client),
+            lr=plan.lr,
+            batch_size=assignment.batch_size,
+            local_steps=assignment.local_steps,
+            coverage=Coverage(1, float(rate)),
+            deadline=plan.deadline,
+            model_round=plan.round,
+        )
+
+    def aggregate(self, params, buffers, updates, state, context, layout):
+        """Element-wise mean of the deltas over the clients whose sub-model holds the element
+        (HeteroFL Sec. 3.1); with every client at rate 1 this is FedAvg's uniform mean."""
+        if not updates:
+            return params, buffers
+        total = torch.zeros_like(params)
+        holders = torch.zeros_like(params)
+        masks: dict[float, torch.Tensor] = {}
+        for u in updates:
+            rate = u.coverage.width
+            if rate not in masks:
+                masks[rate] = width_mask(layout, rate).to(params.dtype)
+            total.add_(u.delta)
+            holders.add_(masks[rate])
+        step = torch.where(holders > 0, total / holders.clamp(min=1.0), torch.zeros_like(total))
+        return params + step, buffers

@@ -1,0 +1,153 @@
+"""HeteroFL: width-reduced sub-models for slow clients, averaged element by element over the
+clients that hold them."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fedhet.algorithms.heterofl import HeteroFL, HeteroFLOptions
+from fedhet.config import ConfigError, from_dict
+from fedhet.engine.simulator import Simulator
+from fedhet.messages import ClientUpdate, Coverage
+from fedhet.models import FlatModel, build_model
+from fedhet.models.width import scaler_hooks, width_mask
+
+
+def _mask_blocks(flat, mask):
+    """The mask cut back into the shapes of the model's parameters."""
+    out, offset = [], 0
+    for params in flat.layer_params:
+        for p in params:
+            out.append(mask[offset : offset + p.numel()].view_as(p))
+            offset += p.numel()
+    return out
+
+
+def test_an_mlp_sub_model_holds_the_leading_units_of_every_hidden_layer():
+    flat = FlatModel(build_model("mlp", (64,), 10, [32, 16]))
+    w1, b1, w2, b2, w3, b3 = _mask_blocks(flat, width_mask(flat.layout, 0.5))
+    assert w1[:16].all() and not w1[16:].any() and b1[:16].all() and not b1[16:].any()
+    assert w2[:8, :16].all() and not w2[8:].any() and not w2[:, 16:].any()
+    assert w3[:, :8].all() and not w3[:, 8:].any() and b3.all()  # classes stay whole
+    assert int(width_mask(flat.layout, 0.5).sum()) == 16 * 64 + 16 + 8 * 16 + 8 + 10 * 8 + 10
+
+
+def test_a_cnn_sub_model_keeps_channels_and_their_spatial_features_after_the_flatten():
+    flat = FlatModel(build_model("cnn2", (1, 28, 28), 10))
+    c1, cb1, c2, cb2, f1, fb1, f2, fb2 = _mask_blocks(flat, width_mask(flat.layout, 0.5))
+    assert c1[:3].all() and not c1[3:].any()
+    assert c2[:3, :3].all() and not c2[3:].any() and not c2[:, 3:].any()
+    spatial = f1.shape[1] // 6
+    assert f1[:25, : 3 * spatial].all() and not f1[:, 3 * spatial :].any() and not f1[25:].any()
+    assert f2[:, :25].all() and not f2[:, 25:].any()
+
+
+def test_the_masked_full_model_computes_the_sub_model():
+    """Zeroing what a rate-0.5 sub-model does not hold and scaling hidden outputs by 1/r gives
+    exactly the forward pass of the small network (hidden [16, 8]) with the leading weights."""
+    torch.manual_seed(0)
+    big = FlatModel(build_model("mlp", (64,), 10, [32, 16]))
+    small = FlatModel(build_model("mlp", (64,), 10, [16, 8]))
+    with torch.no_grad():
+        big.params.mul_(width_mask(big.layout, 0.5))
+        for p_small, p_big in zip(small.parameters_from_depth(1), big.parameters_from_depth(1), strict=True):
+            p_small.copy_(p_big[tuple(slice(0, n) for n in p_small.shape)])
+    x = torch.randn(5, 64)
+    hooks = scaler_hooks(big.model, 0.5) + scaler_hooks(small.model, 0.5)
+    try:
+        torch.testing.assert_close(big.model(x), small.model(x))
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+def test_every_client_at_rate_1_is_fedavg(tmp_path):
+    base = {
+        "run": {"name": "h", "rounds": 8, "threads": 1, "seed": 2},
+        "data": {"dataset": "digits", "num_clients": 4, "fraction": 0.4},
+        "model": {"name": "mlp", "hidden": [16]},
+        "system": {"model": "full", "deadline": 1.0},
+    }
+    hetero = Simulator(from_dict({**base, "algorithm": {"name": "heterofl"}}), tmp_path / "h").run()
+    fedavg = Simulator(from_dict({**base, "algorithm": {"name": "fedavg"}}), tmp_path / "f").run()
+    for mine, theirs in zip(hetero.metrics, fedavg.metrics, strict=True):
+        assert mine["test_accuracy"] == theirs["test_accuracy"]
+        assert mine["test_loss"] == pytest.approx(theirs["test_loss"], abs=1e-6)
+
+
+def test_elements_are_averaged_over_their_holders_and_unheld_ones_keep_their_value():
+    flat = FlatModel(build_model("mlp", (6,), 3, [8]))
+    layout, params = flat.layout, torch.randn(flat.layout.num_params)
+    half, quarter = width_mask(layout, 0.5).float(), width_mask(layout, 0.25).float()
+    updates = [
+        ClientUpdate(0, Coverage(1, 0.5), 1, 10, 0.1, 2.0 * half),
+        ClientUpdate(1, Coverage(1, 0.25), 1, 10, 0.1, 4.0 * quarter),
+    ]
+    algorithm = HeteroFL(HeteroFLOptions(), None)
+    new, _ = algorithm.aggregate(params, torch.zeros(0), updates, {}, None, layout)
+    both = quarter.bool()
+    only_half = half.bool() & ~both
+    nobody = ~half.bool()
+    torch.testing.assert_close(new[both], params[both] + 3.0)  # (2 + 4) / 2
+    torch.testing.assert_close(new[only_half], params[only_half] + 2.0)
+    torch.testing.assert_close(new[nobody], params[nobody])
+    assert nobody.any() and only_half.any()
+
+
+def test_a_client_trains_only_its_sub_model_and_the_rate_fits_the_deadline(tmp_path):
+    config = from_dict({
+        "run": {"name": "h", "rounds": 3, "threads": 1},
+        "data": {"dataset": "digits", "num_clients": 6, "fraction": 0.4},
+        "model": {"name": "mlp", "hidden": [16, 8]},
+        "system": {"model": "straggler-ratio", "straggler_ratio": 0.5, "deadline": 1.0},
+        "algorithm": {"name": "heterofl"},
+    })  # fmt: skip
+    from fedhet.engine.clients import InProcessClients
+    from fedhet.world import build_world
+
+    world = build_world(config)
+    seen = []
+    original = InProcessClients.run
+
+    def spy(self, tasks, params, buffers, states):
+        updates = original(self, tasks, params, buffers, states)
+        seen.extend(zip(tasks, updates, strict=True))
+        return updates
+
+    InProcessClients.run = spy
+    try:
+        Simulator(config, tmp_path / "r").run()
+    finally:
+        InProcessClients.run = original
+    rates = {task.coverage.width for task, _ in seen}
+    assert 1.0 in rates and rates - {1.0}, rates  # finishers at full width, stragglers reduced
+    for task, update in seen:
+        outside = ~width_mask(world.flat.layout, task.coverage.width)
+        assert not update.delta[outside].any() and update.delta.abs().sum() > 0
+    algorithm = HeteroFL(HeteroFLOptions(), None)
+    assert algorithm.rate_for(4.0, 1.0) == 0.5 and algorithm.rate_for(100.0, 1.0) == 0.0625
+    assert algorithm.rate_for(1000.0, 1.0) is None and algorithm.rate_for(math.inf, 1.0) is None
+
+
+def test_bad_rates_and_batchnorm_models_are_refused(tmp_path):
+    base = {
+        "run": {"name": "h", "rounds": 1, "threads": 1},
+        "data": {"dataset": "digits", "num_clients": 2, "fraction": 0.2},
+        "system": {"model": "full"},
+    }
+    for rates in ([0.5], [1.0, 0.0], [1.0, float("nan")], []):
+        with pytest.raises(ConfigError, match="algorithm.rates"):
+            from_dict({**base, "algorithm": {"name": "heterofl", "rates": rates}})
+    import numpy as np
+
+    from fedhet.algorithms.base import RunSetting
+
+    flat = FlatModel(build_model("vgg11", (3, 32, 32), 10))
+    setting = RunSetting(
+        2, flat.layout.num_params, 1, 0.0, None, np.ones(2), flat.layout, flat.params, flat.buffers
+    )
+    with pytest.raises(ConfigError, match="static BatchNorm"):
+        HeteroFL(HeteroFLOptions(), None).init_state(setting)
