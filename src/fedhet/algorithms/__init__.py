@@ -3,6 +3,7 @@
 from fedhet.algorithms import (  # noqa: F401  (registration)
     adelfl,
     amsfl,
+    asyncfl,
     drop,
     fedavg,
     feddyn,
