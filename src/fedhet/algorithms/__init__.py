@@ -6,6 +6,7 @@ from fedhet.algorithms import (  # noqa: F401  (registration)
     asyncfl,
     drop,
     fedavg,
+    fedbuff,
     feddyn,
     fednova,
     fedprox,

@@ -118,10 +118,15 @@ class Simulator:
         started, wall_before = time.perf_counter(), state.wall_time
         last = config.run.rounds if stop_after is None else min(stop_after, config.run.rounds)
         fault = None
+        step = self._round
+        if getattr(world.algorithm, "event_driven", False):  # asynchronous: server steps, not rounds
+            from fedhet.engine.events import EventDriver
+
+            step = EventDriver(self).round
         for t in range(state.round, last):
             if state.stopped_by:
                 break
-            result = self._round(world, clients, clock, evaluator, state, t)
+            result = step(world, clients, clock, evaluator, state, t)
             if result is None:  # the next round would exceed the time budget
                 with run_dir.writing(state.round):
                     self._stop_on_budget(world, evaluator, state)

@@ -32,6 +32,7 @@ class RunState:
     client_metrics: list[dict] = field(default_factory=list)
     stopped_by: str | None = None
     system: dict = field(default_factory=dict)  # what the system model learned (wall-clock)
+    engine: dict = field(default_factory=dict)  # the event-driven driver's clients in flight
 
 
 def comparable(config_dict: dict) -> dict:
@@ -78,6 +79,7 @@ def to_checkpoint(state: RunState, config_dict: dict) -> dict:
         "client_metrics": state.client_metrics,
         "stopped_by": state.stopped_by,
         "system": state.system,
+        "engine": state.engine,
     }
 
 
@@ -108,4 +110,5 @@ def from_checkpoint(saved: dict, config_dict: dict, where: str) -> RunState:
         client_metrics=saved["client_metrics"],
         stopped_by=saved["stopped_by"],
         system=saved.get("system", {}),
+        engine=saved.get("engine", {}),
     )
