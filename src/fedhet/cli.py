@@ -218,6 +218,39 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    """Time each layer of the configuration's model at its batch size on this host."""
+    import torch
+
+    from fedhet.config import load_config
+    from fedhet.models import FlatModel, build_model
+    from fedhet.system.measured import measure_layer_times
+    from fedhet.world import build_world
+
+    config = load_config(args.config, [*args.set, 'system.model="full"'])
+    if config.run.threads:
+        torch.set_num_threads(config.run.threads)
+    world = build_world(config)
+    flat = FlatModel(build_model(config.model.name, world.dataset.input_shape, world.dataset.num_classes,
+                                 config.model.hidden))  # fmt: skip
+    batch = config.train.batch_size
+    x, y = world.dataset.x_train[:batch], world.train_labels[:batch]
+    times = measure_layer_times(flat.model, x, y, repeats=args.repeats)
+    total = sum(times["forward"]) + sum(times["backward"])
+    print(f"{config.model.name} on {config.data.dataset}, batch {batch}, {times['threads']} threads "
+          f"(median of {args.repeats}):")  # fmt: skip
+    print(f"{'layer':>5} {'forward ms':>11} {'backward ms':>12} {'share':>7}")
+    for layer, (fwd, bwd) in enumerate(zip(times["forward"], times["backward"], strict=True), start=1):
+        print(f"{layer:>5} {1e3 * fwd:>11.4f} {1e3 * bwd:>12.4f} {100 * (fwd + bwd) / total:>6.1f}%")
+    print(f"{'all':>5} {1e3 * sum(times['forward']):>11.4f} {1e3 * sum(times['backward']):>12.4f}")
+    if args.out:
+        from fedhet.results import dumps
+
+        Path(args.out).write_text(dumps(times, indent=2))
+        print(f"written to {args.out} (use it with system.measured_times)")
+    return 0
+
+
 def cmd_plot(args: argparse.Namespace) -> int:
     from fedhet.studies.plots import plot_runs
 
@@ -320,6 +353,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", help="write the plan (JSON) here")
     p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("calibrate", help="time each layer of a configuration's model on this host")
+    p.add_argument("config", help="TOML configuration (its model, dataset and batch size)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    p.add_argument("--repeats", type=_positive_int, default=7, help="timed passes (the median is kept)")
+    p.add_argument("--out", help="write the times (JSON) for system.measured_times")
+    p.set_defaults(func=cmd_calibrate)
 
     p = sub.add_parser("plot", help="figures of accuracy against simulated time and of deadlines")
     p.add_argument("runs", nargs="+", help="run directories (or folders holding them)")

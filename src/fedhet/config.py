@@ -197,6 +197,7 @@ class SystemConfig:
     participation_low: float = 0.1  # uniform
     participation_high: float = 1.0
     participation_probs: list = field(default_factory=list)  # list
+    measured_times: str = ""  # measured: a calibration file to reuse (fedhet calibrate --out)
 
     def validate(self) -> None:
         from fedhet.system import (

@@ -109,11 +109,11 @@ def hold_out(
     return train, held
 
 
-def build_system(config: Config, num_clients: int, num_layers: int) -> SystemModel:
+def build_system(config: Config, num_clients: int, num_layers: int, measure=None) -> SystemModel:
     """The configured system model (see :mod:`fedhet.system`), wrapped in Bernoulli participation
     unless ``system.participation = "always"``."""
     s = config.system
-    base = _build_straggler_model(config, num_clients, num_layers)
+    base = _build_straggler_model(config, num_clients, num_layers, measure)
     if s.participation == "always":
         return base
     probs = participation_probabilities(
@@ -129,7 +129,7 @@ def build_system(config: Config, num_clients: int, num_layers: int) -> SystemMod
     return BernoulliParticipation(base, probs)
 
 
-def _build_straggler_model(config: Config, num_clients: int, num_layers: int) -> SystemModel:
+def _build_straggler_model(config: Config, num_clients: int, num_layers: int, measure=None) -> SystemModel:
     s = config.system
     setup_rng = seeding.stream(config.run.seed, "system-setup")
     if s.model == "full":
@@ -164,6 +164,12 @@ def _build_straggler_model(config: Config, num_clients: int, num_layers: int) ->
         return PerStepCost(
             num_clients, num_layers, caps, s.time_per_sample_step, comm_time=s.comm_time, jitter=s.step_jitter
         )
+    if s.model == "measured":
+        from fedhet.system.measured import MeasuredTimes
+
+        if measure is None:
+            raise ConfigError("system.model = 'measured' needs the model to time (build it with build_world)")
+        return MeasuredTimes(num_clients, num_layers, caps, measure(), jitter=s.step_jitter)
     return ExponentialLayers(num_clients, num_layers, caps, s.time_per_sample_layer)
 
 
@@ -180,7 +186,13 @@ def build_world(config: Config) -> World:
     torch.manual_seed(seeding.torch_seed(config.run.seed, "init"))
     model = build_model(config.model.name, dataset.input_shape, dataset.num_classes, config.model.hidden)
     flat = FlatModel(model)
-    system = build_system(config, len(parts), flat.num_layers)
+
+    def measure():
+        from fedhet.system.measured import calibrate
+
+        return calibrate(config, flat, dataset.x_train, train_labels)
+
+    system = build_system(config, len(parts), flat.num_layers, measure)
     t = config.train
     algorithm = ALGORITHMS[config.algorithm_name](config.algorithm.options, t)
     worker = LocalWorker(flat, SGDSettings(t.momentum, t.weight_decay, t.keep_momentum))

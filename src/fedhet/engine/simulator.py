@@ -166,6 +166,7 @@ class Simulator:
     def _fresh_state(self, world: World, clients: InProcessClients) -> RunState:
         """The initial model; the algorithm's server state, after its probe tasks if any."""
         state = RunState(params=world.initial_params.clone(), buffers=world.initial_buffers.clone())
+        state.system = world.system.state_dict()
         setting = world.setting(state.params, state.buffers)
         probes = world.algorithm.probe_tasks(setting)
         if probes:
@@ -174,7 +175,8 @@ class Simulator:
         return state
 
     def _write_reports(self, world: World, state: RunState) -> None:
-        for name, document in world.algorithm.reports(state.algorithm).items():
+        reports = {**world.system.reports(), **world.algorithm.reports(state.algorithm)}
+        for name, document in reports.items():
             self.run_dir.write_json(f"{name}.json", document)
 
     def _stop_on_budget(self, world: World, evaluator: Evaluator, state: RunState) -> None:

@@ -110,6 +110,10 @@ class SystemModel:
     def load_state_dict(self, state: dict) -> None:
         """Restore what :meth:`state_dict` returned."""
 
+    def reports(self) -> dict[str, dict]:
+        """Documents for the run folder (e.g. measured layer times)."""
+        return {}
+
     def sample(self, work: Workload, rng: np.random.Generator) -> Outcomes:
         raise NotImplementedError
 
@@ -548,7 +552,15 @@ class PerStepCost(SystemModel):
         return Marginals(reach, np.prod(1.0 - reach, axis=0), np.ones(self.num_clients), step_prob)
 
 
-SYSTEM_MODELS = ("full", "uniform-depth", "straggler-ratio", "exponential", "per-step", "wall-clock")
+SYSTEM_MODELS = (
+    "full",
+    "uniform-depth",
+    "straggler-ratio",
+    "exponential",
+    "per-step",
+    "wall-clock",
+    "measured",
+)
 
 
 def expected_depth_fraction(system: SystemModel, deadline: float, batch_sizes: np.ndarray) -> float:

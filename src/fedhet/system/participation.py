@@ -121,3 +121,6 @@ class BernoulliParticipation(SystemModel):
 
     def load_state_dict(self, state: dict) -> None:
         self.base.load_state_dict(state)
+
+    def reports(self) -> dict[str, dict]:
+        return self.base.reports()
