@@ -117,7 +117,7 @@ def test_plot_draws_accuracy_and_deadlines(tmp_path):
 def test_help_lists_every_command_in_plain_words_and_version_prints(tmp_path):
     done = fedhet("--help", cwd=tmp_path)
     assert done.returncode == 0 and "``" not in done.stdout
-    for command in ("run", "reproduce", "compare", "plan", "plot", "report", "list"):
+    for command in ("run", "reproduce", "compare", "plan", "calibrate", "trace", "plot", "report", "list"):
         assert f"\n    {command}" in done.stdout
     version = fedhet("--version", cwd=tmp_path)
     assert version.returncode == 0 and version.stdout.startswith("fedhet ")

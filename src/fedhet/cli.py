@@ -251,6 +251,21 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_trace(args: argparse.Namespace) -> int:
+    """Convert FedScale's pickled client_behave_trace into fedhet's trace format."""
+    from fedhet.system.traces import from_fedscale
+
+    trace = from_fedscale(args.fedscale)
+    try:
+        Path(args.out).write_text(trace.to_text())
+    except OSError as exc:
+        raise FedhetError(f"{args.out}: cannot write ({exc.strerror or exc})") from None
+    online = sum(trace.share(c) for c in range(len(trace.intervals))) / max(1, len(trace.intervals))
+    clients = len(trace.intervals)
+    print(f"{args.out}: {clients} clients, period {trace.period:g} s, online {100 * online:.1f}% on average")
+    return 0
+
+
 def cmd_plot(args: argparse.Namespace) -> int:
     from fedhet.studies.plots import plot_runs
 
@@ -360,6 +375,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=_positive_int, default=7, help="timed passes (the median is kept)")
     p.add_argument("--out", help="write the times (JSON) for system.measured_times")
     p.set_defaults(func=cmd_calibrate)
+
+    p = sub.add_parser("trace", help="convert FedScale's availability trace into fedhet's trace format")
+    p.add_argument("fedscale", help="FedScale's pickled client_behave_trace")
+    p.add_argument("--out", required=True, help="the trace file to write (system.availability_trace)")
+    p.set_defaults(func=cmd_trace)
 
     p = sub.add_parser("plot", help="figures of accuracy against simulated time and of deadlines")
     p.add_argument("runs", nargs="+", help="run directories (or folders holding them)")

@@ -198,6 +198,8 @@ class SystemConfig:
     participation_high: float = 1.0
     participation_probs: list = field(default_factory=list)  # list
     measured_times: str = ""  # measured: a calibration file to reuse (fedhet calibrate --out)
+    availability: str = "always"  # always | trace (availability_trace: a trace file)
+    availability_trace: str = ""
 
     def validate(self) -> None:
         from fedhet.system import (
@@ -211,6 +213,9 @@ class SystemConfig:
         _one_of("system.capability_profile", self.capability_profile, CAPABILITY_PROFILES)
         _one_of("system.participation", self.participation, PARTICIPATION_PROFILES)
         _one_of("system.participation_group", self.participation_group, PARTICIPATION_GROUPS)
+        _one_of("system.availability", self.availability, ("always", "trace"))
+        if self.availability == "trace" and not self.availability_trace:
+            raise ConfigError("system.availability = 'trace' needs system.availability_trace (a trace file)")
         _in_range("system.participation_min", self.participation_min, 0.0, 1.0, low_open=True)
         _in_range("system.participation_low", self.participation_low, 0.0, 1.0, low_open=True)
         _in_range("system.participation_high", self.participation_high, 0.0, 1.0, low_open=True)

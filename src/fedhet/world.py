@@ -114,6 +114,10 @@ def build_system(config: Config, num_clients: int, num_layers: int, measure=None
     unless ``system.participation = "always"``."""
     s = config.system
     base = _build_straggler_model(config, num_clients, num_layers, measure)
+    if s.availability == "trace":
+        from fedhet.system.traces import TraceAvailability, read_trace
+
+        base = TraceAvailability(base, read_trace(s.availability_trace, num_clients))
     if s.participation == "always":
         return base
     probs = participation_probabilities(

@@ -59,7 +59,7 @@ class EventDriver:
             )
             updates = clients.run([task], state.params, state.buffers, state.clients)
             timing = world.system.sample(
-                Workload(None, batch, steps),
+                Workload(None, batch, steps, start_time=now),
                 seeding.client_stream(config.run.seed, start, client, "duration"),
             )
             engine["starts"][client] = start + 1

@@ -202,6 +202,7 @@ class Simulator:
         config, algorithm, system = self.config, world.algorithm, world.system
         plan = algorithm.plan(t, state.algorithm, system, config.round_deadline)
         work = plan.workload()
+        work.start_time = state.sim_time
         outcomes = system.sample(work, seeding.round_stream(config.run.seed, "system", t))
         context = RoundContext(
             plan, outcomes, system.marginals(work), world.num_clients, world.flat.num_layers

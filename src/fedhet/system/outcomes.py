@@ -42,6 +42,7 @@ class Workload:
     batch_sizes: np.ndarray
     local_steps: np.ndarray | None = None
     depth: np.ndarray | None = None
+    start_time: float = 0.0  # when the round starts on the virtual clock (availability traces)
 
     def __post_init__(self) -> None:
         self.batch_sizes = np.asarray(self.batch_sizes)

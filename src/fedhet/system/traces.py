@@ -1,0 +1,174 @@
+"""Availability traces: when each client is online, from a file, wrapping any system model.
+
+Trace file format (plain text, UTF-8): one line per client, client 0 first. A line lists
+the intervals during which the client is online, in simulated seconds, as ``start-end``
+pairs separated by spaces (``0-120.5 300-450``); ``*`` means always online and an empty
+line (or ``-``) never. Lines starting with ``#`` are comments, except a header
+``# period: P``: the trace then repeats every P seconds (default: the latest interval end).
+
+A client takes part in a round if it is online when the round starts (on fedhet's virtual
+clock); a present client can still be a straggler of the wrapped model. For the unbiased
+rules (FedStale's 1/p_i) the participation probability of client i is the share of the
+period it is online.
+
+``fedhet trace FEDSCALE.pkl --out trace.txt`` converts FedScale's pickled
+``client_behave_trace`` dict ({client: {"active": [...], "inactive": [...], "finish_time":
+..., ...}}: the times the client comes online and goes offline) into this format.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fedhet.errors import ConfigError, DataError
+from fedhet.system.outcomes import Marginals, Outcomes, SystemModel, Workload
+
+
+@dataclass
+class AvailabilityTrace:
+    """Per client, its online intervals [start, end); the trace repeats every ``period``."""
+
+    intervals: list[list[tuple[float, float]]]
+    period: float
+
+    def online(self, client: int, time: float) -> bool:
+        t = time % self.period if self.period > 0 else time
+        return any(start <= t < end for start, end in self.intervals[client])
+
+    def share(self, client: int) -> float:
+        """The share of the period the client is online."""
+        if self.period <= 0:
+            return 0.0
+        covered = sum(
+            min(end, self.period) - start for start, end in self.intervals[client] if start < self.period
+        )
+        return min(1.0, covered / self.period)
+
+    def to_text(self) -> str:
+        lines = [f"# period: {self.period!r}"]
+        for spans in self.intervals:
+            lines.append(" ".join(f"{a!r}-{b!r}" for a, b in spans) or "-")
+        return "\n".join(lines) + "\n"
+
+
+def read_trace(path: str | Path, num_clients: int) -> AvailabilityTrace:
+    """Parse a trace file; one-line errors name the file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: availability trace not found (system.availability_trace)")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataError(f"{path}: cannot read ({exc})") from None
+    period, always, rows = None, [], []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if line.startswith("#"):
+            if line[1:].strip().startswith("period:"):
+                try:
+                    period = float(line.split(":", 1)[1])
+                except ValueError:
+                    raise DataError(f"{path}:{number}: period is not a number") from None
+                if not period > 0 or not np.isfinite(period):
+                    raise DataError(f"{path}:{number}: period must be a positive number")
+            continue
+        spans = []
+        if line == "*":
+            always.append(len(rows))
+        elif line not in ("", "-"):
+            for item in line.split():
+                start, sep, end = item.partition("-")
+                try:
+                    a, b = float(start), float(end)
+                except ValueError:
+                    raise DataError(f"{path}:{number}: {item!r} is not an interval start-end") from None
+                if not sep or not (np.isfinite(a) and np.isfinite(b)) or a < 0 or b <= a:
+                    raise DataError(f"{path}:{number}: {item!r} is not an interval with 0 <= start < end")
+                spans.append((a, b))
+        rows.append(sorted(spans))
+    if len(rows) != num_clients:
+        raise DataError(f"{path}: {len(rows)} clients in the trace, the run has {num_clients}")
+    ends = [b for spans in rows for _, b in spans]
+    period = period or (max(ends) if ends else 1.0)
+    for client in always:
+        rows[client] = [(0.0, period)]
+    return AvailabilityTrace(rows, period)
+
+
+def from_fedscale(path: str | Path) -> AvailabilityTrace:
+    """FedScale's pickled ``client_behave_trace``: per client the times it becomes active
+    and inactive (seconds) and its ``finish_time`` (taken as the period, the longest one)."""
+    import pickle
+
+    path = Path(path)
+    try:
+        with path.open("rb") as fh:
+            data = pickle.load(fh)
+    except FileNotFoundError:
+        raise DataError(f"{path}: file not found") from None
+    except Exception as exc:  # any unpickling failure: not such a file
+        raise DataError(f"{path}: not a pickled FedScale trace ({type(exc).__name__})") from None
+    if not isinstance(data, dict) or not data:
+        raise DataError(f"{path}: not a FedScale client_behave_trace (a dict of clients)")
+    rows, finish = [], []
+    for key in sorted(data, key=lambda k: (str(type(k)), k)):
+        entry = data[key]
+        try:
+            active, inactive = list(entry["active"]), list(entry["inactive"])
+            finish.append(float(entry.get("finish_time", max(inactive, default=0.0))))
+        except (TypeError, KeyError, ValueError):
+            raise DataError(f"{path}: client {key!r} lacks active/inactive lists") from None
+        rows.append(
+            [(float(a), float(b)) for a, b in zip(active, inactive, strict=False) if float(b) > float(a)]
+        )
+    return AvailabilityTrace(rows, max(finish) if finish else 1.0)
+
+
+class TraceAvailability(SystemModel):
+    """Wraps a system model: client i takes part in a round only if the trace has it online
+    when the round starts; participation_prob_i = its share of online time."""
+
+    def __init__(self, base: SystemModel, trace: AvailabilityTrace):
+        super().__init__(base.num_clients, base.num_layers)
+        if len(trace.intervals) != base.num_clients:
+            raise ConfigError(f"availability trace: {len(trace.intervals)} clients for {base.num_clients}")
+        self.base, self.trace = base, trace
+        self.share = np.array([trace.share(c) for c in range(base.num_clients)])
+        self.name = f"{base.name}+trace"
+
+    def sample(self, work: Workload, rng) -> Outcomes:
+        online = np.array([self.trace.online(c, work.start_time) for c in range(self.num_clients)])
+        out = self.base.sample(work, rng)
+        return Outcomes(out.participates & online, out.depth, out.full_time, out.finish_time, out.steps_done)
+
+    def marginals(self, work: Workload) -> Marginals:
+        inner = self.base.marginals(work)
+        p = self.share
+        return Marginals(
+            reach_prob=inner.reach_prob * p[:, None],
+            no_reach_prob=self.base.no_reach_given_presence(work, p),
+            participation_prob=inner.participation_prob * p,
+            step_prob=None if inner.step_prob is None else inner.step_prob * p[:, None],
+        )
+
+    def no_reach_given_presence(self, work, presence):
+        return self.base.no_reach_given_presence(work, presence * self.share)
+
+    @property
+    def wall_clock(self) -> bool:
+        return self.base.wall_clock
+
+    def observe(self, updates) -> None:
+        self.base.observe(updates)
+
+    def state_dict(self) -> dict:
+        return self.base.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.base.load_state_dict(state)
+
+    def reports(self) -> dict[str, dict]:
+        return self.base.reports()
