@@ -130,6 +130,19 @@ EXTRA: list[tuple[str, dict]] = [
     ("nsl-kdd from a missing folder", {"data": {"dataset": "nsl-kdd", "data_dir": "/nonexistent/kdd"}}),
     ("adel-fl without a budget", {"algorithm": {"name": "adel-fl"}, "system": {"model": "exponential"}}),
     ("amsfl with straggler-ratio", {"algorithm": {"name": "amsfl", "round_budget": 10.0}}),
+    (
+        "measured times from a missing file",
+        {"system": {"model": "measured", "measured_times": "/nonexistent.json"}},
+    ),
+    ("trace availability without a file", {"system": {"availability": "trace"}}),
+    (
+        "trace availability from a missing file",
+        {"system": {"availability": "trace", "availability_trace": "/nonexistent-trace.txt"}},
+    ),
+    ("unknown availability", {"system": {"availability": "sometimes"}}),
+    ("heterofl with a BatchNorm model", {"algorithm": {"name": "heterofl"}, "model": {"name": "vgg11"}}),
+    ("unknown engine", {"run": {"engine": "spark"}}),
+    ("negative round timeout", {"run": {"round_timeout": -1.0}}),
     ("unknown section", {"runs": {"rounds": 3}}),
     ("section that is not a table", {"run": 5}),
     ("unknown run key", {"run": {"round": 3}}),
@@ -168,6 +181,10 @@ ALGORITHM_BAD: list[dict] = [
     *({"name": "fedprox", "mu": v} for v in (-1.0, NAN, INF)),
     *({"name": "feddyn", "alpha": v} for v in (0.0, NAN, INF)),
     *({"name": "scaffold", "server_lr": v} for v in (0.0, NAN)),
+    *({"name": "heterofl", "rates": v} for v in ([0.5], [1.0, 2.0], [1.0, NAN], [], "1", [1.0, True])),
+    *({"name": "fedbuff", "buffer_size": v} for v in (0, -1, 100)),
+    *({"name": "fedbuff", "max_concurrency": v} for v in (-1, 1.5)),
+    {"name": "fedbuff", "server_lr": NAN},
 ]
 
 FILES: list[tuple[str, bytes | None]] = [

@@ -178,7 +178,7 @@ def test_any_bytes_as_a_config_file_is_a_config_error_or_a_config(tmp_path_facto
 
 
 def test_the_bad_config_script_finds_no_traceback_and_no_silent_acceptance():
-    """benchmarks/bad_configs.py: 367 invalid inputs, each must end as one error line."""
+    """benchmarks/bad_configs.py: 386 invalid inputs, each must end as one error line."""
     done = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "bad_configs.py")],
         capture_output=True,
