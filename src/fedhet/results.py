@@ -99,22 +99,6 @@ class RunLock:
         handle.flush()
         self.handle = handle
 
-    def remove_summary(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            self.summary_path.unlink()
-
-    @contextlib.contextmanager
-    def writing(self, rounds_done: int):
-        """Turn an OS error while writing the run's files (full disk, a folder made
-        read-only) into one line; atomic writes leave the last checkpoint whole."""
-        try:
-            yield
-        except OSError as exc:
-            raise FedhetError(
-                f"{self.path}: cannot write ({_reason(exc)}); the checkpoint of round {rounds_done} "
-                "is kept: free space or fix the folder, then --resume"
-            ) from None
-
     def release(self) -> None:
         if self.handle is not None:
             fcntl.flock(self.handle.fileno(), fcntl.LOCK_UN)

@@ -72,27 +72,26 @@ def participation_probabilities(
     )
 
 
-class BernoulliParticipation(SystemModel):
-    """Wraps a system model: client i is present with probability p_i each round (FedStale
-    Assumption 4); a present client's depth and time come from the wrapped model.
+class PresenceWrapper(SystemModel):
+    """Shared by the wrappers that decide who is present (Bernoulli participation,
+    availability traces): a present client's depth and time come from the wrapped model.
 
     Marginals: P[u present and reaches l] = p_u P[d_u <= l]; p_l = P[no present client reaches
     l] from the wrapped model's :meth:`no_reach_given_presence`; participation_prob = p_u.
+    Subclasses set ``participation_prob`` (p_u) and implement :meth:`present`.
     """
 
-    def __init__(self, base: SystemModel, participation_prob: np.ndarray):
+    participation_prob: np.ndarray
+
+    def __init__(self, base: SystemModel):
         super().__init__(base.num_clients, base.num_layers)
-        probs = np.asarray(participation_prob, dtype=float)
-        if probs.shape != (base.num_clients,):
-            raise ConfigError(
-                f"participation probabilities: {probs.size} given for {base.num_clients} clients"
-            )
         self.base = base
-        self.participation_prob = probs
-        self.name = f"{base.name}+bernoulli"
+
+    def present(self, work, rng) -> np.ndarray:
+        raise NotImplementedError
 
     def sample(self, work, rng) -> Outcomes:
-        present = rng.random(self.num_clients) < self.participation_prob  # FedStale Assumption 4
+        present = self.present(work, rng)
         out = self.base.sample(work, rng)
         return Outcomes(out.participates & present, out.depth, out.full_time, out.finish_time, out.steps_done)
 
@@ -124,3 +123,21 @@ class BernoulliParticipation(SystemModel):
 
     def reports(self) -> dict[str, dict]:
         return self.base.reports()
+
+
+class BernoulliParticipation(PresenceWrapper):
+    """Wraps a system model: client i is present with probability p_i each round (FedStale
+    Assumption 4), independently of everything else."""
+
+    def __init__(self, base: SystemModel, participation_prob: np.ndarray):
+        super().__init__(base)
+        probs = np.asarray(participation_prob, dtype=float)
+        if probs.shape != (base.num_clients,):
+            raise ConfigError(
+                f"participation probabilities: {probs.size} given for {base.num_clients} clients"
+            )
+        self.participation_prob = probs
+        self.name = f"{base.name}+bernoulli"
+
+    def present(self, work, rng) -> np.ndarray:
+        return rng.random(self.num_clients) < self.participation_prob  # FedStale Assumption 4

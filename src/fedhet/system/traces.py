@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from fedhet.errors import ConfigError, DataError
-from fedhet.system.outcomes import Marginals, Outcomes, SystemModel, Workload
+from fedhet.system.outcomes import SystemModel, Workload
+from fedhet.system.participation import PresenceWrapper
 
 
 @dataclass
@@ -127,48 +128,17 @@ def from_fedscale(path: str | Path) -> AvailabilityTrace:
     return AvailabilityTrace(rows, max(finish) if finish else 1.0)
 
 
-class TraceAvailability(SystemModel):
+class TraceAvailability(PresenceWrapper):
     """Wraps a system model: client i takes part in a round only if the trace has it online
     when the round starts; participation_prob_i = its share of online time."""
 
     def __init__(self, base: SystemModel, trace: AvailabilityTrace):
-        super().__init__(base.num_clients, base.num_layers)
+        super().__init__(base)
         if len(trace.intervals) != base.num_clients:
             raise ConfigError(f"availability trace: {len(trace.intervals)} clients for {base.num_clients}")
-        self.base, self.trace = base, trace
-        self.share = np.array([trace.share(c) for c in range(base.num_clients)])
+        self.trace = trace
+        self.participation_prob = np.array([trace.share(c) for c in range(base.num_clients)])
         self.name = f"{base.name}+trace"
 
-    def sample(self, work: Workload, rng) -> Outcomes:
-        online = np.array([self.trace.online(c, work.start_time) for c in range(self.num_clients)])
-        out = self.base.sample(work, rng)
-        return Outcomes(out.participates & online, out.depth, out.full_time, out.finish_time, out.steps_done)
-
-    def marginals(self, work: Workload) -> Marginals:
-        inner = self.base.marginals(work)
-        p = self.share
-        return Marginals(
-            reach_prob=inner.reach_prob * p[:, None],
-            no_reach_prob=self.base.no_reach_given_presence(work, p),
-            participation_prob=inner.participation_prob * p,
-            step_prob=None if inner.step_prob is None else inner.step_prob * p[:, None],
-        )
-
-    def no_reach_given_presence(self, work, presence):
-        return self.base.no_reach_given_presence(work, presence * self.share)
-
-    @property
-    def wall_clock(self) -> bool:
-        return self.base.wall_clock
-
-    def observe(self, updates) -> None:
-        self.base.observe(updates)
-
-    def state_dict(self) -> dict:
-        return self.base.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.base.load_state_dict(state)
-
-    def reports(self) -> dict[str, dict]:
-        return self.base.reports()
+    def present(self, work: Workload, rng) -> np.ndarray:
+        return np.array([self.trace.online(c, work.start_time) for c in range(self.num_clients)])
