@@ -34,16 +34,7 @@ class AsyncFL(Algorithm):
             return None
         if any(p["client"] == client for p in state["pending"]):
             return None  # still computing its previous update
-        return ClientTask(
-            round=plan.round,
-            client=int(client),
-            lr=plan.lr,
-            batch_size=assignment.batch_size,
-            local_steps=assignment.local_steps,
-            coverage=Coverage(1),
-            deadline=plan.deadline,
-            model_round=plan.round,
-        )
+        return self.make_task(plan, client, assignment.local_steps, Coverage(1), state)
 
     @staticmethod
     def delay(depth: int) -> int:

@@ -184,11 +184,17 @@ class Algorithm:
             steps = min(steps_done, steps)
         elif steps_done < steps:
             return None  # would not finish by the deadline: its work would be thrown away
+        return self.make_task(plan, client, steps, coverage, state)
+
+    def make_task(
+        self, plan: RoundPlan, client: int, steps: int, coverage: Coverage, state: dict
+    ) -> ClientTask:
+        """The task of ``client`` in ``plan`` for ``steps`` local steps over ``coverage``."""
         return ClientTask(
             round=plan.round,
             client=int(client),
             lr=plan.lr,
-            batch_size=assignment.batch_size,
+            batch_size=plan.assignments[client].batch_size,
             local_steps=steps,
             coverage=coverage,
             deadline=plan.deadline,

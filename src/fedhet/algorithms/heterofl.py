@@ -72,16 +72,7 @@ class HeteroFL(Algorithm):
         rate = self.rate_for(float(outcomes.full_time[client]), plan.deadline)
         if rate is None:
             return None
-        return ClientTask(
-            round=plan.round,
-            client=int(client),
-            lr=plan.lr,
-            batch_size=assignment.batch_size,
-            local_steps=assignment.local_steps,
-            coverage=Coverage(1, float(rate)),
-            deadline=plan.deadline,
-            model_round=plan.round,
-        )
+        return self.make_task(plan, client, assignment.local_steps, Coverage(1, float(rate)), state)
 
     def aggregate(self, params, buffers, updates, state, context, layout):
         """Element-wise mean of the deltas over the clients whose sub-model holds the element
