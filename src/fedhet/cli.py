@@ -164,7 +164,7 @@ def _exit_status(summaries: list[dict]) -> int:
 def cmd_reproduce(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from fedhet.results import dumps
+    from fedhet.results import dumps, make_folder
     from fedhet.studies.grid import load_experiment, report_table, run_experiment
 
     console = Console(stderr=True)
@@ -174,12 +174,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         for cell in experiment.cells:
             print(cell.name)
         return 0
-    if out.exists() and not out.is_dir():
-        raise FedhetError(f"{out}: is a file, not a folder; choose another --out")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise FedhetError(f"{out}: cannot create the output folder ({exc.strerror or exc})") from None
+    make_folder(out, "output folder")
     console.print(f"{experiment.name}: {len(experiment.cells)} cells -> {out}", highlight=False)
     done = {"n": 0}
 

@@ -70,6 +70,17 @@ def _reason(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
+def make_folder(path: Path, what: str) -> None:
+    """Create ``path`` (and its parents) or stop with one line: a file in the way, no
+    permission, a full disk."""
+    if path.exists() and not path.is_dir():
+        raise FedhetError(f"{path}: is a file, not a {what}; choose another --out")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise FedhetError(f"{path}: cannot create the {what} ({_reason(exc)})") from None
+
+
 class RunLock:
     """One writer per run folder: an exclusive ``flock`` on ``<folder>/.lock`` holding the
     writer's PID. The operating system drops the lock when its process dies (kill -9
@@ -133,12 +144,7 @@ class RunDirectory:
         run unless told to resume or overwrite; for a new start, remove the files of any
         earlier run first, so that no old summary can sit beside a new run."""
         where = self.path
-        if where.exists() and not where.is_dir():
-            raise FedhetError(f"{where}: is a file, not a run folder; choose another --out")
-        try:
-            where.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise FedhetError(f"{where}: cannot create the run folder ({_reason(exc)})") from None
+        make_folder(where, "run folder")
         self._probe_writable()
         self.lock = RunLock(where / LOCK_NAME)
         self.lock.acquire()
