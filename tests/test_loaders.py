@@ -180,3 +180,31 @@ def test_a_fifo_in_place_of_a_data_file_is_refused_without_waiting(tmp_path):
     os.mkfifo(target)
     with pytest.raises(DataError, match="train-labels-idx1-ubyte: not a regular file"):
         load_dataset("mnist", str(folder))
+
+
+def test_normalisations_map_pixels_as_documented(tmp_path):
+    """'none' keeps pixel/255, 'half' maps it to 2 x - 1 (SALF's public code), 'dataset'
+    standardises each channel with training statistics only (test mean is not forced to 0)."""
+    written = _write_cifar(tmp_path / "cifar-10-batches-py")
+    raw = written["data_batch_1"][b"data"][0].reshape(3, 32, 32).astype(np.float32) / 255.0
+    none = load_dataset("cifar10", str(tmp_path), normalize="none")
+    half = load_dataset("cifar10", str(tmp_path), normalize="half")
+    dataset = load_dataset("cifar10", str(tmp_path), normalize="dataset")
+    assert np.allclose(none.x_train[0].numpy(), raw)
+    assert np.allclose(half.x_train[0].numpy(), 2 * raw - 1, atol=1e-6)
+    x = dataset.x_train.numpy()
+    assert np.allclose(x.mean(axis=(0, 2, 3)), 0, atol=1e-5)
+    assert np.allclose(x.std(axis=(0, 2, 3)), 1, atol=1e-4)
+    pixels = none.x_train.numpy()
+    mean, std = pixels.mean(axis=(0, 2, 3)), pixels.std(axis=(0, 2, 3))
+    expected_test = (none.x_test.numpy() - mean[None, :, None, None]) / std[None, :, None, None]
+    assert np.allclose(dataset.x_test.numpy(), expected_test, atol=1e-5)
+
+
+def test_a_normalisation_for_tabular_data_is_refused_in_one_line():
+    from fedhet.config import ConfigError, from_dict
+
+    with pytest.raises(ConfigError, match="data.normalize = 'half': nsl-kdd is tabular"):
+        from_dict({"data": {"dataset": "nsl-kdd", "normalize": "half"}, "algorithm": {"name": "fedavg"}})
+    with pytest.raises(ConfigError, match="data.normalize"):
+        from_dict({"data": {"normalize": "mean"}, "algorithm": {"name": "fedavg"}})

@@ -99,6 +99,7 @@ class DataConfig:
     swap_pairs: list = field(default_factory=lambda: [[0, 1], [8, 9]])
     swap_clients: str = "all"  # "all" or "second-half"
     label_mode: str = "binary"  # nsl-kdd: "binary" or "5-class"
+    normalize: str = "dataset"  # image pixels: "dataset" (train mean/std), "half" ((x-0.5)/0.5), "none"
 
     def validate(self) -> None:
         from fedhet.data import DATASETS, PARTITIONERS
@@ -107,6 +108,12 @@ class DataConfig:
         _one_of("data.partition", self.partition, PARTITIONERS)
         _one_of("data.swap_clients", self.swap_clients, ("all", "second-half"))
         _one_of("data.label_mode", self.label_mode, ("binary", "5-class"))
+        _one_of("data.normalize", self.normalize, ("dataset", "half", "none"))
+        if self.dataset == "nsl-kdd" and self.normalize != "dataset":
+            raise ConfigError(
+                f"data.normalize = {self.normalize!r}: nsl-kdd is tabular; its features are "
+                "always standardised (only 'dataset' applies)"
+            )
         _at_least("data.num_clients", self.num_clients, 1)
         _at_most("data.num_clients", self.num_clients, MAX_CLIENTS)
         _at_least("data.shards_per_client", self.shards_per_client, 1)

@@ -181,7 +181,9 @@ def build_world(config: Config) -> World:
     """Load data, split it, build the model, system model, algorithm and the local worker."""
     if config.run.threads:
         torch.set_num_threads(config.run.threads)
-    dataset = load_dataset(config.data.dataset, config.data.data_dir or None, config.data.label_mode)
+    dataset = load_dataset(
+        config.data.dataset, config.data.data_dir or None, config.data.label_mode, config.data.normalize
+    )
     dataset = subsample(dataset, config.data.fraction, seeding.stream(config.run.seed, "data-fraction"))
     parts, train_labels = build_partition(config, dataset)
     parts, holdout = hold_out(

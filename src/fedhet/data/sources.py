@@ -41,6 +41,7 @@ class Dataset:
     x_test: torch.Tensor
     y_test: torch.Tensor
     num_classes: int
+    images: bool = False  # pixels in [0, 1], channels first, not yet normalised
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -111,7 +112,7 @@ def _find_idx(folder: Path, stem: str) -> Path:
 def load_idx_folder(name: str, folder: str | Path, num_classes: int = 10) -> Dataset:
     """Load the four standard MNIST-format IDX files of ``folder``.
 
-    Images are scaled to [0, 1] and standardised with the training mean and std.
+    Images are scaled to [0, 1]; :func:`load_dataset` normalises them.
     """
     folder = Path(folder).expanduser()
     if not folder.is_dir():
@@ -140,14 +141,14 @@ def load_idx_folder(name: str, folder: str | Path, num_classes: int = 10) -> Dat
         )
     x_train = arrays["train_images"].astype(np.float32) / 255.0
     x_test = arrays["test_images"].astype(np.float32) / 255.0
-    mean, std = float(x_train.mean()), float(x_train.std()) or 1.0
     return Dataset(
         name=name,
-        x_train=torch.from_numpy((x_train - mean) / std).unsqueeze(1),
+        x_train=torch.from_numpy(x_train).unsqueeze(1),
         y_train=torch.from_numpy(arrays["train_labels"].astype(np.int64)),
-        x_test=torch.from_numpy((x_test - mean) / std).unsqueeze(1),
+        x_test=torch.from_numpy(x_test).unsqueeze(1),
         y_test=torch.from_numpy(arrays["test_labels"].astype(np.int64)),
         num_classes=num_classes,
+        images=True,
     )
 
 
@@ -167,7 +168,7 @@ def load_digits(data_dir: str | None = None, test_fraction: float = 0.2) -> Data
     """scikit-learn's 1,797 8x8 handwritten digits, a fixed stratified train/test split.
 
     The split uses a fixed random state so every run, whatever its seed, tests on the same
-    images. Pixels (0..16) are scaled to [0, 1] and standardised with the training statistics.
+    images. Pixels (0..16) are scaled to [0, 1]; :func:`load_dataset` normalises them.
     """
     from sklearn.datasets import load_digits as sk_load_digits
     from sklearn.model_selection import train_test_split
@@ -178,14 +179,14 @@ def load_digits(data_dir: str | None = None, test_fraction: float = 0.2) -> Data
     x_tr, x_te, y_tr, y_te = train_test_split(
         images, labels, test_size=test_fraction, random_state=0, stratify=labels
     )
-    mean, std = float(x_tr.mean()), float(x_tr.std())
     return Dataset(
         name="digits",
-        x_train=torch.from_numpy((x_tr - mean) / std).unsqueeze(1),
+        x_train=torch.from_numpy(x_tr).unsqueeze(1),
         y_train=torch.from_numpy(y_tr),
-        x_test=torch.from_numpy((x_te - mean) / std).unsqueeze(1),
+        x_test=torch.from_numpy(x_te).unsqueeze(1),
         y_test=torch.from_numpy(y_te),
         num_classes=10,
+        images=True,
     )
 
 
@@ -232,7 +233,7 @@ def read_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
 def load_cifar10(data_dir: str | None = None) -> Dataset:
     """CIFAR-10 from the "python version" batches (``data_batch_1..5``, ``test_batch``) in
     ``data_dir`` (required; the extracted ``cifar-10-batches-py`` folder or its parent).
-    Pixels are scaled to [0, 1] and standardised per channel with the training statistics."""
+    Pixels are scaled to [0, 1]; :func:`load_dataset` normalises them."""
     if not data_dir:
         raise DataError("cifar10: no data folder given (set data.data_dir to cifar-10-batches-py)")
     folder = Path(data_dir).expanduser()
@@ -245,16 +246,14 @@ def load_cifar10(data_dir: str | None = None) -> Dataset:
     y_train = np.concatenate([p[1] for p in parts])
     x_test, y_test = read_cifar_batch(folder / CIFAR10_TEST_BATCH)
     x_test = x_test.astype(np.float32) / 255.0
-    mean = x_train.mean(axis=(0, 2, 3), keepdims=True)
-    std = x_train.std(axis=(0, 2, 3), keepdims=True)
-    std[std == 0] = 1.0
     return Dataset(
         name="cifar10",
-        x_train=torch.from_numpy((x_train - mean) / std),
+        x_train=torch.from_numpy(x_train),
         y_train=torch.from_numpy(y_train),
-        x_test=torch.from_numpy((x_test - mean) / std),
+        x_test=torch.from_numpy(x_test),
         y_test=torch.from_numpy(y_test),
         num_classes=10,
+        images=True,
     )
 
 
@@ -284,8 +283,44 @@ def subsample(dataset: Dataset, fraction: float, rng: np.random.Generator) -> Da
     )
 
 
-def load_dataset(name: str, data_dir: str | None = None, label_mode: str = "binary") -> Dataset:
-    """Load dataset ``name`` (one of :data:`DATASETS`); ``label_mode`` is NSL-KDD's."""
+# How image pixels (in [0, 1]) are normalised: "dataset" standardises each channel with the
+# training split's mean and std; "half" is the common (x - 0.5) / 0.5 (pixels in [-1, 1], the
+# transform of SALF's public code); "none" keeps [0, 1].
+NORMALIZATIONS = ("dataset", "half", "none")
+
+
+def normalize_images(dataset: Dataset, mode: str) -> Dataset:
+    """Normalise a dataset's [0, 1] pixels by ``mode`` (one of :data:`NORMALIZATIONS`), per
+    channel; statistics come from the training split only, so no test information leaks."""
+    if mode not in NORMALIZATIONS:
+        raise DataError(f"unknown normalisation {mode!r} (known: {', '.join(NORMALIZATIONS)})")
+    if not dataset.images or mode == "none":
+        return dataset
+    if mode == "half":
+        mean = torch.full((1, dataset.x_train.shape[1], 1, 1), 0.5)
+        std = torch.full_like(mean, 0.5)
+    else:
+        x = dataset.x_train.numpy()
+        channels = [x[:, c] for c in range(x.shape[1])]
+        mean = torch.tensor([float(ch.mean()) for ch in channels]).view(1, -1, 1, 1)
+        std = torch.tensor([float(ch.std()) or 1.0 for ch in channels]).view(1, -1, 1, 1)
+    return Dataset(
+        name=dataset.name,
+        x_train=(dataset.x_train - mean) / std,
+        y_train=dataset.y_train,
+        x_test=(dataset.x_test - mean) / std,
+        y_test=dataset.y_test,
+        num_classes=dataset.num_classes,
+        images=False,
+    )
+
+
+def load_dataset(
+    name: str, data_dir: str | None = None, label_mode: str = "binary", normalize: str = "dataset"
+) -> Dataset:
+    """Load dataset ``name`` (one of :data:`DATASETS`); ``label_mode`` is NSL-KDD's,
+    ``normalize`` how image pixels are normalised (:func:`normalize_images`; NSL-KDD's
+    features are always standardised by its loader)."""
     if name not in DATASETS:
         raise DataError(f"unknown dataset {name!r} (known: {', '.join(DATASETS)})")
     if name == "nsl-kdd":
@@ -294,7 +329,7 @@ def load_dataset(name: str, data_dir: str | None = None, label_mode: str = "bina
         dataset = load_nslkdd(data_dir, label_mode)
     else:
         dataset = DATASETS[name](data_dir)
-    return checked(dataset)
+    return checked(normalize_images(dataset, normalize))
 
 
 def checked(dataset: Dataset) -> Dataset:
