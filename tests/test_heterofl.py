@@ -4,7 +4,9 @@ clients that hold them."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -132,7 +134,7 @@ def test_a_client_trains_only_its_sub_model_and_the_rate_fits_the_deadline(tmp_p
     assert algorithm.rate_for(1000.0, 1.0) is None and algorithm.rate_for(math.inf, 1.0) is None
 
 
-def test_bad_rates_and_batchnorm_models_are_refused(tmp_path):
+def test_bad_rates_and_bn_examples_are_refused():
     base = {
         "run": {"name": "h", "rounds": 1, "threads": 1},
         "data": {"dataset": "digits", "num_clients": 2, "fraction": 0.2},
@@ -141,13 +143,103 @@ def test_bad_rates_and_batchnorm_models_are_refused(tmp_path):
     for rates in ([0.5], [1.0, 0.0], [1.0, float("nan")], []):
         with pytest.raises(ConfigError, match="algorithm.rates"):
             from_dict({**base, "algorithm": {"name": "heterofl", "rates": rates}})
-    import numpy as np
+    with pytest.raises(ConfigError, match="algorithm.bn_examples = -1"):
+        from_dict({**base, "algorithm": {"name": "heterofl", "bn_examples": -1}})
 
-    from fedhet.algorithms.base import RunSetting
 
+def _batchnorm_inputs(flat, x):
+    """Each BatchNorm's input on ``x`` in one training-mode pass (batch statistics)."""
+    from fedhet.models.batchnorm import BATCHNORMS
+
+    seen = []
+    hooks = [
+        m.register_forward_hook(lambda mod, inp, out: seen.append(inp[0].detach().clone()))
+        for m in flat.model.modules()
+        if isinstance(m, BATCHNORMS)
+    ]
+    flat.model.train()
+    with torch.no_grad():
+        flat.model(x)
+    for h in hooks:
+        h.remove()
+    return seen
+
+
+def test_static_batchnorm_statistics_are_those_of_each_layers_inputs_in_training_mode():
+    """With one batch, each BatchNorm's recomputed running mean / variance are the per-channel
+    mean / unbiased variance of what that layer sees when the layers before it normalise with
+    batch statistics; every other buffer and the parameters are untouched."""
+    from fedhet.models.batchnorm import static_batchnorm_buffers
+
+    torch.manual_seed(0)
     flat = FlatModel(build_model("vgg11", (3, 32, 32), 10))
-    setting = RunSetting(
-        2, flat.layout.num_params, 1, 0.0, None, np.ones(2), flat.layout, flat.params, flat.buffers
-    )
-    with pytest.raises(ConfigError, match="static BatchNorm"):
-        HeteroFL(HeteroFLOptions(), None).init_state(setting)
+    params = flat.params.clone()
+    stale = torch.rand_like(flat.buffers) + 0.5  # statistics far from the right ones
+    x = torch.randn(40, 3, 32, 32) * 2 + 1
+    buffers = static_batchnorm_buffers(flat, params, stale, x, batch_size=64)
+    flat.load(params, stale)
+    inputs = _batchnorm_inputs(flat, x)
+    flat.load(params, buffers)
+    norms = [m for m in flat.model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert len(norms) == len(inputs) == 8
+    for norm, seen in zip(norms, inputs, strict=True):
+        torch.testing.assert_close(norm.running_mean, seen.mean(dim=(0, 2, 3)), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(
+            norm.running_var, seen.var(dim=(0, 2, 3), unbiased=True), rtol=1e-4, atol=1e-5
+        )
+        assert norm.momentum == 0.1  # restored
+    torch.testing.assert_close(flat.params, params)
+
+
+def test_a_sub_models_dropped_channels_stay_zero_through_batchnorm():
+    """A rate-1/2 VGG sub-model (elements outside it zeroed, HeteroFL's scaler on): after every
+    conv + BatchNorm + ReLU block the channels it does not hold are exactly zero, so the
+    masked full model computes the sub-model."""
+    torch.manual_seed(1)
+    flat = FlatModel(build_model("vgg11", (3, 32, 32), 10))
+    mask = width_mask(flat.layout, 0.5)
+    with torch.no_grad():
+        flat.params.mul_(mask)
+    hooks = scaler_hooks(flat.model, 0.5)
+    outputs = []
+    for block in flat.model.blocks[:-1]:
+        block.register_forward_hook(lambda mod, inp, out: outputs.append(out.detach()))
+    flat.model.train()
+    flat.model(torch.randn(6, 3, 32, 32))
+    for h in hooks:
+        h.remove()
+    for out in outputs:
+        kept = math.ceil(out.shape[1] / 2)
+        assert not out[:, kept:].any() and out[:, :kept].abs().sum() > 0
+
+
+def test_heterofl_runs_a_batchnorm_model_with_static_statistics(tmp_path):
+    """End to end on VGG-11 and Fashion-MNIST-shaped data: the run's evaluated model carries
+    BatchNorm statistics recomputed on the clients' training examples (not aggregated ones),
+    and a resumed run equals an uninterrupted one."""
+    from fedhet.data.sources import FMNIST_DEBIAN_DIR
+    from fedhet.models.batchnorm import static_batchnorm_buffers
+    from fedhet.world import build_world
+
+    if not (Path(FMNIST_DEBIAN_DIR) / "train-images-idx3-ubyte.gz").exists():
+        pytest.skip("Fashion-MNIST (dataset-fashion-mnist) not installed")
+    raw = {
+        "run": {"name": "bn", "rounds": 2, "threads": 1, "eval_every": 1},
+        "data": {"dataset": "fmnist", "num_clients": 4, "fraction": 0.004},
+        "model": {"name": "vgg11"},
+        "train": {"batch_size": 8, "lr": 0.05},
+        "system": {"model": "straggler-ratio", "straggler_ratio": 0.5, "deadline": 1.0},
+        "algorithm": {"name": "heterofl"},
+    }
+    config = from_dict(raw)
+    result = Simulator(config, tmp_path / "a").run()
+    assert all(row["test_accuracy"] is not None for row in result.metrics)
+    world = build_world(config)
+    saved = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=False)
+    x = world.dataset.x_train[np.sort(np.concatenate(world.client_indices))]
+    expected = static_batchnorm_buffers(world.flat, saved["params"], world.initial_buffers, x)
+    torch.testing.assert_close(saved["buffers"], expected)
+    assert not torch.equal(saved["buffers"], world.initial_buffers)
+    Simulator(config, tmp_path / "b").run(stop_after=1)
+    resumed = Simulator(config, tmp_path / "b").run(resume=True)
+    assert resumed.metrics == result.metrics

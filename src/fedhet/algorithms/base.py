@@ -127,6 +127,10 @@ class Algorithm:
     uses_deadline: ClassVar[bool] = True
     partial_work: ClassVar[str] = "none"
     tracks_gradient_differences: ClassVar[bool] = False
+    # Static BatchNorm (HeteroFL): None = the global model's BatchNorm statistics are the
+    # aggregated ones; an integer = before each evaluation, recompute them on the full model
+    # from that many of the clients' training examples (0 = all of them).
+    static_batchnorm_examples: int | None = None
 
     def __init__(self, options: Any, train: Any):
         self.options = options

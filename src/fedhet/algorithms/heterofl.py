@@ -25,8 +25,11 @@ class HeteroFLOptions:
     A sub-model of rate r costs r^2 of the full model's compute (HeteroFL Sec. 3.1)."""
 
     rates: list = field(default_factory=lambda: list(DEFAULT_RATES))
+    bn_examples: int = 0  # static BatchNorm: training examples to recompute statistics on (0 = all)
 
     def validate(self) -> None:
+        if self.bn_examples < 0:
+            raise ConfigError(f"algorithm.bn_examples = {self.bn_examples}: must be >= 0 (0 = all)")
         rates = self.rates
         if not rates or not all(
             isinstance(r, int | float) and not isinstance(r, bool) and 0 < r <= 1 for r in rates
@@ -42,20 +45,19 @@ class HeteroFL(Algorithm):
     trains the largest sub-model with r^2 T_u <= deadline (every layer, all local steps,
     hidden outputs divided by r); a client for which not even the smallest fits is not asked.
     Aggregation: w_{t+1}[e] = w_t[e] + mean over the clients holding e of Delta_u[e];
-    elements nobody held keep their value. Not for models with BatchNorm (HeteroFL's static
-    BatchNorm is not implemented)."""
+    elements nobody held keep their value. BatchNorm is static (HeteroFL Sec. 3.1): clients
+    normalise with their batches' statistics and send none; the server ignores running
+    statistics in aggregation and recomputes them on the full model from training data
+    before each evaluation (``bn_examples``; :mod:`fedhet.models.batchnorm`). A sub-model's
+    BatchNorm entries outside it are zero, so its dropped channels stay zero."""
 
     name = "heterofl"
     summary = "HeteroFL: slow clients train width-reduced sub-models (r^2 of the compute)"
     Options = HeteroFLOptions
 
-    def init_state(self, setting) -> dict:
-        if setting.layout.num_buffers:
-            raise ConfigError(
-                "algorithm.name = 'heterofl': the model has BatchNorm statistics; HeteroFL's static "
-                "BatchNorm is not implemented (use mlp, cnn2 or cnn-fedstale)"
-            )
-        return {}
+    def __init__(self, options, train):
+        super().__init__(options, train)
+        self.static_batchnorm_examples = int(options.bn_examples)
 
     def rate_for(self, full_time: float, deadline: float | None) -> float | None:
         """The largest rate r with r^2 * full_time <= deadline (1 without a deadline)."""
@@ -89,4 +91,4 @@ class HeteroFL(Algorithm):
             total.add_(u.delta)
             holders.add_(masks[rate])
         step = torch.where(holders > 0, total / holders.clamp(min=1.0), torch.zeros_like(total))
-        return params + step, buffers
+        return params + step, buffers  # static BatchNorm: clients' running statistics are not used

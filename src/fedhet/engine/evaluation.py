@@ -4,21 +4,52 @@ first round and simulated time at which test accuracy reaches each of ``run.targ
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+from fedhet import seeding
 from fedhet.client import evaluate
+from fedhet.models.batchnorm import static_batchnorm_buffers
 from fedhet.models.layers import FlatModel
 
 
 class Evaluator:
-    """Test loss and accuracy of global models on one held-out set."""
+    """Test loss and accuracy of global models on one held-out set.
 
-    def __init__(self, flat: FlatModel, x: torch.Tensor, y: torch.Tensor, every: int, last_round: int):
+    ``statistics_from``: training examples on which, before each evaluation, the global
+    model's BatchNorm statistics are recomputed (static BatchNorm, for algorithms that ask
+    for it); ``statistics_examples`` of them (0 = all), a random subset per round."""
+
+    def __init__(
+        self,
+        flat: FlatModel,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        every: int,
+        last_round: int,
+        statistics_from: torch.Tensor | None = None,
+        statistics_examples: int = 0,
+        seed: int = 0,
+    ):
         self.flat = flat
         self.x = x
         self.y = y
         self.every = every
         self.last_round = last_round
+        self.statistics_from = statistics_from
+        self.statistics_examples = statistics_examples
+        self.seed = seed
+
+    def refresh_buffers(self, params: torch.Tensor, buffers: torch.Tensor, round_number: int) -> torch.Tensor:
+        """The buffers to evaluate (and keep) ``params`` with: recomputed BatchNorm statistics
+        under static BatchNorm, otherwise ``buffers`` unchanged."""
+        x = self.statistics_from
+        if x is None or not buffers.numel():
+            return buffers
+        if 0 < self.statistics_examples < len(x):
+            rng = seeding.round_stream(self.seed, "static-batchnorm", round_number)
+            x = x[np.sort(rng.choice(len(x), self.statistics_examples, replace=False))]
+        return static_batchnorm_buffers(self.flat, params, buffers, x)
 
     def due(self, round_number: int) -> bool:
         """Whether round ``round_number`` (1-based) is evaluated."""

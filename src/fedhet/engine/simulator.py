@@ -111,9 +111,7 @@ class Simulator:
                 run_dir.write_client_metrics(state.client_metrics)
         for note in world.algorithm.warnings(state.algorithm):
             log.warning("%s: %s", config.run.name, note)
-        evaluator = Evaluator(
-            world.flat, world.dataset.x_test, world.dataset.y_test, config.run.eval_every, config.run.rounds
-        )
+        evaluator = make_evaluator(world)
         clock = VirtualClock(state.sim_time, config.run.time_budget)
         started, wall_before = time.perf_counter(), state.wall_time
         last = config.run.rounds if stop_after is None else min(stop_after, config.run.rounds)
@@ -253,6 +251,7 @@ class Simulator:
 
     def _evaluate(self, world: World, evaluator: Evaluator, state: RunState, row: dict) -> None:
         """Test loss and accuracy into ``row``; with ``run.client_eval`` also every client's."""
+        state.buffers = evaluator.refresh_buffers(state.params, state.buffers, int(row["round"]))
         row["test_loss"], row["test_accuracy"] = evaluator(state.params, state.buffers)
         if self.config.run.client_eval:
             for entry in evaluator.clients(
@@ -260,6 +259,26 @@ class Simulator:
             ):
                 state.client_metrics.append({"round": row["round"], **entry})
             self.run_dir.write_client_metrics(state.client_metrics)
+
+
+def make_evaluator(world: World) -> Evaluator:
+    """The run's evaluator: the test set, ``run.eval_every``, and the clients' training
+    examples when the algorithm asks for static BatchNorm statistics."""
+    config, algorithm = world.config, world.algorithm
+    examples = algorithm.static_batchnorm_examples
+    statistics_from = None
+    if examples is not None and world.flat.buffers.numel():
+        statistics_from = world.dataset.x_train[np.sort(np.concatenate(world.client_indices))]
+    return Evaluator(
+        world.flat,
+        world.dataset.x_test,
+        world.dataset.y_test,
+        config.run.eval_every,
+        config.run.rounds,
+        statistics_from=statistics_from,
+        statistics_examples=examples or 0,
+        seed=config.run.seed,
+    )
 
 
 def run(
