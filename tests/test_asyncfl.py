@@ -4,11 +4,12 @@ rounds late, computed on the model it was sent; fresh and arriving updates are a
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
-from fedhet.algorithms.asyncfl import AsyncFL
-from fedhet.algorithms.base import ClientAssignment, NoOptions, RoundContext, RoundPlan
-from fedhet.config import from_dict
+from fedhet.algorithms.asyncfl import AsyncFL, AsyncFLOptions
+from fedhet.algorithms.base import ClientAssignment, RoundContext, RoundPlan
+from fedhet.config import ConfigError, from_dict
 from fedhet.engine.simulator import Simulator
 from fedhet.messages import ClientUpdate, Coverage
 from fedhet.system.outcomes import Marginals, Outcomes
@@ -27,7 +28,7 @@ def test_staleness_follows_a_hand_made_schedule():
     """Round 0: client 0 finishes, client 1 reached layer 2, client 2 layer 3: client 1's
     update arrives in round 4 (staleness 4), client 2's in round 6 (staleness 6); busy
     clients are not asked meanwhile; each round averages what is fresh or due."""
-    algorithm = AsyncFL(NoOptions(), None)
+    algorithm = AsyncFL(AsyncFLOptions(), None)
     state = algorithm.init_state(None)
     params = torch.zeros(2)
     deltas = {0: torch.tensor([1.0, 0.0]), 1: torch.tensor([0.0, 4.0]), 2: torch.tensor([8.0, 8.0])}
@@ -51,6 +52,29 @@ def test_staleness_follows_a_hand_made_schedule():
     # ((1,0) + (0,4)) / 2; round 6: clients 0 and 1 fresh, the same; round 7: clients 0 and 1
     # fresh and client 2's stale update, ((1,0) + (0,4) + (8,8)) / 3
     torch.testing.assert_close(params, torch.tensor([4.0 + 0.5 + 0.5 + 3.0, 2.0 + 2.0 + 4.0]))
+
+
+def test_the_fresh_reading_counts_a_stragglers_update_at_once_and_rests_it():
+    """late_update = "fresh" on the same schedule: who is asked is the same (a straggler that
+    reached layer d sits out the next 2 d rounds), but its update, computed on the current
+    model, joins the round it was asked in; nothing is stale."""
+    algorithm = AsyncFL(AsyncFLOptions(late_update="fresh"), None)
+    state = algorithm.init_state(None)
+    params = torch.zeros(2)
+    deltas = {0: torch.tensor([1.0, 0.0]), 1: torch.tensor([0.0, 4.0]), 2: torch.tensor([8.0, 8.0])}
+    history = []
+    for t in range(7):
+        context = _context(t, [1, 2, 3] if t == 0 else [1, 1, 1])
+        asked = [c for c in range(3) if algorithm.client_task(context, c, state) is not None]
+        history.append(asked)
+        updates = [ClientUpdate(c, Coverage(1), 1, 10, 0.5, deltas[c]) for c in asked]
+        params, _ = algorithm.aggregate(params, torch.zeros(0), updates, state, context, None)
+    assert history == [[0, 1, 2], [0], [0], [0], [0], [0, 1], [0, 1]]
+    assert not any(entry["stale"] for entry in state["log"]) and not state["pending"]
+    # round 1: all three, (9, 12) / 3; rounds 2-5: +(1, 0); rounds 6-7: +(0.5, 2)
+    torch.testing.assert_close(params, torch.tensor([3.0 + 4.0 + 1.0, 4.0 + 4.0]))
+    with pytest.raises(ConfigError, match="algorithm.late_update = 'later'"):
+        AsyncFLOptions(late_update="later").validate()
 
 
 def test_without_stragglers_asyncfl_is_fedavg(tmp_path):

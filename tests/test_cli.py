@@ -148,3 +148,15 @@ def test_plan_refuses_depth_fraction_without_a_time_law_and_runs_the_shipped_exa
         "plan", str(REPO / "examples" / "adelfl_digits.toml"), "--depth-fraction", "0.5", cwd=tmp_path
     )
     assert shipped.returncode == 0 and "adel-fl plan: optimal" in shipped.stdout
+
+
+def test_output_into_a_reader_that_quits_early_is_no_traceback():
+    """`fedhet reproduce EXPERIMENT --list | head -c 1`: the closed pipe ends fedhet quietly."""
+    script = (
+        f"{sys.executable} -m fedhet reproduce experiments/salf_study.toml --list "
+        f"--set run.rounds=1 | head -c 1 >/dev/null; "
+        f"for i in 1 2 3; do {sys.executable} -m fedhet reproduce "
+        "experiments/salf_study.toml --list; done | head -c 1 >/dev/null"
+    )
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -432,13 +433,18 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _show_warnings()
     try:
-        return args.func(args)
+        status = args.func(args)
+        sys.stdout.flush()  # inside the try: a reader that quit early is a BrokenPipeError here
+        return status
     except FedhetError as exc:
         print(f"fedhet: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"fedhet: interrupted; {INTERRUPTED.get(args.command, 'nothing was lost')}", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # output piped into a reader that quit early (e.g. `| head`)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+        return 141
 
 
 if __name__ == "__main__":

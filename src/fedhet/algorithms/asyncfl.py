@@ -7,12 +7,37 @@ later (SALF Sec. IV: "participate in the FedAvg every 2l global iterations"); a 
 not asked again while its update is on its way. Each round the server averages the fresh
 updates of the clients that finished and the stale ones arriving this round (uniform
 weights, FedAvg's eq. (3)); with none, the model is kept.
+
+The paper's sentence also admits a second reading, ``late_update = "fresh"``: a straggler
+takes part only once every 2 d rounds, but with an update computed on the current model —
+its update joins this round's average and it sits out the next 2 d rounds, the rounds a
+stale update would have been on its way (absence instead of staleness).
 """
 
 from __future__ import annotations
 
-from fedhet.algorithms.base import Algorithm, NoOptions, register
+from dataclasses import dataclass
+
+from fedhet.algorithms.base import Algorithm, register
+from fedhet.errors import ConfigError
 from fedhet.messages import ClientTask, Coverage
+
+LATE_UPDATES = ("stale", "fresh")
+
+
+@dataclass
+class AsyncFLOptions:
+    """``late_update``: "stale" (a straggler's update, computed on the model it was sent,
+    arrives 2 d rounds later) or "fresh" (it counts now and the straggler sits out the next
+    2 d rounds)."""
+
+    late_update: str = "stale"
+
+    def validate(self) -> None:
+        if self.late_update not in LATE_UPDATES:
+            raise ConfigError(
+                f"algorithm.late_update = {self.late_update!r}: must be one of {', '.join(LATE_UPDATES)}"
+            )
 
 
 @register
@@ -21,10 +46,10 @@ class AsyncFL(Algorithm):
 
     name = "asyncfl"
     summary = "AsyncFL: stragglers' full updates arrive 2d rounds late and join FedAvg (SALF Sec. IV)"
-    Options = NoOptions
+    Options = AsyncFLOptions
 
     def init_state(self, setting) -> dict:
-        return {"pending": [], "log": []}
+        return {"pending": [], "log": [], "resting": {}}
 
     def client_task(self, context, client: int, state: dict) -> ClientTask | None:
         """Every present client not still busy with an earlier task trains the full model."""
@@ -34,6 +59,8 @@ class AsyncFL(Algorithm):
             return None
         if any(p["client"] == client for p in state["pending"]):
             return None  # still computing its previous update
+        if state.get("resting", {}).get(str(client), -1) >= plan.round:
+            return None  # "fresh": sits out the rounds its late update would have taken
         return self.make_task(plan, client, assignment.local_steps, Coverage(1), state)
 
     @staticmethod
@@ -45,10 +72,16 @@ class AsyncFL(Algorithm):
         """w_{t+1} = w_t + mean of (fresh deltas and the stale deltas due this round)."""
         t = context.plan.round
         fresh = []
+        resting = state.setdefault("resting", {})
+        for key in [k for k, until in resting.items() if until < t]:
+            del resting[key]
         for u in updates:
             wait = self.delay(int(context.outcomes.depth[u.client]))
             if wait == 0:
                 fresh.append(u)
+            elif self.options.late_update == "fresh":
+                fresh.append(u)
+                resting[str(u.client)] = t + wait  # sits out rounds t+1..t+2d, as a stale one would
             else:
                 state["pending"].append(
                     {
