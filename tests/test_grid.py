@@ -55,3 +55,65 @@ def test_cells_sharing_a_table_entry_show_mean_and_spread(tmp_path):
     fake = {c.name: {"final_test_accuracy": v} for c, v in zip(experiment.cells, values, strict=True)}
     table = report_table(experiment, fake)
     assert "| 0.550 ± 0.071 | 0.700 ± 0.000 |" in table
+
+
+def test_intervals_are_the_sample_std_or_the_t_interval_of_the_mean():
+    from scipy.stats import t
+
+    from fedhet.studies.stats import estimate
+
+    values = [0.70, 0.74, 0.78, 0.72, 0.76]
+    std = estimate(values, "std")
+    ci = estimate(values, "ci95")
+    assert std.n == ci.n == 5 and abs(std.mean - 0.74) < 1e-12
+    assert abs(std.spread - 0.0316227766) < 1e-9
+    assert abs(ci.spread - t.ppf(0.975, 4) * 0.0316227766 / 5**0.5) < 1e-9
+    assert estimate([0.5], "ci95").spread == 0.0
+
+
+def test_paired_p_values_pair_seeds_and_fall_back_to_welch():
+    from scipy.stats import ttest_ind, ttest_rel
+
+    from fedhet.studies.stats import difference_p_value
+
+    a = {1: 0.80, 2: 0.71, 3: 0.77, 4: 0.69}
+    b = {1: 0.78, 2: 0.70, 3: 0.74, 4: 0.68}  # below a in every seed, seeds vary a lot
+    paired = difference_p_value(a, b)
+    assert abs(paired - ttest_rel(list(a.values()), list(b.values())).pvalue) < 1e-12
+    assert paired < 0.05 < ttest_ind(list(a.values()), list(b.values())).pvalue  # pairing matters
+    assert difference_p_value({1: 0.5, 2: 0.6}, {1: 0.4, 2: 0.5}) == 0.0  # constant difference
+    assert difference_p_value({1: 0.5, 2: 0.6}, {1: 0.5, 2: 0.6}) == 1.0
+    unpaired = difference_p_value({1: 0.5, 2: 0.6, 3: 0.55}, {7: 0.4, 8: 0.45})
+    assert abs(unpaired - ttest_ind([0.5, 0.6, 0.55], [0.4, 0.45], equal_var=False).pvalue) < 1e-12
+    assert difference_p_value({1: 0.5}, {2: 0.4}) is None
+
+
+def test_a_reference_column_marks_significant_cells_and_bad_references_are_refused(tmp_path):
+    import pytest
+
+    from fedhet.errors import ConfigError
+
+    path = tmp_path / "seeds.toml"
+    text = GRID.replace('"system.straggler_ratio" = [0.3, 0.9]', '"run.seed" = [1, 2, 3, 4]').replace(
+        'rows = ["system.straggler_ratio"]', "rows = []"
+    )
+    path.write_text(text.replace("[report]\n", '[report]\ninterval = "ci95"\nreference = "drop"\n'))
+    experiment = load_experiment(path)
+    drop = [0.60, 0.70, 0.65, 0.75]
+    salf = [0.62, 0.73, 0.66, 0.78]  # above drop in every seed
+    values = [v for pair in zip(drop, salf, strict=True) for v in pair]
+    fake = {c.name: {"final_test_accuracy": v} for c, v in zip(experiment.cells, values, strict=True)}
+    table = report_table(experiment, fake)
+    body = "".join(line for line in table.splitlines() if line.startswith("|"))
+    assert "↑" in body and "↓" not in body and "paired t-test" in table and "95% confidence" in table
+    salf[2] = 0.60  # one seed below: no longer significant
+    values = [v for pair in zip(drop, salf, strict=True) for v in pair]
+    fake = {c.name: {"final_test_accuracy": v} for c, v in zip(experiment.cells, values, strict=True)}
+    body = "".join(line for line in report_table(experiment, fake).splitlines() if line.startswith("|"))
+    assert "↑" not in body
+    path.write_text(text.replace("[report]\n", '[report]\nreference = "fedavg"\n'))
+    with pytest.raises(ConfigError, match=r"report.reference = 'fedavg': not a column .*drop"):
+        load_experiment(path)
+    path.write_text(text.replace("[report]\n", '[report]\ninterval = "sem"\n'))
+    with pytest.raises(ConfigError, match="report.interval = 'sem'"):
+        load_experiment(path)

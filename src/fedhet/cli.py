@@ -166,10 +166,15 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from fedhet.results import dumps, make_folder
-    from fedhet.studies.grid import load_experiment, report_table, run_experiment
+    from fedhet.studies.grid import check_reference, load_experiment, report_table, run_experiment
 
     console = Console(stderr=True)
     experiment = load_experiment(args.experiment, args.set)
+    if args.interval:
+        experiment.interval = args.interval
+    if args.reference:
+        check_reference(experiment, args.reference, "--reference")
+        experiment.reference = args.reference
     out = Path(args.out) if args.out else Path("runs") / experiment.name
     if args.list:
         for cell in experiment.cells:
@@ -348,6 +353,18 @@ def build_parser() -> argparse.ArgumentParser:
         "at ADDRESS (e.g. ray://head:10001; --out must be on a file system every node sees)",
     )
     p.add_argument("--list", action="store_true", help="list the cells and exit")
+    p.add_argument(
+        "--interval",
+        choices=("std", "ci95"),
+        help="after '±' in the table: the seeds' standard deviation or the 95%% confidence "
+        "interval of their mean (default: report.interval, else std)",
+    )
+    p.add_argument(
+        "--reference",
+        metavar="COLUMN",
+        help="mark cells significantly above/below this column of their row (paired t-test "
+        "over seeds; default: report.reference)",
+    )
     p.set_defaults(func=cmd_reproduce)
 
     p = sub.add_parser("compare", help="a table of finished runs side by side")

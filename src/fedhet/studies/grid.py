@@ -10,7 +10,12 @@ An experiment file is a run configuration plus:
 - ``[[cases]]`` (optional): tables of dotted overrides, each crossed with the grid (use
   them for settings that change together, e.g. a model with its learning rate and rounds).
 - ``[report]``: ``rows`` and ``columns`` (dotted keys) and ``value`` (a summary field) of the
-  table written to ``table.md``.
+  table written to ``table.md``; cells that share a row and a column (seeds) show their
+  mean ± ``interval`` ("std", the sample standard deviation, or "ci95", the half-width of
+  the mean's 95% t-interval); with ``reference`` (a column's label as the table shows it),
+  a cell significantly above or below the reference column of its row (two-sided paired
+  t-test over the seeds, p < ``alpha``, default 0.05, no correction for the number of
+  cells) is marked ↑ or ↓ (:mod:`fedhet.studies.stats`).
 
 Each cell is an ordinary run directory under ``<out>/<cell name>/``; a cell with a finished
 summary is skipped and a half-finished one resumes from its checkpoint, so an interrupted
@@ -29,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from fedhet.config import (
     MAX_THREADS,
     AlgorithmConfig,
@@ -40,6 +47,7 @@ from fedhet.config import (
     require_algorithm,
 )
 from fedhet.errors import ConfigError, FedhetError
+from fedhet.studies.stats import INTERVALS, difference_p_value, estimate
 
 EXPERIMENT_SECTIONS = ("experiment", "grid", "cases", "report")
 
@@ -61,6 +69,9 @@ class Experiment:
     rows: list[str]
     columns: list[str]
     value: str
+    interval: str = "std"
+    reference: str | None = None
+    alpha: float = 0.05
 
 
 def _label(value: Any) -> str:
@@ -92,7 +103,7 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Exp
     raw = read_toml(path)
     meta = _table(raw, "experiment", path, ("name", "jobs"))
     grid = _table(raw, "grid", path, None)
-    report = _table(raw, "report", path, ("rows", "columns", "value"))
+    report = _table(raw, "report", path, ("rows", "columns", "value", "interval", "reference", "alpha"))
     cases = raw.get("cases", [{}]) or [{}]
     if not isinstance(cases, list) or not all(isinstance(c, dict) for c in cases):
         raise ConfigError(f"{path}: [[cases]] must be a list of tables")
@@ -129,7 +140,42 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Exp
         raise ConfigError(
             f"{path}: report.value = {value!r}: not a summary number (known: {', '.join(REPORT_VALUES)})"
         )
-    return Experiment(name=name, jobs=jobs, cells=cells, rows=rows, columns=columns, value=value)
+    interval = report.get("interval", "std")
+    if interval not in INTERVALS:
+        raise ConfigError(f"{path}: report.interval = {interval!r}: one of {', '.join(INTERVALS)}")
+    reference = report.get("reference")
+    if reference is not None and not isinstance(reference, str):
+        raise ConfigError(f"{path}: report.reference = {reference!r}: expected a column label (a string)")
+    alpha = report.get("alpha", 0.05)
+    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 < alpha < 1:
+        raise ConfigError(f"{path}: report.alpha = {alpha!r}: expected a number in (0, 1)")
+    experiment = Experiment(
+        name=name, jobs=jobs, cells=cells, rows=rows, columns=columns, value=value,
+        interval=interval, reference=reference, alpha=float(alpha),
+    )  # fmt: skip
+    if reference is not None:
+        check_reference(experiment, reference, path)
+    return experiment
+
+
+def column_labels(experiment: Experiment) -> list[str]:
+    """The report table's column labels, in order."""
+    labels: list[str] = []
+    for cell in experiment.cells:
+        label = " ".join(str(_lookup(cell, k)) for k in experiment.columns)
+        if label not in labels:
+            labels.append(label)
+    return labels
+
+
+def check_reference(experiment: Experiment, reference: str, where) -> None:
+    """``reference`` must be one of the table's column labels."""
+    labels = column_labels(experiment)
+    if reference not in labels:
+        raise ConfigError(
+            f"{where}: report.reference = {reference!r}: not a column of the table "
+            f"(columns: {', '.join(labels)})"
+        )
 
 
 REPORT_VALUES = (
@@ -341,36 +387,61 @@ def _lookup(cell: Cell, key: str) -> Any:
 
 def report_table(experiment: Experiment, summaries: dict[str, dict], digits: int = 3) -> str:
     """A Markdown pivot table: one row per ``rows`` value, one column per ``columns`` value.
-    Cells that share a row and column (e.g. seeds left out of both) show mean ± standard
-    deviation over them."""
+    Cells that share a row and column (e.g. seeds left out of both) show mean ± the
+    experiment's ``interval`` over them, marked ↑/↓ when significantly above/below the
+    ``reference`` column of their row; a note under the table says what the marks mean."""
     row_keys, col_keys = experiment.rows, experiment.columns
-    rows: dict[tuple, dict[tuple, list]] = {}
-    col_order: list[tuple] = []
+    rows: dict[tuple, dict[str, list[tuple]]] = {}
+    col_order: list[str] = []
     for cell in experiment.cells:
         if cell.name not in summaries:
             continue
         r = tuple(_lookup(cell, k) for k in row_keys)
-        c = tuple(_lookup(cell, k) for k in col_keys)
+        c = " ".join(str(_lookup(cell, k)) for k in col_keys)
         if c not in col_order:
             col_order.append(c)
-        rows.setdefault(r, {}).setdefault(c, []).append(summaries[cell.name].get(experiment.value))
-    head = [" / ".join(k.split(".")[-1] for k in row_keys) or "run"]
-    head += [" ".join(str(v) for v in c) for c in col_order]
+        value = summaries[cell.name].get(experiment.value)
+        rows.setdefault(r, {}).setdefault(c, []).append((cell.config.run.seed, value))
+    head = [" / ".join(k.split(".")[-1] for k in row_keys) or "run", *col_order]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r, values in rows.items():
         cells = [" ".join(str(v) for v in r) or "-"]
+        reference = _numbers(values.get(experiment.reference, [])) if experiment.reference else {}
         for c in col_order:
-            cells.append(_format_values(values.get(c, []), digits))
+            text = _format_values(values.get(c, []), digits, experiment.interval)
+            if reference and c != experiment.reference and (mine := _numbers(values.get(c, []))):
+                p = difference_p_value(mine, reference)
+                if p is not None and p < experiment.alpha:
+                    above = np.mean(list(mine.values())) > np.mean(list(reference.values()))
+                    text += " ↑" if above else " ↓"
+            cells.append(text)
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    seeds = max((len(v) for by_col in rows.values() for v in by_col.values()), default=0)
+    notes = []
+    if seeds > 1:
+        what = "sample standard deviation" if experiment.interval == "std" else "95% confidence interval (t)"
+        notes.append(f"mean ± {what} over the runs of each cell (up to {seeds})")
+    if experiment.reference:
+        notes.append(
+            f"↑/↓: significantly above/below the {experiment.reference!r} column of the same row "
+            f"(two-sided paired t-test over seeds, p < {experiment.alpha:g}, uncorrected)"
+        )
+    text = "\n".join(lines) + "\n"
+    if notes:
+        text += "\n" + "; ".join(notes) + ".\n"
+    return text
 
 
-def _format_values(values: list, digits: int) -> str:
-    numbers = [float(v) for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+def _numbers(pairs: list[tuple]) -> dict:
+    """{seed: value} of the numeric values (a repeated seed keeps its last value)."""
+    return {seed: float(v) for seed, v in pairs if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
+def _format_values(pairs: list[tuple], digits: int, interval: str = "std") -> str:
+    numbers = [float(v) for _, v in pairs if isinstance(v, int | float) and not isinstance(v, bool)]
     if len(numbers) > 1:
-        mean = sum(numbers) / len(numbers)
-        std = (sum((v - mean) ** 2 for v in numbers) / (len(numbers) - 1)) ** 0.5
-        return f"{mean:.{digits}f} ± {std:.{digits}f}"
+        e = estimate(numbers, interval)
+        return f"{e.mean:.{digits}f} ± {e.spread:.{digits}f}"
     if numbers:
         return f"{numbers[0]:.{digits}f}"
-    return " ".join(str(v) for v in values if v is not None)
+    return " ".join(str(v) for _, v in pairs if v is not None)
