@@ -14,7 +14,7 @@ import argparse
 import sys
 
 from fedhet.errors import FedhetError
-from fedhet.studies.beta_map import beta_map, collect, markdown_table
+from fedhet.studies.beta_map import beta_map, collect, markdown_table, trends
 from fedhet.studies.plots import plot_beta_map, plot_stale_slices
 
 
@@ -31,6 +31,18 @@ def main(argv: list[str] | None = None) -> int:
         cells = beta_map(collect(args.runs, args.last))
         print("## beta_opt map (known p_i)\n")
         print(markdown_table(cells))
+        found = trends(cells)
+        nan = float("nan")
+        if found:
+            print(
+                "Spearman rank correlation of beta_opt with data heterogeneity: "
+                f"{found.get('rho_data', nan):+.2f} (p = {found.get('p_data', nan):.3f}); "
+                f"with participation heterogeneity: {found.get('rho_participation', nan):+.2f} "
+                f"(p = {found.get('p_participation', nan):.3f})"
+            )
+            if "intermediate_wins_share" in found:
+                share, tested = found["intermediate_wins_share"], found["cells_tested"]
+                print(f"an intermediate beta beats both ends significantly in {share:.0%} of {tested:.0f} cells")
         plot_beta_map(cells, f"{args.out}-beta-map.png", "β_opt, known p_i")
         ratios = sorted({c.participation_ratio for c in cells})
         ratio = args.ratio or min(ratios, key=lambda r: abs(r - 10.0))  # Fig. 3 uses 10

@@ -218,3 +218,36 @@ def test_adel_fl_refuses_bernoulli_participation_with_a_clear_error(tmp_path):
     )
     with pytest.raises(ConfigError, match="system.participation: adel-fl plans for clients that are always"):
         run(config, tmp_path / "adel")
+
+
+def test_beta_opt_bootstrap_and_the_intermediate_beta_test_use_paired_seeds():
+    """Hand-made cell, 5 seeds: beta 0.5 is above both ends in every seed by a margin larger
+    than the seeds' spread of differences -> beta_opt = 0.5 in (nearly) every resample and a
+    significant win; make beta 1 tie with 0.5 in mean and the interval widens to [0.5, 1]
+    and the win disappears."""
+    from fedhet.studies.beta_map import MapCell, bootstrap_beta_opt, intermediate_wins, trends, wins_significantly
+
+    base = {1: 0.70, 2: 0.75, 3: 0.68, 4: 0.72, 5: 0.74}  # seeds differ a lot
+    per_seed = {
+        0.0: dict(base),
+        0.5: {s: v + 0.02 + 0.001 * s for s, v in base.items()},
+        1.0: {s: v + 0.005 for s, v in base.items()},
+    }
+
+    def cell(per_seed, sigma=0.0, ratio=1.5):
+        accuracy = {b: float(np.mean(list(v.values()))) for b, v in per_seed.items()}
+        return MapCell(sigma, ratio, 0.5, accuracy, {b: 5 for b in per_seed}, per_seed)
+
+    clear = cell(per_seed)
+    interval = bootstrap_beta_opt(clear)
+    assert (interval.low, interval.high) == (0.5, 0.5) and interval.share[0.5] == 1.0
+    best, p0, p1 = intermediate_wins(clear)
+    assert best == 0.5 and p0 < 1e-4 and p1 < 1e-3 and wins_significantly(clear)
+    tied = dict(per_seed)
+    tied[1.0] = {s: v + (0.03 if s % 2 else 0.015) for s, v in base.items()}  # mean about 0.5's
+    unclear = cell(tied)
+    interval = bootstrap_beta_opt(unclear)
+    assert interval.low == 0.5 and interval.high == 1.0 and 0.05 < interval.share[1.0] < 0.95
+    assert not wins_significantly(unclear)
+    found = trends([cell(per_seed, 0.0), cell(tied, 1.0)])
+    assert found["intermediate_wins_share"] == 0.5 and found["cells_tested"] == 2

@@ -8,6 +8,11 @@ beta = 0 and beta = 1.
 
 The accuracy of a run is the mean of its last ``last`` evaluations (1 = the final one), which
 damps the round-to-round noise of a short horizon.
+
+With several seeds per cell, :func:`bootstrap_beta_opt` gives beta_opt's uncertainty
+(seeds resampled with replacement, the same seeds for every beta, since a seed fixes the
+data split, the initial model and the participation draws), and :func:`intermediate_wins`
+whether the best intermediate beta beats both ends significantly (paired t-tests over seeds).
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ class MapCell:
     p_min: float
     accuracy: dict[float, float]
     seeds: dict[float, int] = field(default_factory=dict)
+    per_seed: dict[float, dict[int, float]] = field(default_factory=dict)  # beta -> seed -> accuracy
 
     @property
     def beta_opt(self) -> float:
@@ -123,11 +129,11 @@ def collect(root: str | Path, last: int = 1) -> list[RunRecord]:
 def beta_map(records: Sequence[RunRecord]) -> list[MapCell]:
     """Group records by heterogeneity cell and average accuracy over seeds per beta; cells
     sorted by data heterogeneity, then participation heterogeneity."""
-    groups: dict[tuple, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+    groups: dict[tuple, dict[float, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
     p_mins = {}
     for r in records:
         key = (r.swap_fraction, round(r.participation_ratio, 9))
-        groups[key][r.beta].append(r.accuracy)
+        groups[key][r.beta][r.seed] = r.accuracy
         p_mins[key] = r.p_min
     cells = []
     for (sigma, ratio), by_beta in sorted(groups.items()):
@@ -136,25 +142,148 @@ def beta_map(records: Sequence[RunRecord]) -> list[MapCell]:
                 swap_fraction=sigma,
                 participation_ratio=ratio,
                 p_min=p_mins[(sigma, ratio)],
-                accuracy={b: float(np.mean(v)) for b, v in sorted(by_beta.items())},
+                accuracy={b: float(np.mean(list(v.values()))) for b, v in sorted(by_beta.items())},
                 seeds={b: len(v) for b, v in sorted(by_beta.items())},
+                per_seed={b: dict(v) for b, v in sorted(by_beta.items())},
             )
         )
     return cells
 
 
+@dataclass
+class BetaOptInterval:
+    """beta_opt over bootstrap resamples of the seeds: the central ``level`` range of its
+    values (on the beta grid), and how often each beta was the best."""
+
+    low: float
+    high: float
+    share: dict[float, float]
+
+    @property
+    def intermediate_share(self) -> float:
+        """Share of resamples in which beta_opt lies strictly between 0 and 1."""
+        return float(sum(v for b, v in self.share.items() if 0.0 < b < 1.0))
+
+
+def common_seeds(cell: MapCell) -> list[int]:
+    """Seeds that ran every beta of the cell."""
+    seeds = None
+    for by_seed in cell.per_seed.values():
+        seeds = set(by_seed) if seeds is None else seeds & set(by_seed)
+    return sorted(seeds or ())
+
+
+def bootstrap_beta_opt(
+    cell: MapCell, draws: int = 4000, level: float = 0.95, seed: int = 0
+) -> BetaOptInterval | None:
+    """beta_opt's bootstrap distribution: resample the cell's common seeds with replacement
+    (``draws`` times), take the beta with the highest mean accuracy in each resample (ties to
+    the smaller beta, as :attr:`MapCell.beta_opt`), and report the central ``level`` range
+    in beta order. ``None`` with fewer than two common seeds."""
+    seeds = common_seeds(cell)
+    if len(seeds) < 2:
+        return None
+    betas = sorted(cell.per_seed)
+    table = np.array([[cell.per_seed[b][s] for b in betas] for s in seeds])  # seeds x betas
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(seeds), size=(draws, len(seeds)))
+    means = table[picks].mean(axis=1)  # draws x betas
+    best = np.argmax(means, axis=1)  # first maximum = smallest beta among ties
+    chosen = np.array(betas)[best]
+    tail = (1.0 - level) / 2
+    low, high = np.quantile(chosen, [tail, 1.0 - tail], method="inverted_cdf")
+    share = {b: float(np.mean(best == i)) for i, b in enumerate(betas)}
+    return BetaOptInterval(float(low), float(high), share)
+
+
+def intermediate_wins(cell: MapCell, alpha: float = 0.05) -> tuple[float, float, float] | None:
+    """Whether the best intermediate beta (0 < beta < 1, by mean accuracy) beats both ends:
+    (that beta, p-value against beta = 0, p-value against beta = 1), two-sided paired t-tests
+    over the common seeds (:func:`fedhet.studies.stats.difference_p_value`). It wins
+    significantly when it is above both and both p-values are below ``alpha``. ``None`` when
+    the cell lacks an end or an intermediate beta, or has fewer than two seeds. Picking the
+    best of several intermediate betas before testing favours a win: read the count as an
+    upper bound."""
+    from fedhet.studies.stats import difference_p_value
+
+    middle = [b for b in cell.accuracy if 0.0 < b < 1.0]
+    if not middle or 0.0 not in cell.per_seed or 1.0 not in cell.per_seed or len(common_seeds(cell)) < 2:
+        return None
+    best = max(middle, key=lambda b: cell.accuracy[b])
+    p0 = difference_p_value(cell.per_seed[best], cell.per_seed[0.0])
+    p1 = difference_p_value(cell.per_seed[best], cell.per_seed[1.0])
+    return best, float("nan") if p0 is None else p0, float("nan") if p1 is None else p1
+
+
+def wins_significantly(cell: MapCell, alpha: float = 0.05) -> bool:
+    """The best intermediate beta is above both ends, each with p < ``alpha``."""
+    result = intermediate_wins(cell, alpha)
+    if result is None:
+        return False
+    best, p0, p1 = result
+    above = cell.accuracy[best] > cell.accuracy[0.0] and cell.accuracy[best] > cell.accuracy[1.0]
+    return bool(above and p0 < alpha and p1 < alpha)
+
+
 def markdown_table(cells: Sequence[MapCell], digits: int = 3) -> str:
     """One row per cell: sigma_g^2, p_avg/p_min, accuracy per beta, beta_opt, Delta_0, Delta_1
-    (in accuracy points x 100)."""
+    (in accuracy points x 100). With several seeds: accuracy as mean ± 95% t-interval,
+    beta_opt's 95% bootstrap range, and the p-values of the best intermediate beta against
+    beta = 0 and beta = 1 (marked * when it beats both at p < 0.05)."""
+    from fedhet.studies.stats import estimate
+
     betas = sorted({b for c in cells for b in c.accuracy})
+    seeded = any(len(common_seeds(c)) >= 2 for c in cells)
     head = ["sigma_g^2", "p_avg/p_min", *[f"beta={b:g}" for b in betas], "beta_opt", "Delta_0", "Delta_1"]
+    if seeded:
+        head += ["beta_opt 95% (bootstrap)", "best middle beta: p vs 0, p vs 1"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in cells:
         row = [f"{c.swap_fraction:g}", f"{c.participation_ratio:.1f}"]
-        row += [f"{c.accuracy[b]:.{digits}f}" if b in c.accuracy else "-" for b in betas]
+        for b in betas:
+            if b not in c.accuracy:
+                row.append("-")
+            elif seeded and len(c.per_seed.get(b, {})) >= 2:
+                e = estimate(list(c.per_seed[b].values()), "ci95")
+                row.append(f"{e.mean:.{digits}f} ± {e.spread:.{digits}f}")
+            else:
+                row.append(f"{c.accuracy[b]:.{digits}f}")
         row.append(f"{c.beta_opt:g}")
         for ref in (0.0, 1.0):
             gain = c.gain_over(ref)
             row.append("-" if gain is None else f"{100 * gain:+.1f}")
+        if seeded:
+            interval = bootstrap_beta_opt(c)
+            row.append("-" if interval is None else f"[{interval.low:g}, {interval.high:g}]")
+            wins = intermediate_wins(c)
+            if wins is None:
+                row.append("-")
+            else:
+                best, p0, p1 = wins
+                mark = " *" if wins_significantly(c) else ""
+                row.append(f"{best:g}: {p0:.3f}, {p1:.3f}{mark}")
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
+
+
+def trends(cells: Sequence[MapCell]) -> dict[str, float]:
+    """Spearman rank correlations of beta_opt with data heterogeneity (sigma_g^2) and with
+    participation heterogeneity (p_avg / p_min) over the cells, and the share of cells whose
+    best intermediate beta beats both ends significantly."""
+    from scipy.stats import spearmanr
+
+    beta = [c.beta_opt for c in cells]
+    out = {}
+    for name, values in (
+        ("data", [c.swap_fraction for c in cells]),
+        ("participation", [c.participation_ratio for c in cells]),
+    ):
+        if len(set(values)) > 1 and len(set(beta)) > 1:
+            result = spearmanr(values, beta)
+            out[f"rho_{name}"] = float(result.statistic)
+            out[f"p_{name}"] = float(result.pvalue)
+    tested = [c for c in cells if intermediate_wins(c) is not None]
+    if tested:
+        out["intermediate_wins_share"] = sum(wins_significantly(c) for c in tested) / len(tested)
+        out["cells_tested"] = float(len(tested))
+    return out

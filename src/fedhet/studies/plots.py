@@ -154,9 +154,12 @@ def _save(plt, fig, ax, xlabel: str, ylabel: str, title: str, out_prefix: Path, 
 
 def plot_beta_map(cells, path: str | Path, title: str = "", rows: dict | None = None) -> Path:
     """FedStale Fig. 2: a heatmap of beta_opt over (p_avg/p_min, sigma_g^2), lighter for 0 and
-    darker for 1, each cell annotated with beta_opt, Delta_0 and Delta_1 (accuracy points).
+    darker for 1, each cell annotated with beta_opt, Delta_0 and Delta_1 (accuracy points) and,
+    with several seeds, beta_opt's 95% bootstrap range.
     ``cells``: :class:`fedhet.studies.beta_map.MapCell` objects. ``rows`` (label -> cells) replaces
     the sigma_g^2 rows by named rows, e.g. known vs estimated probabilities (Fig. 5)."""
+    from fedhet.studies.beta_map import bootstrap_beta_opt
+
     plt = _pyplot()
     if rows is None:
         sigmas = sorted({c.swap_fraction for c in cells})
@@ -170,13 +173,16 @@ def plot_beta_map(cells, path: str | Path, title: str = "", rows: dict | None = 
         for c in row:
             grid[i][ratios.index(c.participation_ratio)] = c
     values = [[c.beta_opt if c else float("nan") for c in row] for row in grid]
-    fig, ax = plt.subplots(figsize=(1.6 * len(ratios) + 2.5, 1.1 * len(rows) + 1.5))
+    fig, ax = plt.subplots(figsize=(1.6 * len(ratios) + 2.5, 1.3 * len(rows) + 1.5))
     image = ax.imshow(values, cmap="Blues", vmin=0.0, vmax=1.0, origin="lower", aspect="auto")
     for i, row in enumerate(grid):
         for j, c in enumerate(row):
             if c is None:
                 continue
             text = f"β={c.beta_opt:g}\nΔ0 {_points(c.gain_over(0.0))}\nΔ1 {_points(c.gain_over(1.0))}"
+            interval = bootstrap_beta_opt(c) if getattr(c, "per_seed", None) else None
+            if interval is not None:  # seeds: beta_opt's 95% bootstrap range
+                text += f"\n[{interval.low:g}, {interval.high:g}]"
             color = "white" if c.beta_opt > 0.6 else "black"
             ax.text(j, i, text, ha="center", va="center", fontsize=8, color=color)
     ax.set_xticks(range(len(ratios)), [f"{r:.1f}" for r in ratios])
