@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             if "intermediate_wins_share" in found:
                 share, tested = found["intermediate_wins_share"], found["cells_tested"]
-                print(f"an intermediate beta beats both ends significantly in {share:.0%} of {tested:.0f} cells")
+                print(f"an intermediate beta beats both ends significantly in {share:.0%} of {tested:.0f}")
         plot_beta_map(cells, f"{args.out}-beta-map.png", "β_opt, known p_i")
         ratios = sorted({c.participation_ratio for c in cells})
         ratio = args.ratio or min(ratios, key=lambda r: abs(r - 10.0))  # Fig. 3 uses 10

@@ -225,7 +225,13 @@ def test_beta_opt_bootstrap_and_the_intermediate_beta_test_use_paired_seeds():
     than the seeds' spread of differences -> beta_opt = 0.5 in (nearly) every resample and a
     significant win; make beta 1 tie with 0.5 in mean and the interval widens to [0.5, 1]
     and the win disappears."""
-    from fedhet.studies.beta_map import MapCell, bootstrap_beta_opt, intermediate_wins, trends, wins_significantly
+    from fedhet.studies.beta_map import (
+        MapCell,
+        bootstrap_beta_opt,
+        intermediate_wins,
+        trends,
+        wins_significantly,
+    )
 
     base = {1: 0.70, 2: 0.75, 3: 0.68, 4: 0.72, 5: 0.74}  # seeds differ a lot
     per_seed = {
