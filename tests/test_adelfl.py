@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 
 import numpy as np
 import pytest
@@ -220,6 +221,21 @@ def test_adel_fl_resume_does_not_replan_and_matches(tmp_path):
 def test_equal_share_deadline_for_baselines(tmp_path):
     result = run(make_config({**ADEL, "algorithm.name": "salf"}), tmp_path / "s")
     assert {r["deadline"] for r in result.metrics} == {24.0}  # T_max / R
+
+
+def test_the_authors_salf_baseline_has_equal_deadlines_and_capability_batches(tmp_path):
+    """plan = "equal", batch_scale = 1: T_t = T_max / R every round and S_u = ceil(P_u), with
+    no optimisation (the "SALF" of the ADEL-FL authors' plots)."""
+    config = make_config({**ADEL, "algorithm.plan": "equal", "algorithm.batch_scale": 1.0})
+    result = run(config, tmp_path / "e")
+    plan = json.loads((tmp_path / "e" / "plan.json").read_text())
+    assert plan["status"].startswith("equal deadlines") and plan["iterations"] == 0
+    assert plan["deadlines"] == [24.0] * 20 and plan["batch_scale"] == 1.0
+    assert plan["batch_sizes"] == [math.ceil(p - 1e-9) for p in plan["capabilities"]]
+    assert {r["deadline"] for r in result.metrics} == {24.0}
+    assert not any("planner" in n for n in result.summary.get("notes", []))
+    with pytest.raises(ConfigError, match="algorithm.plan = 'fixed'"):
+        make_config({**ADEL, "algorithm.plan": "fixed"})
 
 
 def test_planner_fallback_is_announced(tmp_path, caplog):

@@ -20,6 +20,7 @@ from fedhet.algorithms.deadline_planner import (
     DeadlinePlan,
     DeadlineProblem,
     batch_sizes,
+    equal_plan,
     solve,
 )
 from fedhet.algorithms.salf import SALF, SALFOptions
@@ -45,6 +46,9 @@ class ADELFLOptions(SALFOptions):
       is not charged to the clock.
     - ``p1_margin``: enforce q_t1 <= 1/2 - margin (Lemma 3). ``batch_scale_min/max``: the
       box on m (the batch of a mean-capability client). ``max_iter``: trust-constr's limit.
+    - ``plan``: "optimised" (Problem 2) or "equal": no optimisation, equal deadlines T_max / R
+      and S_u = ceil(``batch_scale`` P_u) — the "SALF" baseline of the ADEL-FL authors' plots
+      (equal deadlines with m = 1), with ADEL-FL's aggregation.
     """
 
     rho_c: float = 0.1
@@ -59,9 +63,15 @@ class ADELFLOptions(SALFOptions):
     batch_scale_min: float = 1.0
     batch_scale_max: float = 64.0
     max_iter: int = 3000
+    plan: str = "optimised"
+    batch_scale: float = 1.0  # plan = "equal": the fixed m
 
     def validate(self) -> None:
         super().validate()
+        if self.plan not in ("optimised", "equal"):
+            raise ConfigError(f"algorithm.plan = {self.plan!r}: must be 'optimised' or 'equal'")
+        if self.batch_scale <= 0:
+            raise ConfigError(f"algorithm.batch_scale = {self.batch_scale}: must be > 0")
         for key in ("rho_c", "rho_s", "grad_bound", "grad_variance", "initial_distance"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"algorithm.{key} = {getattr(self, key)}: must be > 0")
@@ -143,7 +153,10 @@ class ADELFL(SALF):
             batch_scale_bounds=(o.batch_scale_min, o.batch_scale_max),
             p1_max=0.5 - o.p1_margin,
         )
-        plan = solve(problem, initial_batch_scale=float(self.train.batch_size), max_iter=o.max_iter)
+        if o.plan == "equal":
+            plan = equal_plan(problem, o.batch_scale)
+        else:
+            plan = solve(problem, initial_batch_scale=float(self.train.batch_size), max_iter=o.max_iter)
         sizes = batch_sizes(plan.batch_scale, system.capabilities, setting.client_sizes)
         return {
             "deadlines": [float(t) for t in plan.deadlines],

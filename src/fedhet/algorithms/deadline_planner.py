@@ -303,6 +303,23 @@ def _solve_from(
     )
 
 
+def equal_plan(problem: DeadlineProblem, batch_scale: float) -> DeadlinePlan:
+    """No optimisation: equal deadlines T_max / R at the fixed batch scale ``batch_scale`` (the
+    ADEL-FL authors' "SALF" baseline uses m = 1); the bound is evaluated for the report."""
+    equal = equal_deadlines(problem)
+    value = problem.objective(equal, batch_scale)
+    return DeadlinePlan(
+        deadlines=equal,
+        batch_scale=float(batch_scale),
+        objective=value,
+        equal_deadlines_objective=value,
+        status="equal deadlines (not optimised)",
+        solver_message="algorithm.plan = 'equal'",
+        iterations=0,
+        no_reach_first_layer=problem.no_reach_prob(equal, batch_scale)[:, 0],
+    )
+
+
 def _fallback(problem, equal, m0, equal_value, why, iterations) -> DeadlinePlan:
     return DeadlinePlan(
         deadlines=equal,
