@@ -238,6 +238,24 @@ def test_the_authors_salf_baseline_has_equal_deadlines_and_capability_batches(tm
         make_config({**ADEL, "algorithm.plan": "fixed"})
 
 
+def test_the_time_aware_schedule_is_a_fixed_point_of_plan_and_rates(tmp_path):
+    """time_aware_lr: round t's rate is the inverse schedule at the planned time before t in
+    units of T_max / R, for the plan solved with those rates; long early deadlines make the
+    rates fall faster than per round. Under equal deadlines it is the per-round schedule."""
+    result = run(make_config({**ADEL, "algorithm.time_aware_lr": True}), tmp_path / "t")
+    plan = json.loads((tmp_path / "t" / "plan.json").read_text())
+    deadlines = np.array(plan["deadlines"])
+    before = np.concatenate([[0.0], np.cumsum(deadlines)[:-1]]) / 24.0  # T_max / R = 24
+    np.testing.assert_allclose(plan["learning_rates"], 0.5 / (1.0 + before), rtol=1e-5)
+    assert 1 < plan["time_aware_solves"] < 20 and deadlines[0] > 24.0
+    assert plan["learning_rates"][1] < 0.5 / 2  # the first round is long: the rate fell further
+    assert [r["lr"] for r in result.metrics] == pytest.approx(plan["learning_rates"])
+    equal = {**ADEL, "algorithm.time_aware_lr": True, "algorithm.plan": "equal"}
+    run(make_config(equal), tmp_path / "e")
+    plan = json.loads((tmp_path / "e" / "plan.json").read_text())
+    np.testing.assert_allclose(plan["learning_rates"], [0.5 / (1 + t) for t in range(20)], rtol=1e-12)
+
+
 def test_planner_fallback_is_announced(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="fedhet"):
         result = run(make_config({**ADEL, "algorithm.max_iter": 1}), tmp_path / "f")

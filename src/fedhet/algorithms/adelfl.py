@@ -46,6 +46,12 @@ class ADELFLOptions(SALFOptions):
       is not charged to the clock.
     - ``p1_margin``: enforce q_t1 <= 1/2 - margin (Lemma 3). ``batch_scale_min/max``: the
       box on m (the batch of a mean-capability client). ``max_iter``: trust-constr's limit.
+    - ``time_aware_lr`` (our variant): the learning-rate schedule runs on simulated time
+      instead of the round index — round t gets eta(s_t / (T_max / R)), s_t = the planned
+      time before round t (the sum of the earlier deadlines), so rounds the planner makes
+      long also advance the schedule further. The bound's round weights use these rates; the
+      plan and the rates are solved alternately until they agree (a fixed point, at most
+      ``time_aware_iterations`` solves). Under equal deadlines it is the per-round schedule.
     - ``plan``: "optimised" (Problem 2) or "equal": no optimisation, equal deadlines T_max / R
       and S_u = ceil(``batch_scale`` P_u) — the "SALF" baseline of the ADEL-FL authors' plots
       (equal deadlines with m = 1), with ADEL-FL's aggregation.
@@ -65,9 +71,13 @@ class ADELFLOptions(SALFOptions):
     max_iter: int = 3000
     plan: str = "optimised"
     batch_scale: float = 1.0  # plan = "equal": the fixed m
+    time_aware_lr: bool = False
+    time_aware_iterations: int = 20
 
     def validate(self) -> None:
         super().validate()
+        if self.time_aware_iterations < 1:
+            raise ConfigError(f"algorithm.time_aware_iterations = {self.time_aware_iterations}: must be >= 1")
         if self.plan not in ("optimised", "equal"):
             raise ConfigError(f"algorithm.plan = {self.plan!r}: must be 'optimised' or 'equal'")
         if self.batch_scale <= 0:
@@ -143,26 +153,50 @@ class ADELFL(SALF):
         if o.estimate_constants:
             constants, estimated = self._estimate_constants(setting, constants)
         learning_rates = np.array([self.lr_at(t) for t in range(setting.rounds)])
-        problem = DeadlineProblem(
-            time_budget=setting.time_budget,
-            num_layers=system.num_layers,
-            capabilities=system.capabilities,
-            time_per_sample_layer=system.time_per_sample_layer,
-            learning_rates=learning_rates,
-            constants=constants,
-            batch_scale_bounds=(o.batch_scale_min, o.batch_scale_max),
-            p1_max=0.5 - o.p1_margin,
-        )
-        if o.plan == "equal":
-            plan = equal_plan(problem, o.batch_scale)
-        else:
-            plan = solve(problem, initial_batch_scale=float(self.train.batch_size), max_iter=o.max_iter)
+
+        def planned(rates: np.ndarray) -> tuple[DeadlineProblem, DeadlinePlan]:
+            problem = DeadlineProblem(
+                time_budget=setting.time_budget,
+                num_layers=system.num_layers,
+                capabilities=system.capabilities,
+                time_per_sample_layer=system.time_per_sample_layer,
+                learning_rates=rates,
+                constants=constants,
+                batch_scale_bounds=(o.batch_scale_min, o.batch_scale_max),
+                p1_max=0.5 - o.p1_margin,
+            )
+            if o.plan == "equal":
+                return problem, equal_plan(problem, o.batch_scale)
+            start = float(self.train.batch_size)
+            return problem, solve(problem, initial_batch_scale=start, max_iter=o.max_iter)
+
+        problem, plan = planned(learning_rates)
+        solves = 1
+        while o.time_aware_lr and solves < o.time_aware_iterations:
+            rates = self.time_learning_rates(plan.deadlines, setting.time_budget)
+            if np.allclose(rates, learning_rates, rtol=1e-6, atol=0.0):
+                break
+            learning_rates = rates
+            problem, plan = planned(learning_rates)
+            solves += 1
         sizes = batch_sizes(plan.batch_scale, system.capabilities, setting.client_sizes)
+        report = self._report(plan, problem, sizes, estimated, learning_rates)
+        if o.time_aware_lr:
+            report["time_aware_solves"] = solves
         return {
             "deadlines": [float(t) for t in plan.deadlines],
             "batch_sizes": [int(s) for s in sizes],
-            "plan": self._report(plan, problem, sizes, estimated, learning_rates),
+            "learning_rates": [float(e) for e in learning_rates],
+            "plan": report,
         }
+
+    def time_learning_rates(self, deadlines, time_budget: float) -> np.ndarray:
+        """eta(s_t / (T_max / R)) for each round t, s_t = sum of the deadlines before t: the
+        schedule on planned simulated time, in units of the equal deadline."""
+        deadlines = np.asarray(deadlines, float)
+        before = np.concatenate([[0.0], np.cumsum(deadlines)[:-1]])
+        unit = time_budget / len(deadlines)
+        return np.array([self.lr_at(x) for x in before / unit])
 
     def _estimate_constants(self, setting: RunSetting, constants: BoundConstants):
         """G^2 and sigma_u^2 from the clients' probe replies at the initial model (our option)."""
@@ -237,9 +271,10 @@ class ADELFL(SALF):
         """Round t: the planned deadline T_t and batches S_u, one entry per client."""
         deadlines = state["deadlines"]
         t = min(round_index, len(deadlines) - 1)
+        rates = state.get("learning_rates")
         return RoundPlan(
             round=round_index,
             deadline=deadlines[t],
-            lr=self.lr_at(round_index),
+            lr=rates[t] if self.options.time_aware_lr and rates else self.lr_at(round_index),
             assignments=[ClientAssignment(int(s), self.train.local_steps) for s in state["batch_sizes"]],
         )
