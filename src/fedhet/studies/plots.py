@@ -199,7 +199,7 @@ def plot_beta_map(cells, path: str | Path, title: str = "", rows: dict | None = 
 def plot_stale_slices(cells, path: str | Path, sigma: float, ratio: float, betas=(0.0, 0.5, 1.0)) -> Path:
     """FedStale Figs. 3 and 4: accuracy against data heterogeneity at participation ratio
     ``ratio`` (left) and against participation heterogeneity at sigma_g^2 = ``sigma`` (right),
-    one line per beta."""
+    one line per beta, with 95% t-intervals over seeds where there are several."""
     plt = _pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     names = {0.0: "β=0 (U-FedAvg)", 1.0: "β=1 (FedVARP)"}
@@ -208,15 +208,19 @@ def plot_stale_slices(cells, path: str | Path, sigma: float, ratio: float, betas
         col = sorted(
             (c for c in cells if abs(c.participation_ratio - ratio) < 1e-6), key=lambda c: c.swap_fraction
         )
-        pts = [(c.swap_fraction, c.accuracy[beta]) for c in col if beta in c.accuracy]
+        pts = [(c.swap_fraction, c.accuracy[beta], _half_width(c, beta)) for c in col if beta in c.accuracy]
         if pts:
-            left.plot(*zip(*pts, strict=True), marker="o", label=label)
+            x, y, err = zip(*pts, strict=True)
+            left.errorbar(x, y, yerr=err, marker="o", capsize=3, label=label)
         row = sorted(
             (c for c in cells if abs(c.swap_fraction - sigma) < 1e-9), key=lambda c: c.participation_ratio
         )
-        pts = [(c.participation_ratio, c.accuracy[beta]) for c in row if beta in c.accuracy]
+        pts = [
+            (c.participation_ratio, c.accuracy[beta], _half_width(c, beta)) for c in row if beta in c.accuracy
+        ]
         if pts:
-            right.plot(*zip(*pts, strict=True), marker="o", label=label)
+            x, y, err = zip(*pts, strict=True)
+            right.errorbar(x, y, yerr=err, marker="o", capsize=3, label=label)
     left.set_xlabel("data heterogeneity σ_g²")
     left.set_title(f"p_avg / p_min = {ratio:.1f}")
     right.set_xlabel("participation heterogeneity p_avg / p_min")
@@ -231,6 +235,15 @@ def plot_stale_slices(cells, path: str | Path, sigma: float, ratio: float, betas
         ax.legend()
     fig.tight_layout()
     return _write(plt, fig, path)
+
+
+def _half_width(cell, beta: float) -> float:
+    """The 95% t-interval's half-width of a cell's accuracy at ``beta`` over its seeds (0 with
+    one seed)."""
+    from fedhet.studies.stats import estimate
+
+    values = list(getattr(cell, "per_seed", {}).get(beta, {}).values())
+    return estimate(values, "ci95").spread if len(values) > 1 else 0.0
 
 
 def _points(gain: float | None) -> str:
