@@ -274,23 +274,19 @@ def _solve_from(
                 options={"maxiter": max_iter, "gtol": 1e-9, "xtol": 1e-10},
             )
     except (ValueError, np.linalg.LinAlgError, FloatingPointError) as exc:  # numerical breakdown
-        return _fallback(problem, equal, m0, equal_value, f"solver error: {exc}", 0)
+        return _fallback(problem, m0, f"solver error: {exc}", 0)
     deadlines, m = unpack(np.clip(result.x, bounds.lb, bounds.ub))
     excess = deadlines.sum() - problem.time_budget
     if excess > 0:  # trust-constr meets linear constraints to ~1e-8: take the excess off the slack
         slack = deadlines - a * m
         if excess > 1e-6 * problem.time_budget or slack.sum() <= excess:
-            return _fallback(
-                problem, equal, m0, equal_value, f"budget violated by {excess:.3g}", result.niter
-            )
+            return _fallback(problem, m0, f"budget violated by {excess:.3g}", result.niter)
         deadlines = a * m + slack * (1 - excess / slack.sum())
     value = problem.objective(deadlines, m)
     if result.status not in (1, 2):
-        return _fallback(problem, equal, m0, equal_value, f"not converged ({result.message})", result.niter)
+        return _fallback(problem, m0, f"not converged ({result.message})", result.niter)
     if not np.isfinite(value) or value > equal_value * (1 + 1e-9):
-        return _fallback(
-            problem, equal, m0, equal_value, f"solution {value:.6g} worse than equal deadlines", result.niter
-        )
+        return _fallback(problem, m0, f"solution {value:.6g} worse than equal deadlines", result.niter)
     return DeadlinePlan(
         deadlines=deadlines,
         batch_scale=float(m),
@@ -303,9 +299,16 @@ def _solve_from(
     )
 
 
-def equal_plan(problem: DeadlineProblem, batch_scale: float) -> DeadlinePlan:
-    """No optimisation: equal deadlines T_max / R at the fixed batch scale ``batch_scale`` (the
-    ADEL-FL authors' "SALF" baseline uses m = 1); the bound is evaluated for the report."""
+def equal_plan(
+    problem: DeadlineProblem,
+    batch_scale: float,
+    status: str = "equal deadlines (not optimised)",
+    message: str = "algorithm.plan = 'equal'",
+    iterations: int = 0,
+) -> DeadlinePlan:
+    """Equal deadlines T_max / R at the batch scale ``batch_scale``, the bound evaluated for
+    the report: ``plan = "equal"`` (the ADEL-FL authors' "SALF" baseline uses m = 1), and the
+    solver's fallback."""
     equal = equal_deadlines(problem)
     value = problem.objective(equal, batch_scale)
     return DeadlinePlan(
@@ -313,24 +316,15 @@ def equal_plan(problem: DeadlineProblem, batch_scale: float) -> DeadlinePlan:
         batch_scale=float(batch_scale),
         objective=value,
         equal_deadlines_objective=value,
-        status="equal deadlines (not optimised)",
-        solver_message="algorithm.plan = 'equal'",
-        iterations=0,
+        status=status,
+        solver_message=message,
+        iterations=int(iterations),
         no_reach_first_layer=problem.no_reach_prob(equal, batch_scale)[:, 0],
     )
 
 
-def _fallback(problem, equal, m0, equal_value, why, iterations) -> DeadlinePlan:
-    return DeadlinePlan(
-        deadlines=equal,
-        batch_scale=m0,
-        objective=equal_value,
-        equal_deadlines_objective=equal_value,
-        status=f"fallback: {why}",
-        solver_message=why,
-        iterations=int(iterations),
-        no_reach_first_layer=problem.no_reach_prob(equal, m0)[:, 0],
-    )
+def _fallback(problem, m0, why, iterations) -> DeadlinePlan:
+    return equal_plan(problem, m0, f"fallback: {why}", why, iterations)
 
 
 def batch_sizes(batch_scale: float, capabilities: np.ndarray, client_sizes: np.ndarray) -> np.ndarray:
