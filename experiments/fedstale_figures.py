@@ -4,8 +4,8 @@ slices, and known vs FedAU-estimated participation probabilities.
     python experiments/fedstale_figures.py runs/fedstale_beta_map \
         --fedau runs/fedstale_fedau --out docs/results/figures/fedstale
 
-Writes <out>-beta-map.png, <out>-slices.png and, with --fedau, <out>-fedau.png; prints the
-tables as Markdown. Accuracy of a run = mean of its last --last evaluations (default 3).
+Writes <out>-beta-map.png, <out>-slices.png and, with --fedau, <out>-fedau.png (at
+--fedau-sigma); prints the tables as Markdown. Accuracy of a run = mean of its last --last evaluations (default 3).
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--last", type=int, default=3, help="evaluations averaged per run")
     parser.add_argument("--sigma", type=float, default=0.6, help="sigma_g^2 of the Fig. 4 slice")
     parser.add_argument("--ratio", type=float, default=None, help="p_avg/p_min of the Fig. 3 slice")
+    parser.add_argument(
+        "--fedau-sigma", type=float, default=None, help="sigma_g^2 of the Fig. 5 map (default: --sigma)"
+    )
     args = parser.parse_args(argv)
     try:
         cells = beta_map(collect(args.runs, args.last))
@@ -49,11 +52,13 @@ def main(argv: list[str] | None = None) -> int:
         plot_stale_slices(cells, f"{args.out}-slices.png", sigma=args.sigma, ratio=ratio)
         if args.fedau:
             estimated = beta_map(collect(args.fedau, args.last))
-            print(f"## FedAU-estimated p_i (sigma_g^2 = {args.sigma:g})\n")
+            print("## FedAU-estimated p_i\n")
             print(markdown_table(estimated))
-            known = [c for c in cells if abs(c.swap_fraction - args.sigma) < 1e-9]
+            sigma = args.sigma if args.fedau_sigma is None else args.fedau_sigma
+            known = [c for c in cells if abs(c.swap_fraction - sigma) < 1e-9]
+            estimated = [c for c in estimated if abs(c.swap_fraction - sigma) < 1e-9]
             rows = {"known": known, "FedAU": estimated}
-            title = f"β_opt, σ_g² = {args.sigma:g}: known vs FedAU-estimated p_i"
+            title = f"β_opt, σ_g² = {sigma:g}: known vs FedAU-estimated p_i"
             plot_beta_map(known + estimated, f"{args.out}-fedau.png", title, rows=rows)
     except FedhetError as exc:
         print(f"fedstale_figures: error: {exc}", file=sys.stderr)
