@@ -5,7 +5,8 @@ slices, and known vs FedAU-estimated participation probabilities.
         --fedau runs/fedstale_fedau --out docs/results/figures/fedstale
 
 Writes <out>-beta-map.png, <out>-slices.png and, with --fedau, <out>-fedau.png (at
---fedau-sigma); prints the tables as Markdown. Accuracy of a run = mean of its last --last evaluations (default 3).
+--fedau-sigma); prints the tables as Markdown. Accuracy of a run = mean of its last --last
+evaluations (default 3).
 """
 
 from __future__ import annotations
