@@ -199,7 +199,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     summaries = run_experiment(experiment, out, jobs=args.jobs, on_cell=on_cell, ray=args.ray)
     table = report_table(experiment, summaries)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "table.md").write_text(table)
+    (out / "table.md").write_text(table, encoding="utf-8")
     (out / "summaries.json").write_text(dumps(summaries, indent=2, sort_keys=True))
     print(table)
     return 0
