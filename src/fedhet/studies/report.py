@@ -70,7 +70,8 @@ def _grid_page(path: Path, runs: list[RunDirectory]) -> str:
     parts.append(_runs_table(runs, summaries))
     table = path / "table.md"
     if table.exists():
-        parts.append(f"<h2>Experiment table</h2><pre>{html.escape(table.read_text(encoding="utf-8"))}</pre>")
+        text = html.escape(table.read_text(encoding="utf-8"))
+        parts.append(f"<h2>Experiment table</h2><pre>{text}</pre>")
     parts.append('<div class="figures">')
     parts.append(_figure(_accuracy_figure(runs, "sim_time"), "test accuracy against simulated time"))
     parts.append(_figure(_accuracy_figure(runs, "round"), "test accuracy against rounds"))
