@@ -221,17 +221,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     """Time each layer of the configuration's model at its batch size on this host."""
-    import torch
-
     from fedhet.config import load_config
     from fedhet.models import FlatModel, build_model
     from fedhet.system.measured import measure_layer_times
     from fedhet.world import build_world
 
     config = load_config(args.config, [*args.set, 'system.model="full"'])
-    if config.run.threads:
-        torch.set_num_threads(config.run.threads)
-    world = build_world(config)
+    world = build_world(config)  # sets the run's threads
     flat = FlatModel(build_model(config.model.name, world.dataset.input_shape, world.dataset.num_classes,
                                  config.model.hidden))  # fmt: skip
     batch = config.train.batch_size

@@ -339,9 +339,12 @@ def evaluate(
     buffers: torch.Tensor,
     x: torch.Tensor,
     y: torch.Tensor,
-    batch_size: int = 2048,
+    batch_size: int = 256,
 ) -> tuple[float, float]:
-    """Mean cross-entropy loss and accuracy of the model ``(params, buffers)`` on ``(x, y)``."""
+    """Mean cross-entropy loss and accuracy of the model ``(params, buffers)`` on ``(x, y)``.
+
+    Batches of 256 keep a small CNN's activations in the CPU's cache: evaluating cnn2 on
+    10,000 images took 3x less time than in batches of 2048 (benchmarks/evaluation.py)."""
     flat.load(params, buffers)
     model = flat.model
     model.eval()

@@ -54,7 +54,7 @@ class RunConfig:
     rounds: int = 100
     time_budget: float = 0.0  # simulated seconds; 0 = no budget (stop after `rounds`)
     eval_every: int = 1
-    threads: int = 0  # torch intra-op threads; 0 leaves torch's default
+    threads: Any = "auto"  # torch threads: "auto" (work size, free cores), 0 = torch default, or a count
     client_eval: bool = False  # also evaluate on each client's held-out part of its data
     client_eval_fraction: float = 0.2  # share of each client's data held out for it
     targets: list = field(default_factory=list)  # accuracies whose first round and time are recorded
@@ -68,8 +68,11 @@ class RunConfig:
         _at_least("run.rounds", self.rounds, 1)
         _at_most("run.rounds", self.rounds, MAX_ROUNDS)
         _at_least("run.eval_every", self.eval_every, 1)
-        _at_least("run.threads", self.threads, 0)
-        _at_most("run.threads", self.threads, MAX_THREADS)
+        if self.threads != "auto":
+            if isinstance(self.threads, bool) or not isinstance(self.threads, int):
+                raise ConfigError(f'run.threads = {self.threads!r}: expected "auto" or an integer')
+            _at_least("run.threads", self.threads, 0)
+            _at_most("run.threads", self.threads, MAX_THREADS)
         if self.time_budget < 0:
             raise ConfigError(f"run.time_budget = {self.time_budget}: must be >= 0 (0 = none)")
         check_name("run.name", self.name)

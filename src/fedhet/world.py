@@ -18,6 +18,7 @@ from fedhet.data.partition import swap_labels
 from fedhet.data.sources import subsample
 from fedhet.errors import ConfigError
 from fedhet.models import FlatModel, build_model
+from fedhet.models.cost import multiply_adds, training_step_flops
 from fedhet.system import (
     BernoulliParticipation,
     ExponentialLayers,
@@ -29,6 +30,7 @@ from fedhet.system import (
     capabilities,
     participation_probabilities,
 )
+from fedhet.threads import choose_threads
 
 
 @dataclass
@@ -179,8 +181,6 @@ def _build_straggler_model(config: Config, num_clients: int, num_layers: int, me
 
 def build_world(config: Config) -> World:
     """Load data, split it, build the model, system model, algorithm and the local worker."""
-    if config.run.threads:
-        torch.set_num_threads(config.run.threads)
     dataset = load_dataset(
         config.data.dataset, config.data.data_dir or None, config.data.label_mode, config.data.normalize
     )
@@ -192,6 +192,8 @@ def build_world(config: Config) -> World:
     torch.manual_seed(seeding.torch_seed(config.run.seed, "init"))
     model = build_model(config.model.name, dataset.input_shape, dataset.num_classes, config.model.hidden)
     flat = FlatModel(model)
+    step_flops = training_step_flops(multiply_adds(model, dataset.input_shape), config.train.batch_size)
+    choose_threads(config.run.threads, step_flops)
 
     def measure():
         from fedhet.system.measured import calibrate

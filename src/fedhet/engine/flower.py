@@ -170,7 +170,9 @@ def _client_side(config_toml: str) -> _ClientSide:
             from fedhet.world import build_world
 
             config = from_dict(tomllib.loads(config_toml))
-            torch.set_num_threads(max(1, config.run.threads))
+            threads = config.run.threads  # "auto": the CPUs Ray gives each client
+            cpus = max(1, int(config.run.flower_cpus_per_client))
+            torch.set_num_threads(cpus if threads == "auto" else max(1, threads))
             _CLIENT_SIDES[config_toml] = _ClientSide(build_world(config), config.run.seed)
         return _CLIENT_SIDES[config_toml]
 

@@ -256,9 +256,13 @@ def compare_cells(raw: dict, where: str | Path = "config") -> list[Cell]:
     return cells
 
 
-def _run_cell(config: Config, out_dir: str) -> dict:
+def _run_cell(config: Config, out_dir: str, core_budget: int | None = None) -> dict:
+    """Run one cell. Threads: ``run.threads = "auto"`` within ``core_budget`` cores (a
+    parallel grid's share of the free cores); 0 means one thread in a grid."""
     from fedhet.engine.simulator import Simulator
+    from fedhet.threads import set_core_budget
 
+    set_core_budget(core_budget)
     if config.run.threads == 0:
         import torch
 
@@ -315,10 +319,13 @@ def run_experiment(
             if on_cell:
                 on_cell(cell, summaries[cell.name])
     else:
+        from fedhet.threads import free_cores
+
+        budget = max(1, free_cores() // workers)  # the jobs' threads do not fight each other
         with ProcessPoolExecutor(
             max_workers=workers, initializer=_watch_parent, initargs=(os.getpid(),)
         ) as pool:
-            futures = {pool.submit(_run_cell, c.config, str(out_dir / c.name)): c for c in todo}
+            futures = {pool.submit(_run_cell, c.config, str(out_dir / c.name), budget): c for c in todo}
             for future in as_completed(futures):
                 cell = futures[future]
                 try:
@@ -353,7 +360,7 @@ def _run_on_ray(todo: list[Cell], out_dir: Path, address: str, jobs: int, on_cel
     summaries: dict[str, dict] = {}
     try:
         task = ray.remote(num_cpus=1)(_run_cell)
-        refs = {task.remote(cell.config, str(out_dir.resolve() / cell.name)): cell for cell in todo}
+        refs = {task.remote(cell.config, str(out_dir.resolve() / cell.name), 1): cell for cell in todo}
         pending = list(refs)
         while pending:
             done, pending = ray.wait(pending, num_returns=1)

@@ -1,0 +1,58 @@
+"""What every benchmark prints first, and a way to time a source tree of fedhet in a child
+process (this checkout or a past release extracted with ``git archive``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+QUIET_FLOWER = {
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_UPDATE_CHECK": "1",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+}
+
+
+def machine_header(note: str = "") -> str:
+    """One line: cores, load, torch's thread settings and version."""
+    import torch
+
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return (
+        f"machine: {os.cpu_count()} cores, load average {load:.2f}; torch {torch.__version__}, "
+        f"intra-op threads {torch.get_num_threads()}, inter-op {torch.get_num_interop_threads()}"
+        + (f"; {note}" if note else "")
+    )
+
+
+def release_tree(commit: str, into: Path) -> Path:
+    """The ``src`` folder of ``commit`` of this repository, extracted under ``into``."""
+    archive = into / f"{commit}.tar"
+    with open(archive, "wb") as out:
+        subprocess.run(["git", "-C", str(REPO), "archive", commit, "src"], stdout=out, check=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(into / commit, filter="data")
+    return into / commit / "src"
+
+
+def run_in_child(src: Path, code: str, env: dict | None = None, timeout: float = 3600) -> dict:
+    """Run ``code`` with ``src`` first on the import path; it prints one JSON object last."""
+    child_env = {**os.environ, "PYTHONPATH": str(src), **(env or {})}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=child_env, capture_output=True, text=True, timeout=timeout
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"child process failed ({src}):\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def scratch() -> tempfile.TemporaryDirectory:
+    return tempfile.TemporaryDirectory(prefix="fedhet-bench-")

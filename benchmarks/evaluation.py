@@ -1,0 +1,113 @@
+"""Goal: with an evaluation every round, SALF's Table II CNN workload runs >= 3x faster than
+release 52490d3.
+
+The workload: cnn2 on Fashion-MNIST, 30 IID clients, one SGD step of batch 16 per round
+(momentum 0.5 kept per client), 90% stragglers, SALF, 150 rounds, the 10,000 test images
+evaluated after every round (as the SALF authors' code does). Both trees run the same TOML
+in a child process with the same thread count; the figure is the whole run's wall time
+(data loading included), and the time per evaluation is timed separately on the same model.
+
+    python benchmarks/evaluation.py                  # 150 rounds, 1 thread
+    python benchmarks/evaluation.py --rounds 30 --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import textwrap
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import REPO, machine_header, release_tree, run_in_child, scratch  # noqa: E402
+
+RELEASE = "52490d3"
+
+CONFIG = """
+[run]
+name = "eval-every-round"
+seed = 1
+rounds = {rounds}
+eval_every = 1
+threads = {threads}
+
+[data]
+dataset = "fmnist"
+partition = "iid"
+num_clients = 30
+
+[model]
+name = "cnn2"
+
+[train]
+lr = 0.1
+batch_size = 16
+local_steps = 1
+momentum = 0.5
+keep_momentum = true
+
+[system]
+model = "straggler-ratio"
+straggler_ratio = 0.9
+deadline = 1.0
+
+[algorithm]
+name = "salf"
+"""
+
+CHILD = textwrap.dedent(
+    """
+    import json, sys, time
+    started = time.perf_counter()
+    import torch
+    import fedhet
+    from fedhet.client import evaluate
+    from fedhet.models import FlatModel, build_model
+    config = fedhet.load_config(sys.argv[1] if len(sys.argv) > 1 else {config!r})
+    result = fedhet.run(config, {out!r})
+    wall = time.perf_counter() - started
+    x = torch.randn(10000, 1, 28, 28)
+    y = torch.randint(0, 10, (10000,))
+    flat = FlatModel(build_model("cnn2", (1, 28, 28), 10))
+    evaluate(flat, flat.params, flat.buffers, x, y)
+    t = time.perf_counter()
+    for _ in range(5):
+        evaluate(flat, flat.params, flat.buffers, x, y)
+    per_eval = (time.perf_counter() - t) / 5
+    print(json.dumps({{"wall": wall, "accuracy": result.summary.get("final_test_accuracy"),
+                      "rounds": len(result.metrics), "per_eval": per_eval,
+                      "threads": torch.get_num_threads()}}))
+    """
+)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=150)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--release", default=RELEASE)
+    args = parser.parse_args()
+    print(machine_header(f"both runs: run.threads = {args.threads}, {args.rounds} rounds, evaluation every round"))
+    with scratch() as tmp:
+        tmp = Path(tmp)
+        config = tmp / "config.toml"
+        config.write_text(CONFIG.format(rounds=args.rounds, threads=args.threads))
+        figures = {}
+        for label, src in (("release " + args.release, release_tree(args.release, tmp)), ("this tree", REPO / "src")):
+            code = CHILD.format(config=str(config), out=str(tmp / label.replace(" ", "-")))
+            figures[label] = run_in_child(src, code)
+            f = figures[label]
+            print(
+                f"{label:<16} {f['wall']:7.1f} s for {f['rounds']} rounds ({f['wall'] / f['rounds']:.3f} s/round), "
+                f"final accuracy {f['accuracy']:.4f}; one evaluation of 10,000 images {1000 * f['per_eval']:.0f} ms"
+            )
+        old, new = figures.values()
+        print(
+            f"speed-up: {old['wall'] / new['wall']:.2f}x for the run (goal >= 3x), "
+            f"{old['per_eval'] / new['per_eval']:.2f}x per evaluation"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""The fast paths must compute exactly what the plain ones do: graph-free 2x2 pooling,
+evaluation in small batches, the per-layer cost count, and the thread choice of
+``run.threads = "auto"``."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fedhet.client import evaluate
+from fedhet.config import from_dict
+from fedhet.errors import ConfigError
+from fedhet.models import FlatModel, build_model
+from fedhet.models.cost import multiply_adds, training_step_flops
+from fedhet.models.pooling import MaxPool2x2, max_pool_2x2
+from fedhet.threads import PARALLEL_STEP_FLOPS, auto_threads, choose_threads, free_cores, set_core_budget
+
+
+@pytest.mark.parametrize("shape", [(3, 4, 24, 24), (2, 6, 7, 9), (1, 1, 2, 2), (5, 3, 3, 4)])
+def test_graph_free_pooling_equals_max_pool2d_including_odd_sizes(shape):
+    x = torch.randn(shape)
+    assert torch.equal(max_pool_2x2(x), F.max_pool2d(x, 2))
+    with torch.no_grad():
+        assert torch.equal(MaxPool2x2()(x), F.max_pool2d(x, 2))
+
+
+def test_pooling_with_autograd_has_max_pool2ds_gradient():
+    x = torch.randn(4, 3, 10, 10).relu().requires_grad_()  # ties at zero, as after a ReLU
+    g = torch.randn(4, 3, 5, 5)
+    (expected,) = torch.autograd.grad(F.max_pool2d(x, 2), x, g)
+    (got,) = torch.autograd.grad(MaxPool2x2()(x), x, g)
+    assert torch.equal(got, expected)
+
+
+def test_evaluation_in_batches_matches_one_pass():
+    torch.manual_seed(0)
+    flat = FlatModel(build_model("cnn2", (1, 28, 28), 10))
+    x, y = torch.randn(700, 1, 28, 28), torch.randint(0, 10, (700,))
+    loss, accuracy = evaluate(flat, flat.params, flat.buffers, x, y)
+    with torch.no_grad():
+        out = torch.nn.Sequential(*flat.model.blocks)(x)
+    assert accuracy == pytest.approx(float((out.argmax(1) == y).float().mean()), abs=1e-6)
+    assert loss == pytest.approx(float(F.cross_entropy(out, y)), rel=1e-5)
+
+
+def test_multiply_adds_count_each_layers_convolutions_and_linear_maps():
+    model = build_model("cnn2", (1, 28, 28), 10)
+    # conv 1->6 5x5 on 28x28 -> 24x24; conv 6->6 5x5 on 12x12 -> 8x8; fc 96->50; fc 50->10
+    assert multiply_adds(model, (1, 28, 28)) == [24 * 24 * 6 * 25, 8 * 8 * 6 * 6 * 25, 96 * 50, 50 * 10]
+    assert multiply_adds(build_model("mlp", (64,), 10, (32, 16)), (64,)) == [64 * 32, 32 * 16, 16 * 10]
+
+
+def test_training_step_flops_shrink_with_truncation():
+    layers = [100, 200, 300]
+    # full: forward 600, weight grads 600, input grads of layers 2 and 3 (500); x2 FLOPs
+    assert training_step_flops(layers, batch=2) == 2 * 2 * (600 + 600 + 500)
+    # depth 3: forward 600, weight grad of layer 3 only
+    assert training_step_flops(layers, batch=1, depth=3) == 2 * (600 + 300)
+
+
+def test_auto_gives_small_work_one_thread_and_large_work_the_cores_within_a_budget():
+    assert auto_threads(PARALLEL_STEP_FLOPS / 10, cores=8) == 1
+    assert auto_threads(PARALLEL_STEP_FLOPS * 10, cores=2) == 2
+    set_core_budget(1)
+    try:
+        assert auto_threads(PARALLEL_STEP_FLOPS * 10, cores=2) == 1
+    finally:
+        set_core_budget(None)
+    assert 1 <= free_cores(0.05) <= 10_000
+
+
+def test_choose_threads_sets_torch():
+    before = torch.get_num_threads()
+    try:
+        assert choose_threads("auto", 1e3) == 1 == torch.get_num_threads()
+        assert choose_threads(2, 1e3) == 2 == torch.get_num_threads()
+        assert choose_threads(0, 1e3) == 2  # 0 leaves torch as it is
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_threads_setting_is_validated():
+    assert from_dict({"run": {}}).run.threads == "auto"
+    assert from_dict({"run": {"threads": 3}}).run.threads == 3
+    for bad in ("many", -1, 1.5, True):
+        with pytest.raises(ConfigError, match="run.threads"):
+            from_dict({"run": {"threads": bad}})
