@@ -9,10 +9,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# One torch thread for everything the tests run in this process: the suite's models are
+# small, and a second thread waiting on a core that another process holds is many times
+# slower (runs built from a config choose their own threads, "auto" by default).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(1)
 
 REPO = Path(__file__).resolve().parents[1]
 
