@@ -87,19 +87,22 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--release", default=RELEASE)
     args = parser.parse_args()
-    print(machine_header(f"both runs: run.threads = {args.threads}, {args.rounds} rounds, evaluation every round"))
+    note = f"both runs: run.threads = {args.threads}, {args.rounds} rounds, evaluation every round"
+    print(machine_header(note))
     with scratch() as tmp:
         tmp = Path(tmp)
         config = tmp / "config.toml"
         config.write_text(CONFIG.format(rounds=args.rounds, threads=args.threads))
         figures = {}
-        for label, src in (("release " + args.release, release_tree(args.release, tmp)), ("this tree", REPO / "src")):
+        trees = (("release " + args.release, release_tree(args.release, tmp)), ("this tree", REPO / "src"))
+        for label, src in trees:
             code = CHILD.format(config=str(config), out=str(tmp / label.replace(" ", "-")))
             figures[label] = run_in_child(src, code)
             f = figures[label]
+            per_round, per_eval = f["wall"] / f["rounds"], 1000 * f["per_eval"]
             print(
-                f"{label:<16} {f['wall']:7.1f} s for {f['rounds']} rounds ({f['wall'] / f['rounds']:.3f} s/round), "
-                f"final accuracy {f['accuracy']:.4f}; one evaluation of 10,000 images {1000 * f['per_eval']:.0f} ms"
+                f"{label:<16} {f['wall']:7.1f} s for {f['rounds']} rounds ({per_round:.3f} s/round), "
+                f"final accuracy {f['accuracy']:.4f}; one evaluation of 10,000 images {per_eval:.0f} ms"
             )
         old, new = figures.values()
         print(

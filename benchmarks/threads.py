@@ -96,7 +96,7 @@ def main() -> int:
                         spinner.join()
             ratios[workload] = figures[True, "auto"] / figures[False, "auto"]
             print(
-                f"{workload}: busy/idle with \"auto\" {ratios[workload]:.2f}x (goal <= 1.5x); with torch's "
+                f'{workload}: busy/idle with "auto" {ratios[workload]:.2f}x (goal <= 1.5x); with torch\'s '
                 f"default {figures[True, 0] / figures[False, 0]:.2f}x; busy, default/auto "
                 f"{figures[True, 0] / figures[True, 'auto']:.1f}x"
             )

@@ -84,3 +84,21 @@ def test_threads_setting_is_validated():
     for bad in ("many", -1, 1.5, True):
         with pytest.raises(ConfigError, match="run.threads"):
             from_dict({"run": {"threads": bad}})
+
+
+def test_a_dataset_is_decoded_once_per_process_until_its_files_change(tmp_path):
+    import os
+
+    from conftest import write_idx_dataset
+
+    from fedhet.data import load_dataset
+
+    folder = write_idx_dataset(tmp_path / "d", n_train=40, n_test=10, seed=0)
+    first = load_dataset("mnist", str(folder))
+    assert load_dataset("mnist", str(folder)) is first
+    assert load_dataset("mnist", str(folder), normalize="none") is not first
+    write_idx_dataset(folder, n_train=40, n_test=10, seed=1)  # new content, same names
+    for path in folder.iterdir():  # a different modification time even on coarse clocks
+        os.utime(path, ns=(1, 1))
+    again = load_dataset("mnist", str(folder))
+    assert again is not first and not torch.equal(again.x_train, first.x_train)

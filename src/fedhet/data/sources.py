@@ -315,14 +315,52 @@ def normalize_images(dataset: Dataset, mode: str) -> Dataset:
     )
 
 
+# The last datasets loaded in this process, by request and the state of their files: the
+# runs of a grid that share a dataset (every cell a worker runs) decode it once. Datasets
+# are never modified in place (partitions, subsets and relabelling make new arrays).
+_LOADED: dict[tuple, Dataset] = {}
+_LOADED_MAX = 2
+
+
+def _files_signature(name: str, data_dir: str | None) -> tuple:
+    """Names, sizes and modification times of the files a dataset is read from (two folder
+    levels), so that a changed or replaced file is read again."""
+    if name == "digits":  # inside scikit-learn
+        return ()
+    if not data_dir and name != "fmnist":
+        return ("no folder",)  # the loader refuses it
+    folder = Path(data_dir or FMNIST_DEBIAN_DIR).expanduser()
+    signature = []
+    try:
+        for path in sorted([*folder.glob("*"), *folder.glob("*/*")]):
+            if path.is_file():
+                stat = path.stat()
+                signature.append((str(path), stat.st_size, stat.st_mtime_ns))
+    except OSError:
+        return ("unreadable",)
+    return tuple(signature)
+
+
 def load_dataset(
     name: str, data_dir: str | None = None, label_mode: str = "binary", normalize: str = "dataset"
 ) -> Dataset:
     """Load dataset ``name`` (one of :data:`DATASETS`); ``label_mode`` is NSL-KDD's,
     ``normalize`` how image pixels are normalised (:func:`normalize_images`; NSL-KDD's
-    features are always standardised by its loader)."""
+    features are always standardised by its loader). The last two datasets loaded are kept
+    in memory while their files stay unchanged."""
     if name not in DATASETS:
         raise DataError(f"unknown dataset {name!r} (known: {', '.join(DATASETS)})")
+    key = (name, data_dir or "", label_mode, normalize, _files_signature(name, data_dir))
+    if key in _LOADED:
+        return _LOADED[key]
+    dataset = _load_dataset(name, data_dir, label_mode, normalize)
+    if len(_LOADED) >= _LOADED_MAX:
+        _LOADED.pop(next(iter(_LOADED)))
+    _LOADED[key] = dataset
+    return dataset
+
+
+def _load_dataset(name: str, data_dir: str | None, label_mode: str, normalize: str) -> Dataset:
     if name == "nsl-kdd":
         from fedhet.data.nslkdd import load_nslkdd
 

@@ -322,6 +322,7 @@ def run_experiment(
         from fedhet.threads import free_cores
 
         budget = max(1, free_cores() // workers)  # the jobs' threads do not fight each other
+        _preload_datasets(todo)
         with ProcessPoolExecutor(
             max_workers=workers, initializer=_watch_parent, initargs=(os.getpid(),)
         ) as pool:
@@ -335,6 +336,30 @@ def run_experiment(
                 if on_cell:
                     on_cell(cell, summaries[cell.name])
     return summaries
+
+
+def _preload_datasets(cells: list[Cell]) -> None:
+    """Decode the cells' datasets once in this process before the workers start, so that
+    forked workers share them instead of each decoding its own copy (where processes start
+    by fork; elsewhere each worker loads what its cells need)."""
+    import multiprocessing
+
+    if multiprocessing.get_start_method(allow_none=False) != "fork":
+        return
+    import torch
+
+    from fedhet.data import load_dataset
+
+    # a process that forks must not have started OpenMP threads: a forked worker would wait
+    # on them forever; this process computes nothing heavy after the pool starts
+    torch.set_num_threads(1)
+    wanted = {(c.config.data.dataset, c.config.data.data_dir, c.config.data.label_mode,
+               c.config.data.normalize) for c in cells}  # fmt: skip
+    for name, data_dir, label_mode, normalize in sorted(wanted)[:2]:
+        try:
+            load_dataset(name, data_dir or None, label_mode, normalize)
+        except FedhetError:
+            pass  # the cells report it, each in its own run
 
 
 def _run_on_ray(todo: list[Cell], out_dir: Path, address: str, jobs: int, on_cell) -> dict[str, dict]:
