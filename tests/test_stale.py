@@ -11,6 +11,7 @@ import torch
 from conftest import make_config
 
 from fedhet.algorithms import ALGORITHMS
+from fedhet.algorithms.memory import ClientMemory
 from fedhet.config import TrainConfig, build_options
 from fedhet.engine.simulator import Simulator, run
 from fedhet.errors import ConfigError
@@ -83,13 +84,20 @@ def _fixed_round(num_clients=6, size=5, seed=0):
     return deltas, memory, probs
 
 
+def _as_memory(rows, weights):
+    memory = ClientMemory(rows.shape[0], rows.shape[1], weights)
+    for client, row in enumerate(rows):
+        memory.set(client, row)
+    return memory
+
+
 def _monte_carlo_mean(algorithm, deltas, memory, probs, weights, draws=20000, seed=1):
     rng = np.random.default_rng(seed)
     total = torch.zeros(deltas.shape[1], dtype=torch.float64)
     for _ in range(draws):
         present = np.flatnonzero(rng.random(len(probs)) < probs)
         updates = [ClientUpdate(int(i), Coverage(1), 1, 1, 0.0, deltas[i], torch.zeros(0)) for i in present]
-        total += algorithm.direction(memory.clone(), updates, weights, 1.0 / probs).double()
+        total += algorithm.direction(_as_memory(memory, weights), updates, weights, 1.0 / probs).double()
     return total / draws
 
 
@@ -122,7 +130,7 @@ def test_mifa_is_biased_towards_its_memory():
 def test_memory_holds_last_updates_and_its_cost_is_reported(tmp_path):
     result = _run(tmp_path, "mem", **{"algorithm.name": "fedstale", "algorithm.participation": "fedau"})
     state = torch.load(result.path / "checkpoint.pt", weights_only=False)["algorithm"]
-    memory = state["memory"]
+    memory = ClientMemory.restore(state["memory"]["reference"], result.path / "client-memory").rows
     assert memory.shape == (8, result.summary["num_params"])
     stored = memory.abs().sum(1) > 0
     assert np.array_equal(stored.numpy(), state["has_memory"])

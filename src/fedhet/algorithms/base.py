@@ -34,6 +34,7 @@ they never import an engine, the local trainer or the data.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -47,7 +48,7 @@ from fedhet.system.outcomes import Marginals, Outcomes, SystemModel, Workload
 PARTIAL_WORK = ("none", "layers", "steps")
 
 
-@dataclass
+@dataclass(frozen=True)
 class ClientAssignment:
     """The server's instructions to one client for one round: batch size, local steps, the
     planned first layer of its back-propagation (1 = all layers), whether it is asked."""
@@ -108,6 +109,7 @@ class RunSetting:
     params: torch.Tensor
     buffers: torch.Tensor
     probes: list[ClientUpdate] = field(default_factory=list)
+    work_dir: Path | None = None  # the run's folder, for server state kept in files
 
 
 @dataclass
@@ -160,9 +162,8 @@ class Algorithm:
     def plan(self, round_index: int, state: dict, system: SystemModel, deadline: float | None) -> RoundPlan:
         """Default plan: every client, the configured batch and steps, the configured deadline
         (or ``None`` for algorithms that wait for all)."""
-        assignment = [
-            ClientAssignment(self.train.batch_size, self.train.local_steps) for _ in range(system.num_clients)
-        ]
+        same = ClientAssignment(self.train.batch_size, self.train.local_steps)  # frozen: one shared
+        assignment = [same] * system.num_clients
         return RoundPlan(
             round=round_index,
             deadline=deadline if self.uses_deadline else None,
@@ -171,7 +172,9 @@ class Algorithm:
         )
 
     def client_task(self, context: RoundContext, client: int, state: dict) -> ClientTask | None:
-        """The task for ``client`` given its sampled outcome (see ``partial_work``)."""
+        """The task for ``client`` given its sampled outcome (see ``partial_work``). Engines
+        call it only for clients that are asked and present this round (the cost of a round
+        follows its participants, not the population); others get no task."""
         plan, outcomes = context.plan, context.outcomes
         assignment = plan.assignments[client]
         if not (assignment.asked and outcomes.participates[client]):

@@ -4,7 +4,9 @@
 Sign: inside fedhet a client update is Delta_i = w_i - w_t (the paper writes w_t - w_i and
 steps w - eta_s D); every rule below is the paper's with both signs flipped, so
 w_{t+1} = w_t + eta_s D. The memory h_i holds client i's last delivered update (zeros at the
-start) and costs N x P floats on the server, reported in ``server_memory.json``.
+start) and costs N x P numbers on the server, reported in ``server_memory.json``; it is a
+:class:`~fedhet.algorithms.memory.ClientMemory` (float32 or float16, in RAM or memory-mapped
+on disk, checkpointed by journal: ``memory_dtype``, ``memory_storage``).
 
 Client weights q_i are 1/N (``weights = "uniform"``) or n_i/n (``"samples"``). The
 participation probability p_i is the probability that client i delivers a full update this
@@ -24,11 +26,31 @@ import torch
 from fedhet.algorithms.aggregation import layerwise_mean_buffers
 from fedhet.algorithms.base import Algorithm, RoundContext, RunSetting, register
 from fedhet.algorithms.fedau import FedAUEstimator
-from fedhet.algorithms.fedavg import FedAvgOptions as MemoryOptions  # weights, server_lr
+from fedhet.algorithms.fedavg import FedAvgOptions
+from fedhet.algorithms.memory import DTYPES, STORAGES, ClientMemory
 from fedhet.errors import ConfigError
 from fedhet.messages import ClientUpdate
 
 PARTICIPATION_KNOWLEDGE = ("known", "fedau")
+
+
+@dataclass
+class MemoryOptions(FedAvgOptions):
+    """FedAvg's ``weights`` and ``server_lr``, plus how the memory h is kept:
+    ``memory_dtype`` ("float32" or "float16", half the bytes) and ``memory_storage`` ("ram",
+    or "disk": a memory-mapped file in the run folder, for N x P beyond RAM)."""
+
+    memory_dtype: str = "float32"
+    memory_storage: str = "ram"
+
+    def validate(self) -> None:
+        super().validate()
+        if self.memory_dtype not in DTYPES:
+            raise ConfigError(
+                f"algorithm.memory_dtype = {self.memory_dtype!r}: must be 'float32' or 'float16'"
+            )
+        if self.memory_storage not in STORAGES:
+            raise ConfigError(f"algorithm.memory_storage = {self.memory_storage!r}: must be 'ram' or 'disk'")
 
 
 @dataclass
@@ -74,8 +96,17 @@ class MemoryAlgorithm(Algorithm):
             q = sizes / sizes.sum()
         else:
             q = np.full(setting.num_clients, 1.0 / setting.num_clients)
+        folder = None if setting.work_dir is None else setting.work_dir / "client-memory"
+        memory = ClientMemory(
+            setting.num_clients,
+            setting.num_params,
+            q,
+            self.options.memory_dtype,
+            self.options.memory_storage,
+            folder,
+        )
         state = {
-            "memory": torch.zeros(setting.num_clients, setting.num_params),
+            "memory": memory,
             "client_weight": q,
             "has_memory": np.zeros(setting.num_clients, dtype=bool),
             "participations": np.zeros(setting.num_clients, dtype=np.int64),
@@ -89,7 +120,7 @@ class MemoryAlgorithm(Algorithm):
 
     def direction(
         self,
-        memory: torch.Tensor,
+        memory: ClientMemory,
         updates: list[ClientUpdate],
         client_weight: np.ndarray,
         inverse_prob: np.ndarray,
@@ -134,17 +165,19 @@ class MemoryAlgorithm(Algorithm):
     @staticmethod
     def _refresh(state: dict, updates: list[ClientUpdate]) -> None:
         for u in updates:
-            state["memory"][u.client].copy_(u.delta)
+            state["memory"].set(u.client, u.delta)
             state["has_memory"][u.client] = True
 
     def reports(self, state: dict) -> dict[str, dict]:
         memory = state["memory"]
         out = {
             "server_memory": {
-                "clients": int(memory.shape[0]),
-                "floats_per_client": int(memory.shape[1]),
-                "bytes": int(memory.numel() * memory.element_size()),
-                "megabytes": round(memory.numel() * memory.element_size() / 2**20, 3),
+                "clients": memory.num_clients,
+                "floats_per_client": memory.num_params,
+                "dtype": memory.dtype,
+                "storage": memory.storage,
+                "bytes": memory.nbytes,
+                "megabytes": round(memory.nbytes / 2**20, 3),
                 "clients_stored": int(state["has_memory"].sum()),
             }
         }
@@ -173,9 +206,9 @@ def _step(client_weight: np.ndarray, inverse_prob: np.ndarray, client: int) -> f
     return float(client_weight[client] * inverse_prob[client])
 
 
-def _stale_sum(memory: torch.Tensor, client_weight: np.ndarray) -> torch.Tensor:
-    """sum_i q_i h_i over all N clients."""
-    return torch.as_tensor(client_weight, dtype=memory.dtype) @ memory
+def _stale_sum(memory: ClientMemory, client_weight: np.ndarray) -> torch.Tensor:
+    """sum_i q_i h_i over all N clients (kept up to date by the memory as rows change)."""
+    return memory.stale_sum()
 
 
 @register
@@ -187,7 +220,7 @@ class UFedAvg(MemoryAlgorithm):
     Options = UnbiasedOptions
 
     def direction(self, memory, updates, client_weight, inverse_prob):
-        out = torch.zeros(memory.shape[1], dtype=memory.dtype)
+        out = torch.zeros(memory.num_params)
         for u in updates:
             out.add_(u.delta, alpha=_step(client_weight, inverse_prob, u.client))  # eq. (5)
         return out
@@ -204,7 +237,7 @@ class FedVARP(MemoryAlgorithm):
     def direction(self, memory, updates, client_weight, inverse_prob):
         out = _stale_sum(memory, client_weight)
         for u in updates:
-            fresh = u.delta - memory[u.client]
+            fresh = u.delta - memory.row(u.client)
             out.add_(fresh, alpha=_step(client_weight, inverse_prob, u.client))  # eq. (7)
         return out
 
@@ -225,7 +258,7 @@ class FedStale(MemoryAlgorithm):
         beta = self.options.beta
         out = beta * _stale_sum(memory, client_weight)
         for u in updates:
-            fresh = u.delta - beta * memory[u.client]
+            fresh = u.delta - beta * memory.row(u.client)
             out.add_(fresh, alpha=_step(client_weight, inverse_prob, u.client))  # eq. (9)
         return out
 

@@ -166,6 +166,7 @@ class Simulator:
         state = RunState(params=world.initial_params.clone(), buffers=world.initial_buffers.clone())
         state.system = world.system.state_dict()
         setting = world.setting(state.params, state.buffers)
+        setting.work_dir = self.run_dir.path
         probes = world.algorithm.probe_tasks(setting)
         if probes:
             setting.probes = clients.run(probes, state.params, state.buffers, state.clients)
@@ -211,8 +212,8 @@ class Simulator:
             return None
         tasks = [
             task
-            for c in range(world.num_clients)
-            if (task := algorithm.client_task(context, c, state.algorithm))
+            for c in np.flatnonzero(asked)  # the others get no task (Algorithm.client_task)
+            if (task := algorithm.client_task(context, int(c), state.algorithm))
         ]
         if system.wall_clock and plan.deadline is not None:  # clients cut their own work
             for task in tasks:

@@ -8,6 +8,7 @@ random needs saving.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -64,6 +65,37 @@ def differences(saved: dict, current: dict) -> list[str]:
     return out
 
 
+PERSISTED = "__persisted__"
+
+
+def _persist(algorithm_state: dict) -> dict:
+    """The algorithm's state for a checkpoint: values that keep themselves in files (a
+    :class:`~fedhet.algorithms.memory.ClientMemory`) replaced by the reference they return."""
+    out = {}
+    for key, value in algorithm_state.items():
+        if hasattr(value, "persist") and hasattr(type(value), "restore"):
+            kind = f"{type(value).__module__}:{type(value).__qualname__}"
+            out[key] = {PERSISTED: kind, "reference": value.persist()}
+        else:
+            out[key] = value
+    return out
+
+
+def _restore(algorithm_state: dict, run_folder: Path) -> dict:
+    """Undo :func:`_persist`: rebuild each persisted value from its files."""
+    import importlib
+
+    out = {}
+    for key, value in algorithm_state.items():
+        if isinstance(value, dict) and PERSISTED in value:
+            module, name = value[PERSISTED].split(":")
+            cls = getattr(importlib.import_module(module), name)
+            out[key] = cls.restore(value["reference"], run_folder / "client-memory")
+        else:
+            out[key] = value
+    return out
+
+
 def to_checkpoint(state: RunState, config_dict: dict) -> dict:
     return {
         "version": CHECKPOINT_VERSION,
@@ -73,7 +105,7 @@ def to_checkpoint(state: RunState, config_dict: dict) -> dict:
         "wall_time": state.wall_time,
         "params": state.params,
         "buffers": state.buffers,
-        "algorithm": state.algorithm,
+        "algorithm": _persist(state.algorithm),
         "client_states": state.clients.state_dict(),
         "metrics": state.metrics,
         "client_metrics": state.client_metrics,
@@ -104,7 +136,7 @@ def from_checkpoint(saved: dict, config_dict: dict, where: str) -> RunState:
         round=saved["round"],
         sim_time=saved["sim_time"],
         wall_time=saved["wall_time"],
-        algorithm=saved["algorithm"],
+        algorithm=_restore(saved["algorithm"], Path(where).parent),
         clients=clients,
         metrics=saved["metrics"],
         client_metrics=saved["client_metrics"],

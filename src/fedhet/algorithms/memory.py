@@ -1,0 +1,172 @@
+"""The server's memory of every client's last update (h_i of FedStale Algorithm 2, FedVARP's
+y_i, MIFA's G_i): N x P numbers, the one piece of server state that grows with the
+population.
+
+:class:`ClientMemory` keeps the rows in RAM or in a memory-mapped file (``storage = "disk"``,
+for populations whose N x P does not fit), as float32 or float16 (half the bytes; each stored
+update rounded to 11 significant bits), and keeps the weighted sum sum_i q_i h_i of FedStale
+eqs. (7) and (9) up to date as rows change, in float64, so that a round costs O(participants
+x P) and never reads all N rows.
+
+Checkpoints do not rewrite it whole: :meth:`persist` appends the rows changed since the last
+checkpoint to a journal next to the checkpoint and returns a small reference (the journal's
+length at this checkpoint); when the journal outgrows the rows themselves it is folded into
+a new base file. :meth:`restore` rebuilds the memory from the base and the journal up to the
+recorded length, so a run killed at any moment resumes with exactly its last checkpoint's
+memory.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+DTYPES = {"float32": np.float32, "float16": np.float16}
+STORAGES = ("ram", "disk")
+FOLDER = "client-memory"
+
+
+class ClientMemory:
+    """Rows h_1..h_N of P numbers, their weighted sum sum_i q_i h_i, and what changed."""
+
+    def __init__(
+        self,
+        num_clients: int,
+        num_params: int,
+        client_weight: np.ndarray,
+        dtype: str = "float32",
+        storage: str = "ram",
+        folder: str | Path | None = None,
+    ):
+        self.num_clients, self.num_params = int(num_clients), int(num_params)
+        self.dtype, self.storage = dtype, storage
+        self.client_weight = np.asarray(client_weight, dtype=np.float64)
+        self._folder = Path(folder) if folder is not None else None
+        self.generation = 0  # base-<generation>.bin + journal-<generation>.bin
+        self.changed: set[int] = set()
+        self.journal_bytes = 0  # the journal's length at the last checkpoint
+        self.weighted_sum = torch.zeros(self.num_params, dtype=torch.float64)
+        self._array = self._allocate()
+        self.rows = torch.from_numpy(self._array)
+
+    @property
+    def folder(self) -> Path:
+        """Where the files go: the run's ``client-memory`` folder (a temporary one if none)."""
+        if self._folder is None:
+            self._folder = Path(tempfile.mkdtemp(prefix="fedhet-memory-"))
+        return self._folder
+
+    def _allocate(self) -> np.ndarray:
+        shape = (self.num_clients, self.num_params)
+        if self.storage == "ram":
+            return np.zeros(shape, dtype=DTYPES[self.dtype])
+        self.folder.mkdir(parents=True, exist_ok=True)
+        return np.memmap(self.folder / "live.bin", dtype=DTYPES[self.dtype], mode="w+", shape=shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.num_clients * self.num_params * np.dtype(DTYPES[self.dtype]).itemsize
+
+    def row(self, client: int) -> torch.Tensor:
+        """h_client as float32."""
+        return self.rows[client].float()
+
+    def stale_sum(self) -> torch.Tensor:
+        """sum_i q_i h_i over all N clients (FedStale eqs. (7), (9)), as float32."""
+        return self.weighted_sum.float()
+
+    def set(self, client: int, update: torch.Tensor) -> None:
+        """h_client <- update (stored in this memory's dtype); the weighted sum follows."""
+        old = self.rows[client].double()
+        self.rows[client].copy_(update)
+        self.weighted_sum.add_(self.rows[client].double() - old, alpha=float(self.client_weight[client]))
+        self.changed.add(int(client))
+
+    # -- checkpoints -------------------------------------------------------------------
+    def _base(self, generation: int) -> Path:
+        return self.folder / f"base-{generation}.bin"
+
+    def _journal(self, generation: int) -> Path:
+        return self.folder / f"journal-{generation}.bin"
+
+    def persist(self) -> dict:
+        """Write what changed since the last call; return the reference a checkpoint keeps."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        journal, size = self._journal(self.generation), self.journal_bytes
+        changed = np.array(sorted(self.changed), dtype=np.int64)
+        record = 8 + 8 * len(changed) + len(changed) * self.num_params * self._array.itemsize
+        if size + record > self.nbytes:  # fold the journal into a new base
+            self.generation += 1
+            base = self._base(self.generation)
+            with open(base.with_suffix(".tmp"), "wb") as out:
+                for start in range(0, self.num_clients, 1024):
+                    out.write(np.ascontiguousarray(self._array[start : start + 1024]).tobytes())
+            os.replace(base.with_suffix(".tmp"), base)
+            journal, size = self._journal(self.generation), 0
+            journal.write_bytes(b"")
+        elif len(changed):
+            with open(journal, "r+b" if journal.exists() else "wb") as out:
+                out.truncate(size)  # drop records of checkpoints that were never committed
+                out.seek(size)
+                out.write(np.int64(len(changed)).tobytes())
+                out.write(changed.tobytes())
+                out.write(np.ascontiguousarray(self._array[changed]).tobytes())
+            size += record
+        self.changed.clear()
+        self.journal_bytes = size
+        for old in range(
+            max(0, self.generation - 3), self.generation - 1
+        ):  # older than the last checkpoint's
+            self._base(old).unlink(missing_ok=True)
+            self._journal(old).unlink(missing_ok=True)
+        return {
+            "num_clients": self.num_clients,
+            "num_params": self.num_params,
+            "dtype": self.dtype,
+            "storage": self.storage,
+            "client_weight": self.client_weight,
+            "generation": self.generation,
+            "journal_bytes": size,
+            "weighted_sum": self.weighted_sum.clone(),
+        }
+
+    @classmethod
+    def restore(cls, reference: dict, folder: str | Path) -> ClientMemory:
+        """The memory as it was when ``persist`` returned ``reference``."""
+        memory = cls(
+            reference["num_clients"],
+            reference["num_params"],
+            reference["client_weight"],
+            reference["dtype"],
+            reference["storage"],
+            folder,
+        )
+        memory.generation = int(reference["generation"])
+        base = memory._base(memory.generation)
+        if memory.generation > 0:
+            with open(base, "rb") as source:
+                for start in range(0, memory.num_clients, 1024):
+                    block = memory._array[start : start + 1024]
+                    block[...] = np.frombuffer(source.read(block.nbytes), dtype=block.dtype).reshape(
+                        block.shape
+                    )
+        itemsize = memory._array.itemsize
+        memory.journal_bytes = remaining = int(reference["journal_bytes"])
+        if remaining == 0:
+            memory.weighted_sum = reference["weighted_sum"].clone()
+            return memory
+        with open(memory._journal(memory.generation), "rb") as journal:
+            while remaining > 0:
+                count = int(np.frombuffer(journal.read(8), dtype=np.int64)[0])
+                clients = np.frombuffer(journal.read(8 * count), dtype=np.int64)
+                rows = np.frombuffer(
+                    journal.read(count * memory.num_params * itemsize), dtype=memory._array.dtype
+                )
+                memory._array[clients] = rows.reshape(count, memory.num_params)
+                remaining -= 8 + 8 * count + count * memory.num_params * itemsize
+        memory.weighted_sum = reference["weighted_sum"].clone()
+        return memory
