@@ -134,3 +134,47 @@ def test_fedau_weight_is_computed_before_the_current_interval_is_recorded():
     # next participation the mean of [1] is used, then 3 is recorded; then mean([1, 3]) = 2
     assert weights[0] == 1.0 and weights[3] == 1.0 and weights[4] == 2.0
     assert estimator.inverse_probability()[0] == pytest.approx((1 + 3 + 1) / 3)
+
+
+def test_cohort_sampling_draws_exactly_k_clients_and_its_p_l_matches_simulation():
+    """participation = "cohort": K of N clients per round, uniformly without replacement;
+    p_l (the mean over cohorts of prod (1 - P[reach l])) agrees with 20,000 simulated rounds."""
+    from fedhet.config import from_dict
+    from fedhet.world import build_world
+
+    config = from_dict(
+        {
+            "data": {"num_clients": 20},
+            "system": {"model": "uniform-depth", "participation": "cohort", "cohort_size": 5},
+        }
+    )
+    world = build_world(config)
+    work = world.algorithm.plan(0, {}, world.system, config.round_deadline).workload()
+    marginals = world.system.marginals(work)
+    assert np.allclose(marginals.participation_prob, 5 / 20)
+    rounds, no_reach = 20_000, np.zeros(world.flat.num_layers)
+    for t in range(rounds):
+        outcomes = world.system.sample(work, np.random.default_rng(t))
+        assert outcomes.participates.sum() == 5
+        for layer in range(world.flat.num_layers):
+            no_reach[layer] += not np.any(outcomes.participates & (outcomes.depth <= layer + 1))
+    assert np.allclose(no_reach / rounds, marginals.no_reach_prob, atol=0.01)
+    # the product form of independent presence with p = K/N would be wrong by far more
+    reach = marginals.reach_prob / 0.25  # P[reach l] given presence
+    independent = np.prod(1 - 0.25 * reach, axis=0)
+    assert abs(independent[0] - no_reach[0] / rounds) > 0.03
+
+
+def test_cohort_sampling_refuses_a_straggler_set_drawn_each_round():
+    from fedhet.config import from_dict
+    from fedhet.errors import ConfigError
+    from fedhet.world import build_world
+
+    config = from_dict(
+        {
+            "data": {"num_clients": 20},
+            "system": {"model": "straggler-ratio", "participation": "cohort", "cohort_size": 5},
+        }
+    )
+    with pytest.raises(ConfigError, match="cohort"):
+        build_world(config)

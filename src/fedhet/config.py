@@ -207,6 +207,7 @@ class SystemConfig:
     participation_low: float = 0.1  # uniform
     participation_high: float = 1.0
     participation_probs: list = field(default_factory=list)  # list
+    cohort_size: int = 10  # cohort: clients drawn per round, uniformly without replacement
     measured_times: str = ""  # measured: a calibration file to reuse (fedhet calibrate --out)
     availability: str = "always"  # always | trace (availability_trace: a trace file)
     availability_trace: str = ""
@@ -484,6 +485,10 @@ def validate(config: Config) -> None:
         raise ConfigError(
             f"system.capabilities: {len(system.capabilities)} values given for {clients} clients "
             "(capability_profile = 'list')"
+        )
+    if system.participation == "cohort" and not 1 <= system.cohort_size <= clients:
+        raise ConfigError(
+            f"system.cohort_size = {system.cohort_size}: must be in 1..{clients} (data.num_clients)"
         )
     if system.participation == "list" and len(system.participation_probs) != clients:
         raise ConfigError(

@@ -21,6 +21,7 @@ from fedhet.models import FlatModel, build_model
 from fedhet.models.cost import multiply_adds, training_step_flops
 from fedhet.system import (
     BernoulliParticipation,
+    CohortSampling,
     ExponentialLayers,
     NoStragglers,
     PerStepCost,
@@ -122,6 +123,8 @@ def build_system(config: Config, num_clients: int, num_layers: int, measure=None
         base = TraceAvailability(base, read_trace(s.availability_trace, num_clients))
     if s.participation == "always":
         return base
+    if s.participation == "cohort":
+        return CohortSampling(base, s.cohort_size)
     probs = participation_probabilities(
         s.participation,
         num_clients,

@@ -3,6 +3,7 @@
 - ``mlp``: Linear layers with ReLU, hidden sizes (32, 16) by default (SALF Sec. IV-A).
 - ``cnn2``: conv 1->6 5x5, pool, conv 6->6 5x5, pool, fc ->50, fc ->classes (SALF Sec. IV-A).
 - ``cnn-fedstale``: conv 1->32 3x3 pad 1, pool, conv 32->64 3x3 pad 1, pool, fc ->128, fc.
+- ``simple-cnn``: pfl-research's benchmark CNN, conv ->32 3x3, conv 32->64 3x3, pool, fc ->128, fc.
 - ``vgg11/13/16/19``: 3x3 conv + BatchNorm + ReLU blocks, max-pool after each stage, one
   Linear(512, classes) classifier; 28x28 inputs are zero-padded to 32x32.
 """
@@ -90,6 +91,24 @@ def cnn_fedstale(input_shape: Sequence[int], num_classes: int) -> LayeredModel:
     )
 
 
+def simple_cnn(input_shape: Sequence[int], num_classes: int) -> LayeredModel:
+    """pfl-research's CIFAR-10 benchmark CNN ("simple_cnn"): conv(->32, 3x3)-ReLU-conv(32->64,
+    3x3)-ReLU-pool-fc(->128)-ReLU-fc(->classes), no padding; without its two dropout layers
+    (fedhet's clients draw no dropout masks)."""
+    channels, height, width = _image_shape(input_shape, "simple-cnn")
+    h, w = (height - 4) // 2, (width - 4) // 2
+    if h < 1 or w < 1:
+        raise ConfigError(f"model.name = 'simple-cnn' needs images of at least 6x6, got {height}x{width}")
+    return LayeredModel(
+        [
+            nn.Sequential(nn.Conv2d(channels, 32, 3), nn.ReLU()),
+            nn.Sequential(nn.Conv2d(32, 64, 3), nn.ReLU(), MaxPool2x2()),
+            nn.Sequential(nn.Flatten(), nn.Linear(64 * h * w, 128), nn.ReLU()),
+            nn.Sequential(nn.Linear(128, num_classes)),
+        ]
+    )
+
+
 def vgg(input_shape: Sequence[int], num_classes: int, variant: str = "vgg11") -> LayeredModel:
     """VGG in its CIFAR form: each 3x3 conv + BN + ReLU (+ the stage's max-pool) is a layer."""
     channels, height, width = _image_shape(input_shape, variant)
@@ -114,7 +133,7 @@ def vgg(input_shape: Sequence[int], num_classes: int, variant: str = "vgg11") ->
     return LayeredModel(blocks)
 
 
-MODELS = ("mlp", "cnn2", "cnn-fedstale", *VGG_STAGES)
+MODELS = ("mlp", "cnn2", "cnn-fedstale", "simple-cnn", *VGG_STAGES)
 
 
 def build_model(
@@ -127,6 +146,8 @@ def build_model(
         return cnn2(input_shape, num_classes)
     if name == "cnn-fedstale":
         return cnn_fedstale(input_shape, num_classes)
+    if name == "simple-cnn":
+        return simple_cnn(input_shape, num_classes)
     if name in VGG_STAGES:
         return vgg(input_shape, num_classes, name)
     raise ConfigError(f"model.name = {name!r}: unknown (known: {', '.join(MODELS)})")

@@ -16,12 +16,14 @@ from fedhet.system.participation import (
     PARTICIPATION_GROUPS,
     PARTICIPATION_PROFILES,
     BernoulliParticipation,
+    CohortSampling,
     participation_probabilities,
 )
 from fedhet.system.profiles import CAPABILITY_PROFILES, capabilities
 
 __all__ = [
     "BernoulliParticipation",
+    "CohortSampling",
     "CAPABILITY_PROFILES",
     "NoStragglers",
     "PARTICIPATION_GROUPS",

@@ -97,6 +97,12 @@ class SystemModel:
     name = "base"
     wall_clock = False  # True: clients cut their own work against a real deadline
 
+    @property
+    def independent_clients(self) -> bool:
+        """Whether clients' outcomes are drawn independently of each other (p_l has the
+        product form of :meth:`no_reach_given_presence`)."""
+        return True
+
     def __init__(self, num_clients: int, num_layers: int):
         self.num_clients = num_clients
         self.num_layers = num_layers
@@ -322,6 +328,10 @@ class StragglerRatio(DepthOnlyModel):
         if self.fixed is None:
             return (1.0 - self._straggler_reach()) ** self.num_clients
         return np.prod(1.0 - reach, axis=0)
+
+    @property
+    def independent_clients(self) -> bool:
+        return self.fixed is not None  # a set drawn each round couples the clients
 
     def no_reach_given_presence(self, work, presence):
         """With a fixed straggler set clients are independent (product form). With a set

@@ -6,6 +6,9 @@ and deliver only part of its work), so "absent" and "present and slow" are disti
 
 Profiles of p_i: ``always`` (no wrapper), ``two-group`` (half the clients always present, the
 other half with ``p_min``, FedStale Sec. 5.1), ``uniform`` (p_i ~ U(low, high)), ``list``.
+
+``cohort`` (:class:`CohortSampling`) is FedAvg's usual client sampling instead: exactly K
+clients drawn uniformly without replacement each round (p_i = K/N, not independent).
 """
 
 from __future__ import annotations
@@ -15,9 +18,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from fedhet.errors import ConfigError
-from fedhet.system.outcomes import Marginals, Outcomes, SystemModel
+from fedhet.system.outcomes import Marginals, Outcomes, SystemModel, random_subset_product
 
-PARTICIPATION_PROFILES = ("always", "two-group", "uniform", "list")
+PARTICIPATION_PROFILES = ("always", "two-group", "uniform", "list", "cohort")
 PARTICIPATION_GROUPS = ("random", "second-half")
 
 
@@ -112,6 +115,10 @@ class PresenceWrapper(SystemModel):
     def wall_clock(self) -> bool:
         return self.base.wall_clock
 
+    @property
+    def independent_clients(self) -> bool:
+        return self.base.independent_clients and not isinstance(self, CohortSampling)
+
     def observe(self, updates) -> None:
         self.base.observe(updates)
 
@@ -141,3 +148,56 @@ class BernoulliParticipation(PresenceWrapper):
 
     def present(self, work, rng) -> np.ndarray:
         return rng.random(self.num_clients) < self.participation_prob  # FedStale Assumption 4
+
+
+class CohortSampling(PresenceWrapper):
+    """Wraps a system model: each round exactly ``cohort_size`` clients, drawn uniformly
+    without replacement, are present (FedAvg's client sampling, McMahan et al. 2017); the
+    marginal participation probability is K/N.
+
+    Presence is not independent across clients, so p_l = P[no present client reaches l] is
+    the mean over the C(N, K) equally likely cohorts of prod_{u in cohort} (1 - P[d_u <= l]),
+    an elementary symmetric sum (:func:`random_subset_product`), not the product form."""
+
+    def __init__(self, base: SystemModel, cohort_size: int):
+        super().__init__(base)
+        if not 1 <= cohort_size <= base.num_clients:
+            raise ConfigError(
+                f"system.cohort_size = {cohort_size}: must be in 1..{base.num_clients} (the clients)"
+            )
+        if not base.independent_clients:
+            raise ConfigError(
+                f"system.participation = 'cohort' with {base.name}: its clients' outcomes are drawn "
+                "jointly (a straggler set per round), so the cohort's p_l has no exact form here; "
+                "use fixed_stragglers = true or Bernoulli participation"
+            )
+        self.cohort_size = int(cohort_size)
+        self.participation_prob = np.full(base.num_clients, cohort_size / base.num_clients)
+        self.name = f"{base.name}+cohort"
+
+    def present(self, work, rng) -> np.ndarray:
+        present = np.zeros(self.num_clients, dtype=bool)
+        present[rng.choice(self.num_clients, self.cohort_size, replace=False)] = True
+        return present
+
+    def marginals(self, work) -> Marginals:
+        inner = self.base.marginals(work)
+        out = super().marginals(work)
+        out.no_reach_prob = self.no_reach_given_presence(work, np.ones(self.num_clients), inner.reach_prob)
+        return out
+
+    def no_reach_given_presence(self, work, presence, reach=None):
+        """P[no client reaches layer l] when, on top of the cohort draw, client u is present
+        with probability ``presence[u]`` independently."""
+        if reach is None:
+            reach = self.base.marginals(work).reach_prob
+        q = np.asarray(presence, float)[:, None]
+        if np.all(reach == 1.0) and np.all(q == 1.0):
+            return np.zeros(self.num_layers)  # every cohort member reaches every layer
+        ones = np.ones(self.num_clients)
+        return np.array(
+            [
+                random_subset_product(1.0 - q[:, 0] * reach[:, layer], ones, self.cohort_size)
+                for layer in range(self.num_layers)
+            ]
+        )
