@@ -72,7 +72,10 @@ class ClientStates:
 
 
 class ClientRule(Protocol):
-    """The client-side hooks of an algorithm (see :class:`fedhet.algorithms.Algorithm`)."""
+    """The client-side hooks of an algorithm (see :class:`fedhet.algorithms.Algorithm`).
+    ``corrects_gradients`` is False when :meth:`gradient_correction` always returns None."""
+
+    corrects_gradients: bool
 
     def gradient_correction(
         self, task: ClientTask, state: ClientState, region: slice, local: torch.Tensor, anchor: torch.Tensor
@@ -188,6 +191,13 @@ class LocalWorker:
         region = flat.params[pslice]
         buf = state.get("momentum") if (self.sgd.momentum and self.sgd.keep_momentum) else None
         track = rule is not None and getattr(rule, "tracks_gradient_differences", False)
+        plain = (  # plain SGD: the same update as the general path, without its copies
+            mask is None
+            and not track
+            and not self.sgd.weight_decay
+            and not self.sgd.momentum
+            and (rule is None or not getattr(rule, "corrects_gradients", True))
+        )
         losses = []
         done = 0
         for step in range(steps):
@@ -198,11 +208,16 @@ class LocalWorker:
                     break
                 x, y = data.batch(rng, task.batch_size)
                 loss = F.cross_entropy(model(x, depth), y)
-                grads = torch.autograd.grad(loss, reached)
+                grads = gradients(loss, reached)
                 if clock is not None:
                     clock.step_done(flat.num_layers + 1 - depth)
             done += 1
             losses.append(float(loss.detach()))
+            if plain:  # w <- w - lr g on the reached parameters, in place: no flat copy of g
+                with torch.no_grad():
+                    for parameter, g in zip(reached, grads, strict=True):
+                        parameter.sub_(g, alpha=task.lr)
+                continue
             with torch.no_grad():
                 grad = torch.cat([g.reshape(-1) for g in grads])
                 if mask is not None:
@@ -330,6 +345,19 @@ class LocalWorker:
             model_round=task.model_round,
             payload={"grad_sq_norm": mean_sq_norm, "grad_variance": size * variance},
         )
+
+
+def gradients(loss: torch.Tensor, parameters: list[torch.nn.Parameter]) -> list[torch.Tensor]:
+    """d loss / d parameters, and nothing below them. ``backward(inputs=...)`` rather than
+    ``torch.autograd.grad``: the same gradients, about 10% faster per step on a small CNN
+    (PyTorch 2.13, CPU; benchmarks/pfl_research.py). The parameters' ``.grad`` are left unset."""
+    for parameter in parameters:
+        parameter.grad = None
+    loss.backward(inputs=parameters)
+    grads = [parameter.grad for parameter in parameters]
+    for parameter in parameters:
+        parameter.grad = None
+    return grads
 
 
 @torch.no_grad()

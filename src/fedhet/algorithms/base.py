@@ -214,6 +214,8 @@ class Algorithm:
         return {}
 
     # -- client --------------------------------------------------------------------------
+    corrects_gradients = False  # True where gradient_correction returns a correction
+
     def gradient_correction(
         self, task: ClientTask, state: dict, region: slice, local: torch.Tensor, anchor: torch.Tensor
     ) -> torch.Tensor | None:

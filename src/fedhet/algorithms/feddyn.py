@@ -46,6 +46,8 @@ class FedDyn(Algorithm):
             state["linear"] = torch.zeros(size)
         return state["linear"]
 
+    corrects_gradients = True
+
     def gradient_correction(self, task, state, region, local, anchor):
         """-g_i + alpha (theta - theta_t) over the covered region."""
         g = self._linear(state, local.numel())

@@ -34,6 +34,8 @@ class FedProx(FedAvg):
     uses_deadline = True
     partial_work = "steps"
 
+    corrects_gradients = True
+
     def gradient_correction(self, task, state, region, local, anchor):
         """grad of (mu/2)||w - w_t||^2 over the covered region: mu (w - w_t)."""
         return self.options.mu * (local[region] - anchor[region])

@@ -48,6 +48,8 @@ class Scaffold(Algorithm):
             state["control"] = torch.zeros(size)
         return state["control"]
 
+    corrects_gradients = True
+
     def gradient_correction(self, task, state, region, local, anchor):
         """c - c_i over the covered region."""
         c = task.payload["control"]

@@ -1,0 +1,211 @@
+"""Goal: on pfl-research's own CIFAR-10 benchmark shape, fedhet's FedAvg runs >= 1.5x the
+rounds per second of pfl's simulated backend, on this CPU with the same thread count.
+
+The shape (pfl-research's image-classification benchmark, "cifar10_iid" with "simple_cnn"):
+1,000 clients x 50 images, a cohort of 50 clients per round, 5 local SGD steps of batch 10
+(one epoch), local lr 0.1, server lr 1.0, the whole test set evaluated every 10 rounds. Both
+frameworks train the same network (fedhet's ``simple-cnn``: pfl's simple_cnn without its
+dropout) on the same tensors split the same way (fedhet's loader and IID split, handed to
+pfl as per-user slices); each times its rounds after the first, evaluations included.
+
+Data: ``--data cifar10`` reads CIFAR-10's python batches from ``--cifar-dir``; without it,
+random images of the same shape written in that format (timing only: nothing to learn).
+``--data fmnist`` runs both on real Fashion-MNIST (1,000 clients x 60 images) to check that
+they learn the same before their speeds are compared.
+
+Needs the benchmark extra: pip install -e ".[bench]"   (pfl[pytorch], pinned)
+
+    python benchmarks/pfl_research.py --rounds 50 --threads 2
+    python benchmarks/pfl_research.py --data fmnist --rounds 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import machine_header  # noqa: E402
+
+CLIENTS, COHORT, BATCH, STEPS, LR, EVAL_EVERY = 1000, 50, 10, 5, 0.1, 10
+
+
+def synthetic_cifar(folder: Path, seed: int = 0) -> Path:
+    """Random 32x32x3 images and labels in CIFAR-10's python-batch format."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    for name in names:
+        batch = {b"data": rng.integers(0, 256, (10_000, 3072), dtype=np.uint8),
+                 b"labels": rng.integers(0, 10, 10_000).tolist()}  # fmt: skip
+        with open(folder / name, "wb") as out:
+            pickle.dump(batch, out)
+    return folder
+
+
+def fedhet_config(data: str, data_dir: str, rounds: int, threads: int, seed: int):
+    from fedhet.config import from_dict
+
+    return from_dict(
+        {
+            "run": {
+                "name": "pfl-shape",
+                "seed": seed,
+                "rounds": rounds,
+                "eval_every": EVAL_EVERY,
+                "threads": threads,
+            },  # fmt: skip
+            "data": {"dataset": data, "data_dir": data_dir, "partition": "iid", "num_clients": CLIENTS},
+            "model": {"name": "simple-cnn"},
+            "train": {"lr": LR, "batch_size": BATCH, "local_steps": STEPS},
+            "system": {"model": "full", "participation": "cohort", "cohort_size": COHORT},
+            "algorithm": {"name": "fedavg", "server_lr": 1.0},
+        }
+    )
+
+
+def run_fedhet(config, out: Path) -> tuple[float, list[tuple[int, float]]]:
+    """(seconds per round after the first, [(round, test accuracy)])."""
+    from fedhet.engine.simulator import Simulator
+
+    stamps: list[float] = []
+    result = Simulator(config, out, on_round=lambda row: stamps.append(time.perf_counter())).run(
+        overwrite=True
+    )
+    accuracy = [
+        (int(r["round"]), r["test_accuracy"]) for r in result.metrics if r.get("test_accuracy") is not None
+    ]
+    return (stamps[-1] - stamps[0]) / (len(stamps) - 1), accuracy
+
+
+def run_pfl(world, rounds: int, seed: int) -> tuple[float, list[tuple[int, float]]]:
+    """The same training on pfl's SimulatedBackend; a callback evaluates every 10 rounds as
+    fedhet does (batches of 256, eval mode) and stamps the time."""
+    from pfl.aggregate.simulate import SimulatedBackend
+    from pfl.aggregate.weighting import WeightByUser
+    from pfl.algorithm import FederatedAveraging, NNAlgorithmParams
+    from pfl.callback.base import TrainingProcessCallback
+    from pfl.data import FederatedDataset
+    from pfl.data.sampling import get_user_sampler
+    from pfl.hyperparam import NNEvalHyperParams, NNTrainHyperParams
+    from pfl.metrics import Metrics, Weighted
+    from pfl.model.pytorch import PyTorchModel
+
+    from fedhet.models import build_model
+
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    dataset = world.dataset
+    network = build_model("simple-cnn", dataset.input_shape, dataset.num_classes)
+    network.load_state_dict(world.flat.model.state_dict())  # the same initial weights
+
+    def loss(self, x, y, eval=False):
+        self.eval() if eval else self.train()
+        return F.cross_entropy(self(x), y)
+
+    @torch.no_grad()
+    def metrics(self, x, y, eval=True):
+        self.eval() if eval else self.train()
+        out = self(x)
+        return {"loss": Weighted(float(F.cross_entropy(out, y, reduction="sum")), len(y)),
+                "accuracy": Weighted(float((out.argmax(1) == y).sum()), len(y))}  # fmt: skip
+
+    network.loss = loss.__get__(network)
+    network.metrics = metrics.__get__(network)
+    x, y = dataset.x_train, world.train_labels
+    users = {u: [x[idx], y[idx]] for u, idx in enumerate(world.client_indices)}
+    federated = FederatedDataset.from_slices(users, get_user_sampler("random", list(users)))
+    model = PyTorchModel(
+        model=network,
+        local_optimizer_create=torch.optim.SGD,
+        central_optimizer=torch.optim.SGD([p for p in network.parameters() if p.requires_grad], 1.0),
+    )
+    stamps: list[float] = []
+    accuracy: list[tuple[int, float]] = []
+    x_test, y_test = dataset.x_test, dataset.y_test
+
+    class Clock(TrainingProcessCallback):
+        def after_central_iteration(self, aggregate_metrics, model, *, central_iteration):
+            done = central_iteration + 1
+            if done % EVAL_EVERY == 0 or done == rounds:
+                network.eval()
+                correct = 0
+                with torch.no_grad():
+                    for start in range(0, len(y_test), 256):
+                        correct += int(
+                            (
+                                network(x_test[start : start + 256]).argmax(1) == y_test[start : start + 256]
+                            ).sum()
+                        )
+                accuracy.append((done, correct / len(y_test)))
+            stamps.append(time.perf_counter())
+            return False, Metrics()
+
+    FederatedAveraging().run(
+        algorithm_params=NNAlgorithmParams(
+            central_num_iterations=rounds, evaluation_frequency=EVAL_EVERY, train_cohort_size=COHORT,
+            val_cohort_size=0,
+        ),
+        backend=SimulatedBackend(training_data=federated, val_data=None, postprocessors=[WeightByUser()]),
+        model=model,
+        model_train_params=NNTrainHyperParams(
+            local_learning_rate=LR, local_num_epochs=None, local_num_steps=STEPS, local_batch_size=BATCH
+        ),
+        model_eval_params=NNEvalHyperParams(local_batch_size=256),
+        callbacks=[Clock()],
+    )  # fmt: skip
+    return (stamps[-1] - stamps[0]) / (len(stamps) - 1), accuracy
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", choices=["cifar10", "fmnist"], default="cifar10")
+    parser.add_argument("--cifar-dir", default="")
+    parser.add_argument("--rounds", type=int, default=50)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    os.environ.setdefault("PFL_DISABLE_MULTIPROCESSING", "1")
+    for name in ("pfl",):
+        import logging
+
+        logging.getLogger(name).setLevel(logging.WARNING)
+    torch.set_num_threads(args.threads)
+    from fedhet.world import build_world
+
+    with tempfile.TemporaryDirectory(prefix="fedhet-bench-") as tmp:
+        data_dir = ""
+        what = "real Fashion-MNIST"
+        if args.data == "cifar10":
+            data_dir = args.cifar_dir or str(synthetic_cifar(Path(tmp) / "cifar"))
+            what = (
+                "CIFAR-10 from " + args.cifar_dir
+                if args.cifar_dir
+                else "synthetic CIFAR-shaped data (timing only)"
+            )
+        config = fedhet_config(args.data, data_dir, args.rounds, args.threads, args.seed)
+        print(machine_header(f"both with {args.threads} threads; {what}; {args.rounds} rounds"))
+        world = build_world(config)
+        torch.set_num_threads(args.threads)
+        pfl_round, pfl_accuracy = run_pfl(world, args.rounds, args.seed)
+        torch.set_num_threads(args.threads)
+        fedhet_round, fedhet_accuracy = run_fedhet(config, Path(tmp) / "fedhet")
+    print(f"pfl-research {1 / pfl_round:6.2f} rounds/s ({pfl_round:.3f} s/round)")
+    print(f"fedhet       {1 / fedhet_round:6.2f} rounds/s ({fedhet_round:.3f} s/round)")
+    print(f"fedhet / pfl: {pfl_round / fedhet_round:.2f}x (goal >= 1.5x)")
+    print("test accuracy (round: pfl, fedhet): " + ", ".join(
+        f"{r}: {a:.3f}, {b:.3f}" for (r, a), (_, b) in zip(pfl_accuracy, fedhet_accuracy, strict=False)))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
