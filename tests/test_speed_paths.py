@@ -102,3 +102,31 @@ def test_a_dataset_is_decoded_once_per_process_until_its_files_change(tmp_path):
         os.utime(path, ns=(1, 1))
     again = load_dataset("mnist", str(folder))
     assert again is not first and not torch.equal(again.x_train, first.x_train)
+
+
+def test_finiteness_check_by_sum_agrees_with_the_elementwise_test():
+    from fedhet.engine.faults import all_finite
+
+    cases = {
+        "finite": torch.randn(1000),
+        "nan": torch.tensor([1.0, float("nan"), 2.0]),
+        "inf": torch.tensor([1.0, float("inf")]),
+        "both infinities": torch.tensor([float("inf"), float("-inf")]),
+        "finite but the sum overflows": torch.full((10,), 3e38),
+        "empty": torch.zeros(0),
+    }
+    for name, values in cases.items():
+        assert all_finite(values) == bool(torch.isfinite(values).all()), name
+
+
+def test_evaluation_builds_no_autograd_graph():
+    flat = FlatModel(build_model("cnn2", (1, 28, 28), 10))
+    seen = []
+    handle = flat.model.register_forward_hook(
+        lambda module, inputs, output: seen.append(output.requires_grad)
+    )
+    try:
+        evaluate(flat, flat.params, flat.buffers, torch.randn(10, 1, 28, 28), torch.randint(0, 10, (10,)))
+    finally:
+        handle.remove()
+    assert seen and not any(seen)
