@@ -128,7 +128,7 @@ def main() -> int:
         rows = truncation(name, batch, repeats)
         worst = min(r[3] for r in rows[1:])
         print(
-            f"{name}, batch {batch}: worst achieved share of the ideal saving {100 * worst:.0f}% (goal >= 80%)"
+            f"{name}, batch {batch}: worst share of the ideal saving achieved {100 * worst:.0f}% (goal 80%)"
         )
         print(f"  {'depth':>5} {'ms/step':>9} {'FLOPs vs d=1':>13} {'saving achieved':>16}")
         for depth, ms, share, achieved in rows:

@@ -202,8 +202,11 @@ def main() -> int:
     print(f"pfl-research {1 / pfl_round:6.2f} rounds/s ({pfl_round:.3f} s/round)")
     print(f"fedhet       {1 / fedhet_round:6.2f} rounds/s ({fedhet_round:.3f} s/round)")
     print(f"fedhet / pfl: {pfl_round / fedhet_round:.2f}x (goal >= 1.5x)")
-    print("test accuracy (round: pfl, fedhet): " + ", ".join(
-        f"{r}: {a:.3f}, {b:.3f}" for (r, a), (_, b) in zip(pfl_accuracy, fedhet_accuracy, strict=False)))  # fmt: skip
+    pairs = zip(pfl_accuracy, fedhet_accuracy, strict=False)
+    print(
+        "test accuracy (round: pfl, fedhet): "
+        + ", ".join(f"{r}: {a:.3f}, {b:.3f}" for (r, a), (_, b) in pairs)
+    )
     return 0
 
 
