@@ -13,6 +13,7 @@ against depth 1 with the saving the FLOP count predicts:
 achieved share = (t_1 - t_d) / (t_1 - t_1 * flops_d / flops_1).
 
     python benchmarks/hardware.py [--threads N] [--models cnn2 cnn-fedstale vgg11]
+    python benchmarks/hardware.py --memory-format channels_last
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def matmul_peak(seconds: float = 3.0, size: int = 2048) -> float:
     return best
 
 
-def round_throughput(rounds: int, threads: int) -> tuple[float, float, float]:
+def round_throughput(rounds: int, threads: int, memory_format: str) -> tuple[float, float, float]:
     """(GFLOP/s, seconds per round, GFLOP per round) of cnn-fedstale FedAvg rounds."""
     from fedhet.config import from_dict
     from fedhet.engine.simulator import Simulator
@@ -52,7 +53,14 @@ def round_throughput(rounds: int, threads: int) -> tuple[float, float, float]:
 
     clients, steps, batch = 10, 5, 128
     document = {
-        "run": {"name": "hw", "seed": 1, "threads": threads, "rounds": rounds + 1, "eval_every": 10_000},
+        "run": {
+            "name": "hw",
+            "seed": 1,
+            "threads": threads,
+            "rounds": rounds + 1,
+            "eval_every": 10_000,
+            "memory_format": memory_format,
+        },  # fmt: skip
         "data": {"dataset": "fmnist", "partition": "iid", "num_clients": clients},
         "model": {"name": "cnn-fedstale"},
         "train": {"lr": 0.01, "batch_size": batch, "local_steps": steps},
@@ -68,7 +76,9 @@ def round_throughput(rounds: int, threads: int) -> tuple[float, float, float]:
     return flops / per_round / 1e9, per_round, flops / 1e9
 
 
-def truncation(name: str, batch: int, repeats: int) -> list[tuple[int, float, float, float]]:
+def truncation(
+    name: str, batch: int, repeats: int, memory_format: str
+) -> list[tuple[int, float, float, float]]:
     """Per depth: (depth, ms per step, FLOP share of depth 1, achieved share of the ideal saving)."""
     from fedhet.client import ClientData, LocalWorker
     from fedhet.messages import ClientTask, Coverage
@@ -78,7 +88,7 @@ def truncation(name: str, batch: int, repeats: int) -> list[tuple[int, float, fl
     torch.manual_seed(0)
     model = build_model(name, (1, 28, 28), 10)
     layers = multiply_adds(model, (1, 28, 28))
-    flat = FlatModel(model)
+    flat = FlatModel(model, channels_last=memory_format == "channels_last")
     worker = LocalWorker(flat)
     n = 1024
     data = ClientData(torch.randn(n, 1, 28, 28), torch.randint(0, 10, (n,)), np.arange(n))
@@ -109,15 +119,16 @@ def main() -> int:
         "--threads", type=int, default=0, help="0: as run.threads = 'auto' picks (free cores)"
     )
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--memory-format", choices=["contiguous", "channels_last"], default="contiguous")
     parser.add_argument("--models", nargs="+", default=["cnn2", "cnn-fedstale", "vgg11"])
     args = parser.parse_args()
     from fedhet.threads import free_cores
 
     threads = args.threads or free_cores()
     torch.set_num_threads(threads)
-    print(machine_header(f"{threads} threads for both parts"))
+    print(machine_header(f"{threads} threads for both parts; run.memory_format = {args.memory_format}"))
     peak = matmul_peak()
-    gflops, per_round, work = round_throughput(args.rounds, threads)
+    gflops, per_round, work = round_throughput(args.rounds, threads, args.memory_format)
     print(f"fp32 matmul peak: {peak:.1f} GFLOP/s")
     print(f"cnn-fedstale rounds: {work:.1f} GFLOP in {per_round:.3f} s per round = {gflops:.1f} GFLOP/s, "
           f"{100 * gflops / peak:.0f}% of peak (goal >= 50%)")  # fmt: skip
@@ -125,7 +136,7 @@ def main() -> int:
     for name in args.models:
         batch = 16 if name != "cnn-fedstale" else 128
         repeats = {"cnn2": 200, "cnn-fedstale": 10, "vgg11": 5}.get(name, 20)
-        rows = truncation(name, batch, repeats)
+        rows = truncation(name, batch, repeats, args.memory_format)
         worst = min(r[3] for r in rows[1:])
         print(
             f"{name}, batch {batch}: worst share of the ideal saving achieved {100 * worst:.0f}% (goal 80%)"

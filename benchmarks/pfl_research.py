@@ -16,7 +16,8 @@ they learn the same before their speeds are compared.
 Needs the benchmark extra: pip install -e ".[bench]"   (pfl[pytorch], pinned)
 
     python benchmarks/pfl_research.py --rounds 50 --threads 2
-    python benchmarks/pfl_research.py --data fmnist --rounds 200
+    python benchmarks/pfl_research.py --data fmnist --rounds 50
+    python benchmarks/pfl_research.py --rounds 50 --memory-format channels_last
 """
 
 from __future__ import annotations
@@ -52,7 +53,9 @@ def synthetic_cifar(folder: Path, seed: int = 0) -> Path:
     return folder
 
 
-def fedhet_config(data: str, data_dir: str, rounds: int, threads: int, seed: int):
+def fedhet_config(
+    data: str, data_dir: str, rounds: int, threads: int, seed: int, memory_format: str = "contiguous"
+):
     from fedhet.config import from_dict
 
     return from_dict(
@@ -106,7 +109,9 @@ def run_pfl(world, rounds: int, seed: int) -> tuple[float, list[tuple[int, float
     np.random.seed(seed)
     dataset = world.dataset
     network = build_model("simple-cnn", dataset.input_shape, dataset.num_classes)
-    network.load_state_dict(world.flat.model.state_dict())  # the same initial weights
+    with torch.no_grad():  # the same initial weights
+        for mine, theirs in zip(network.parameters(), world.flat.model.parameters(), strict=True):
+            mine.copy_(theirs)
 
     def loss(self, x, y, eval=False):
         self.eval() if eval else self.train()
@@ -173,6 +178,12 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=50)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--memory-format",
+        choices=["contiguous", "channels_last"],
+        default="contiguous",
+        help="fedhet's run.memory_format (pfl's model stays contiguous, as pfl builds it)",
+    )
     args = parser.parse_args()
     os.environ.setdefault("PFL_DISABLE_MULTIPROCESSING", "1")
     for name in ("pfl",):
@@ -192,8 +203,13 @@ def main() -> int:
                 if args.cifar_dir
                 else "synthetic CIFAR-shaped data (timing only)"
             )
-        config = fedhet_config(args.data, data_dir, args.rounds, args.threads, args.seed)
-        print(machine_header(f"both with {args.threads} threads; {what}; {args.rounds} rounds"))
+        config = fedhet_config(args.data, data_dir, args.rounds, args.threads, args.seed, args.memory_format)
+        print(
+            machine_header(
+                f"both with {args.threads} threads; {what}; {args.rounds} rounds; "
+                f"fedhet run.memory_format = {args.memory_format}"
+            )
+        )
         world = build_world(config)
         torch.set_num_threads(args.threads)
         pfl_round, pfl_accuracy = run_pfl(world, args.rounds, args.seed)

@@ -130,3 +130,46 @@ def test_evaluation_builds_no_autograd_graph():
     finally:
         handle.remove()
     assert seen and not any(seen)
+
+
+@pytest.mark.parametrize("name", ["cnn2", "cnn-fedstale", "vgg11"])
+def test_channels_last_model_computes_the_same_function_and_gradients(name):
+    """memory_format = channels_last only reorders conv weights in the flat vector: the same
+    initial weights give the same outputs and gradients (up to float rounding)."""
+    torch.manual_seed(0)
+    plain = FlatModel(build_model(name, (1, 28, 28), 10))
+    torch.manual_seed(0)
+    fast = FlatModel(build_model(name, (1, 28, 28), 10), channels_last=True)
+    conv = next(p for p in fast.model.parameters() if p.dim() == 4)
+    assert conv.is_contiguous(memory_format=torch.channels_last)
+    for a, b in zip(plain.model.parameters(), fast.model.parameters(), strict=True):
+        assert torch.equal(a, b)  # same values, another order in memory
+    assert torch.equal(torch.sort(plain.params).values, torch.sort(fast.params).values)
+    x, y = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
+    for model in (plain.model, fast.model):
+        model.eval()
+    out_plain, out_fast = plain.model(x), fast.model(x)
+    assert torch.allclose(out_plain, out_fast, atol=1e-4)
+    g_plain = torch.autograd.grad(F.cross_entropy(out_plain, y), list(plain.model.parameters()))
+    g_fast = torch.autograd.grad(F.cross_entropy(out_fast, y), list(fast.model.parameters()))
+    for a, b in zip(g_plain, g_fast, strict=True):
+        assert torch.allclose(a, b, atol=1e-4)
+
+
+def test_channels_last_run_learns_like_the_contiguous_one_and_refuses_heterofl(tmp_path):
+    from conftest import make_config
+
+    from fedhet.engine.simulator import Simulator, run
+    from fedhet.world import build_world
+
+    base = {"model.name": "cnn-fedstale", "run.rounds": 12, "run.eval_every": 12, "train.lr": 0.05}
+    plain = run(make_config(base), tmp_path / "plain")
+    fast_config = make_config({**base, "run.memory_format": "channels_last"})
+    fast = run(fast_config, tmp_path / "fast")
+    assert abs(fast.summary["final_test_accuracy"] - plain.summary["final_test_accuracy"]) < 0.05
+    Simulator(fast_config, tmp_path / "cut").run(stop_after=5)
+    assert Simulator(fast_config, tmp_path / "cut").run(resume=True).metrics == fast.metrics
+    with pytest.raises(ConfigError, match="memory_format"):
+        from_dict({"run": {"memory_format": "nhwc"}})
+    with pytest.raises(ConfigError, match="heterofl"):
+        build_world(make_config({"run.memory_format": "channels_last", "algorithm.name": "heterofl"}))

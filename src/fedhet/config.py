@@ -55,6 +55,7 @@ class RunConfig:
     time_budget: float = 0.0  # simulated seconds; 0 = no budget (stop after `rounds`)
     eval_every: int = 1
     threads: Any = "auto"  # torch threads: "auto" (work size, free cores), 0 = torch default, or a count
+    memory_format: str = "contiguous"  # conv weights, images: contiguous | channels_last (faster)
     client_eval: bool = False  # also evaluate on each client's held-out part of its data
     client_eval_fraction: float = 0.2  # share of each client's data held out for it
     targets: list = field(default_factory=list)  # accuracies whose first round and time are recorded
@@ -78,6 +79,7 @@ class RunConfig:
         check_name("run.name", self.name)
         _one_of("run.on_non_finite", self.on_non_finite, NON_FINITE_POLICIES)
         _one_of("run.engine", self.engine, ENGINES)
+        _one_of("run.memory_format", self.memory_format, ("contiguous", "channels_last"))
         if self.round_timeout < 0:
             raise ConfigError(f"run.round_timeout = {self.round_timeout}: must be >= 0 (0 = no limit)")
         _in_range("run.flower_cpus_per_client", self.flower_cpus_per_client, 0.0, 1024.0, low_open=True)

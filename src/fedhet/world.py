@@ -194,7 +194,13 @@ def build_world(config: Config) -> World:
     )
     torch.manual_seed(seeding.torch_seed(config.run.seed, "init"))
     model = build_model(config.model.name, dataset.input_shape, dataset.num_classes, config.model.hidden)
-    flat = FlatModel(model)
+    channels_last = config.run.memory_format == "channels_last"
+    if channels_last and config.algorithm_name == "heterofl":
+        raise ConfigError(
+            "run.memory_format = 'channels_last' with heterofl: its sub-model masks assume the "
+            "contiguous weight order; use run.memory_format = 'contiguous'"
+        )
+    flat = FlatModel(model, channels_last=channels_last)
     step_flops = training_step_flops(multiply_adds(model, dataset.input_shape), config.train.batch_size)
     choose_threads(config.run.threads, step_flops)
 
