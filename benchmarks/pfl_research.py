@@ -66,7 +66,8 @@ def fedhet_config(
                 "rounds": rounds,
                 "eval_every": EVAL_EVERY,
                 "threads": threads,
-            },  # fmt: skip
+                "memory_format": memory_format,
+            },
             "data": {"dataset": data, "data_dir": data_dir, "partition": "iid", "num_clients": CLIENTS},
             "model": {"name": "simple-cnn"},
             "train": {"lr": LR, "batch_size": BATCH, "local_steps": STEPS},
