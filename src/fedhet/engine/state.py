@@ -15,7 +15,7 @@ import torch
 from fedhet.client import ClientStates
 from fedhet.errors import FedhetError
 
-CHECKPOINT_VERSION = 2
+CHECKPOINT_VERSION = 3  # 3: server memories kept beside the checkpoint (client-memory/)
 
 
 @dataclass
