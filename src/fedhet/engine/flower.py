@@ -170,9 +170,12 @@ def _client_side(config_toml: str) -> _ClientSide:
             from fedhet.world import build_world
 
             config = from_dict(tomllib.loads(config_toml))
-            threads = config.run.threads  # "auto": the CPUs Ray gives each client
-            cpus = max(1, int(config.run.flower_cpus_per_client))
-            torch.set_num_threads(cpus if threads == "auto" else max(1, threads))
+            from fedhet.threads import set_core_budget
+
+            # "auto" within the CPUs Ray gives each client; 0 means one thread here
+            set_core_budget(max(1, int(config.run.flower_cpus_per_client)))
+            if config.run.threads == 0:
+                config.run.threads = 1
             _CLIENT_SIDES[config_toml] = _ClientSide(build_world(config), config.run.seed)
         return _CLIENT_SIDES[config_toml]
 
