@@ -13,6 +13,29 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
+# SALF's Table II CNN setting (SALF Sec. IV-A with Fashion-MNIST for MNIST): TOML sections
+# that end inside [system], so a benchmark can add system keys before its next section
+TABLE2_CNN = """
+[data]
+dataset = "fmnist"
+partition = "iid"
+num_clients = 30
+
+[model]
+name = "cnn2"
+
+[train]
+lr = 0.1
+batch_size = 16
+local_steps = 1
+momentum = 0.5
+keep_momentum = true
+
+[system]
+model = "straggler-ratio"
+deadline = 1.0
+"""
+
 QUIET_FLOWER = {
     "FLWR_TELEMETRY_ENABLED": "0",
     "FLWR_DISABLE_UPDATE_CHECK": "1",

@@ -19,7 +19,7 @@ import textwrap
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, machine_header, release_tree, run_in_child, scratch  # noqa: E402
+from _common import REPO, TABLE2_CNN, machine_header, release_tree, run_in_child, scratch  # noqa: E402
 
 RELEASE = "52490d3"
 
@@ -31,25 +31,7 @@ rounds = {rounds}
 eval_every = 1
 threads = {threads}
 
-[data]
-dataset = "fmnist"
-partition = "iid"
-num_clients = 30
-
-[model]
-name = "cnn2"
-
-[train]
-lr = 0.1
-batch_size = 16
-local_steps = 1
-momentum = 0.5
-keep_momentum = true
-
-[system]
-model = "straggler-ratio"
-straggler_ratio = 0.9
-deadline = 1.0
+{table2}straggler_ratio = 0.9
 
 [algorithm]
 name = "salf"
@@ -92,7 +74,7 @@ def main() -> int:
     with scratch() as tmp:
         tmp = Path(tmp)
         config = tmp / "config.toml"
-        config.write_text(CONFIG.format(rounds=args.rounds, threads=args.threads))
+        config.write_text(CONFIG.format(rounds=args.rounds, threads=args.threads, table2=TABLE2_CNN))
         figures = {}
         trees = (("release " + args.release, release_tree(args.release, tmp)), ("this tree", REPO / "src"))
         for label, src in trees:

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine_header, scratch  # noqa: E402
+from _common import TABLE2_CNN, machine_header, scratch  # noqa: E402
 
 GRID = """
 [experiment]
@@ -31,25 +31,7 @@ name = "grid-jobs"
 rounds = {rounds}
 eval_every = 20
 
-[data]
-dataset = "fmnist"
-partition = "iid"
-num_clients = 30
-
-[model]
-name = "cnn2"
-
-[train]
-lr = 0.1
-batch_size = 16
-local_steps = 1
-momentum = 0.5
-keep_momentum = true
-
-[system]
-model = "straggler-ratio"
-deadline = 1.0
-
+{table2}
 [algorithm]
 name = "salf"
 
@@ -74,7 +56,9 @@ def main() -> int:
     print(machine_header("each setting: `fedhet reproduce` in a fresh process, from an empty folder"))
     with scratch() as tmp:
         path = Path(tmp) / "grid.toml"
-        path.write_text(GRID.format(rounds=args.rounds, seeds=list(range(1, args.seeds + 1))))
+        path.write_text(
+            GRID.format(rounds=args.rounds, seeds=list(range(1, args.seeds + 1)), table2=TABLE2_CNN)
+        )
         times = {}
         for jobs in (1, args.jobs):
             out = Path(tmp) / f"jobs-{jobs}"
