@@ -97,10 +97,10 @@ class ClientTime:
 def embedded(workload: str, rounds: int, out: Path) -> tuple[float, float]:
     """Seconds per round, and of those the clients' work."""
     from fedhet.engine.clients import InProcessClients
-    from fedhet.engine.simulator import Simulator
+    from fedhet.engine.loop import RunLoop
 
     timer, clients = RoundTimer(), ClientTime(InProcessClients)
-    Simulator(_config(workload, rounds, "embedded"), out, on_round=timer).run(overwrite=True)
+    RunLoop(_config(workload, rounds, "embedded"), out, on_round=timer).run(overwrite=True)
     return timer.per_round(), clients.per_round()
 
 

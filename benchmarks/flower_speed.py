@@ -58,11 +58,11 @@ def config(rounds: int, salf: bool = False, memory_format: str = "contiguous"):
 
 
 def embedded(rounds: int, salf: bool, memory_format: str = "contiguous") -> float:
-    from fedhet.engine.simulator import Simulator
+    from fedhet.engine.loop import RunLoop
 
     stamps: list[float] = []
     with tempfile.TemporaryDirectory() as out:
-        Simulator(
+        RunLoop(
             config(rounds, salf, memory_format), out, on_round=lambda row: stamps.append(time.perf_counter())
         ).run()
     return (stamps[-2] - stamps[0]) / (len(stamps) - 2)  # the last round also evaluates

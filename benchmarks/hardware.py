@@ -47,7 +47,7 @@ def matmul_peak(seconds: float = 3.0, size: int = 2048) -> float:
 def round_throughput(rounds: int, threads: int, memory_format: str) -> tuple[float, float, float]:
     """(GFLOP/s, seconds per round, GFLOP per round) of cnn-fedstale FedAvg rounds."""
     from fedhet.config import from_dict
-    from fedhet.engine.simulator import Simulator
+    from fedhet.engine.loop import RunLoop
     from fedhet.models import build_model
     from fedhet.models.cost import multiply_adds, training_step_flops
 
@@ -69,7 +69,7 @@ def round_throughput(rounds: int, threads: int, memory_format: str) -> tuple[flo
     }
     stamps: list[float] = []
     with tempfile.TemporaryDirectory() as out:
-        Simulator(from_dict(document), out, on_round=lambda row: stamps.append(time.perf_counter())).run()
+        RunLoop(from_dict(document), out, on_round=lambda row: stamps.append(time.perf_counter())).run()
     per_round = (stamps[-2] - stamps[0]) / (len(stamps) - 2)  # the last round also evaluates
     layers = multiply_adds(build_model("cnn-fedstale", (1, 28, 28), 10), (1, 28, 28))
     flops = clients * steps * training_step_flops(layers, batch)
@@ -80,7 +80,7 @@ def truncation(
     name: str, batch: int, repeats: int, memory_format: str
 ) -> list[tuple[int, float, float, float]]:
     """Per depth: (depth, ms per step, FLOP share of depth 1, achieved share of the ideal saving)."""
-    from fedhet.client import ClientData, LocalWorker
+    from fedhet.client import ClientData, LocalTrainer
     from fedhet.messages import ClientTask, Coverage
     from fedhet.models import FlatModel, build_model
     from fedhet.models.cost import multiply_adds, training_step_flops
@@ -89,7 +89,7 @@ def truncation(
     model = build_model(name, (1, 28, 28), 10)
     layers = multiply_adds(model, (1, 28, 28))
     flat = FlatModel(model, channels_last=memory_format == "channels_last")
-    worker = LocalWorker(flat)
+    worker = LocalTrainer(flat)
     n = 1024
     data = ClientData(torch.randn(n, 1, 28, 28), torch.randint(0, 10, (n,)), np.arange(n))
     params, buffers = flat.params.clone(), flat.buffers.clone()

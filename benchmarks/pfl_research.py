@@ -79,10 +79,10 @@ def fedhet_config(
 
 def run_fedhet(config, out: Path) -> tuple[float, list[tuple[int, float]]]:
     """(seconds per round after the first, [(round, test accuracy)])."""
-    from fedhet.engine.simulator import Simulator
+    from fedhet.engine.loop import RunLoop
 
     stamps: list[float] = []
-    result = Simulator(config, out, on_round=lambda row: stamps.append(time.perf_counter())).run(
+    result = RunLoop(config, out, on_round=lambda row: stamps.append(time.perf_counter())).run(
         overwrite=True
     )
     accuracy = [

@@ -28,7 +28,7 @@ CHILD = textwrap.dedent(
     started = time.perf_counter()
     from pathlib import Path
     from fedhet.config import from_dict
-    from fedhet.engine.simulator import Simulator
+    from fedhet.engine.loop import RunLoop
     n, out = {clients}, Path({out!r})
     document = {{
         "run": {{"name": "scale", "seed": 1, "threads": 1, "rounds": {rounds}, "eval_every": 1000}},
@@ -43,7 +43,7 @@ CHILD = textwrap.dedent(
     def on_round(row):
         stamps.append(time.perf_counter())
         participants.append(row["participants"])
-    Simulator(from_dict(document), out, on_round=on_round).run(overwrite=True)
+    RunLoop(from_dict(document), out, on_round=on_round).run(overwrite=True)
     per_round = (stamps[-1] - stamps[0]) / (len(stamps) - 1)
     start_up = stamps[0] - started - per_round  # imports, data, model, memory; before round 1
     disk = sum(p.stat().st_size for p in out.rglob("*") if p.is_file() and p.name != "live.bin")

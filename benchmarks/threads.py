@@ -54,12 +54,12 @@ def timed_run(workload: str, threads, out: Path) -> tuple[float, int]:
     import torch
 
     from fedhet.config import from_dict
-    from fedhet.engine.simulator import Simulator
+    from fedhet.engine.loop import RunLoop
 
     document = {k: dict(v) for k, v in WORKLOADS[workload].items()}
     document["run"].update(name=workload, seed=1, threads=threads)
     torch.set_num_threads(torch.get_num_threads())
-    result = Simulator(from_dict(document), out).run(overwrite=True)
+    result = RunLoop(from_dict(document), out).run(overwrite=True)
     return result.summary["wall_time"], torch.get_num_threads()
 
 

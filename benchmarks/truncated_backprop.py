@@ -13,7 +13,7 @@ import time
 import numpy as np
 import torch
 
-from fedhet.client import ClientData, LocalWorker
+from fedhet.client import ClientData, LocalTrainer
 from fedhet.messages import ClientTask, Coverage
 from fedhet.models import FlatModel, build_model
 
@@ -32,7 +32,7 @@ def main() -> None:
     for name in args.models.split(","):
         torch.manual_seed(0)
         flat = FlatModel(build_model(name, (1, 28, 28), 10))
-        worker = LocalWorker(flat)
+        worker = LocalTrainer(flat)
         data = ClientData(x, y, np.arange(n))
         params, buffers = flat.params.clone(), flat.buffers.clone()
         repeats = args.repeats if name != "vgg11" else max(5, args.repeats // 20)

@@ -23,7 +23,8 @@ from fedhet.algorithms.deadline_planner import (
     solve,
 )
 from fedhet.config import TrainConfig, build_options
-from fedhet.engine.simulator import Simulator, run
+from fedhet.engine.launch import run
+from fedhet.engine.loop import RunLoop
 from fedhet.errors import ConfigError
 from fedhet.messages import ClientUpdate, Coverage
 from fedhet.models.layers import LayerSlices, ModelLayout
@@ -213,8 +214,8 @@ def test_adel_fl_run_follows_its_plan_within_the_budget(tmp_path):
 def test_adel_fl_resume_does_not_replan_and_matches(tmp_path):
     config = make_config(ADEL)
     whole = run(config, tmp_path / "whole")
-    Simulator(config, tmp_path / "cut").run(stop_after=7)
-    resumed = Simulator(config, tmp_path / "cut").run(resume=True)
+    RunLoop(config, tmp_path / "cut").run(stop_after=7)
+    resumed = RunLoop(config, tmp_path / "cut").run(resume=True)
     assert resumed.metrics == whole.metrics
 
 
@@ -281,7 +282,7 @@ def test_bad_adel_fl_settings_are_named(tmp_path, overrides, message):
 
 def test_depth_calibration_hits_the_requested_share():
     """deadline_for_depth_fraction inverts the expected depth, which a simulation confirms."""
-    from fedhet.system.outcomes import deadline_for_depth_fraction, expected_depth_fraction
+    from fedhet.system import deadline_for_depth_fraction, expected_depth_fraction
 
     system = ExponentialLayers(20, 4, CAPS, time_per_sample_layer=0.1)
     batch = np.full(20, 16)

@@ -14,7 +14,8 @@ from conftest import make_config
 from fedhet.algorithms import ALGORITHMS
 from fedhet.algorithms.amsfl import StepCostEstimator, gda_estimates, greedy_steps
 from fedhet.config import TrainConfig, build_options
-from fedhet.engine.simulator import Simulator, run
+from fedhet.engine.launch import run
+from fedhet.engine.loop import RunLoop
 from fedhet.errors import ConfigError
 from fedhet.messages import ClientTask, ClientUpdate, Coverage
 
@@ -155,8 +156,8 @@ def test_amsfl_run_keeps_the_budget_and_the_clock(tmp_path, allocation):
 def test_amsfl_resumes_identically_and_estimates_costs(tmp_path):
     config = make_config({**AMSFL, "algorithm.costs": "estimated"})
     whole = run(config, tmp_path / "whole")
-    Simulator(config, tmp_path / "cut").run(stop_after=5)
-    assert Simulator(config, tmp_path / "cut").run(resume=True).metrics == whole.metrics
+    RunLoop(config, tmp_path / "cut").run(stop_after=5)
+    assert RunLoop(config, tmp_path / "cut").run(resume=True).metrics == whole.metrics
     last = json.loads((tmp_path / "whole" / "amsfl.json").read_text())["rounds"][-1]
     caps = np.array([0.3, 0.6, 1.0, 1.5, 2.0])
     truth = 0.01 * 16 / (caps / caps.mean())

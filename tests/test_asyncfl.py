@@ -10,9 +10,9 @@ import torch
 from fedhet.algorithms.asyncfl import AsyncFL, AsyncFLOptions
 from fedhet.algorithms.base import ClientAssignment, RoundContext, RoundPlan
 from fedhet.config import ConfigError, from_dict
-from fedhet.engine.simulator import Simulator
+from fedhet.engine.loop import RunLoop
 from fedhet.messages import ClientUpdate, Coverage
-from fedhet.system.outcomes import Marginals, Outcomes
+from fedhet.system import Marginals, Outcomes
 
 
 def _context(round_index: int, depths: list[int]) -> RoundContext:
@@ -84,8 +84,8 @@ def test_without_stragglers_asyncfl_is_fedavg(tmp_path):
         "model": {"name": "mlp", "hidden": [16]},
         "system": {"model": "full", "deadline": 1.0},
     }
-    mine = Simulator(from_dict({**base, "algorithm": {"name": "asyncfl"}}), tmp_path / "a").run()
-    theirs = Simulator(from_dict({**base, "algorithm": {"name": "fedavg"}}), tmp_path / "f").run()
+    mine = RunLoop(from_dict({**base, "algorithm": {"name": "asyncfl"}}), tmp_path / "a").run()
+    theirs = RunLoop(from_dict({**base, "algorithm": {"name": "fedavg"}}), tmp_path / "f").run()
     assert [r["test_accuracy"] for r in mine.metrics] == [r["test_accuracy"] for r in theirs.metrics]
     assert [r["test_loss"] for r in mine.metrics] == [r["test_loss"] for r in theirs.metrics]
 
@@ -98,9 +98,9 @@ def test_an_asyncfl_run_with_stragglers_resumes_with_updates_in_flight(tmp_path)
         "system": {"model": "straggler-ratio", "straggler_ratio": 0.5, "deadline": 1.0},
         "algorithm": {"name": "asyncfl"},
     })  # fmt: skip
-    whole = Simulator(config, tmp_path / "whole").run()
-    Simulator(config, tmp_path / "cut").run(stop_after=3)
-    resumed = Simulator(config, tmp_path / "cut").run(resume=True)
+    whole = RunLoop(config, tmp_path / "whole").run()
+    RunLoop(config, tmp_path / "cut").run(stop_after=3)
+    resumed = RunLoop(config, tmp_path / "cut").run(resume=True)
     assert resumed.metrics == whole.metrics
     import json
 

@@ -12,9 +12,9 @@ from torch import nn
 
 from fedhet.algorithms import ALGORITHMS, RoundContext
 from fedhet.algorithms.fednova import normalising_factor
-from fedhet.client import ClientData, ClientStates, LocalWorker
+from fedhet.client import ClientData, ClientStates, LocalTrainer
 from fedhet.config import TrainConfig, build_options
-from fedhet.engine.simulator import run
+from fedhet.engine.launch import run
 from fedhet.errors import ConfigError
 from fedhet.messages import ClientTask
 from fedhet.models.layers import FlatModel, LayeredModel
@@ -95,7 +95,7 @@ def _gradient(w: torch.Tensor, data: ClientData) -> torch.Tensor:
 
 
 def _run_round(algorithm, flat, data, params, state, states, clients, round_index):
-    worker = LocalWorker(flat)
+    worker = LocalTrainer(flat)
     updates = []
     for c in clients:
         task = ClientTask(round_index, c, LR, PER_CLIENT, STEPS, payload=algorithm.task_payload(c, state))

@@ -13,7 +13,8 @@ from test_stale import PARTIAL, _final_params
 
 from fedhet.algorithms.memory import ClientMemory
 from fedhet.config import build_options
-from fedhet.engine.simulator import Simulator, run
+from fedhet.engine.launch import run
+from fedhet.engine.loop import RunLoop
 from fedhet.errors import ConfigError
 
 
@@ -111,8 +112,8 @@ def test_killed_fedstale_run_resumes_identically_with_a_journaled_memory(tmp_pat
     overrides = {**PARTIAL, "algorithm.name": "fedvarp", **{f"algorithm.{k}": v for k, v in options.items()}}
     config = make_config(overrides)
     whole = run(config, tmp_path / "whole")
-    Simulator(config, tmp_path / "cut").run(stop_after=5)
-    resumed = Simulator(config, tmp_path / "cut").run(resume=True)
+    RunLoop(config, tmp_path / "cut").run(stop_after=5)
+    resumed = RunLoop(config, tmp_path / "cut").run(resume=True)
     assert resumed.metrics == whole.metrics
     assert torch.equal(_final_params(tmp_path / "cut"), _final_params(tmp_path / "whole"))
     # the checkpoint holds a reference, not the N x P rows

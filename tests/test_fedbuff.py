@@ -8,7 +8,7 @@ import json
 import pytest
 
 from fedhet.config import ConfigError, from_dict
-from fedhet.engine.simulator import Simulator
+from fedhet.engine.loop import RunLoop
 
 BASE = {
     "run": {"name": "b", "rounds": 6, "threads": 1, "seed": 5},
@@ -28,10 +28,10 @@ def _config(**sections):
 def test_without_delays_a_full_buffer_of_every_client_is_fedavg(tmp_path):
     """Equal durations, K = N, all clients in flight: every server step averages N fresh
     updates (staleness 0, weight 1), exactly FedAvg's round."""
-    mine = Simulator(
+    mine = RunLoop(
         _config(system={"model": "full"}, algorithm={"name": "fedbuff", "buffer_size": 4}), tmp_path / "b"
     ).run()
-    theirs = Simulator(_config(system={"model": "full"}, algorithm={"name": "fedavg"}), tmp_path / "f").run()
+    theirs = RunLoop(_config(system={"model": "full"}, algorithm={"name": "fedavg"}), tmp_path / "f").run()
     assert [r["test_accuracy"] for r in mine.metrics] == [r["test_accuracy"] for r in theirs.metrics]
     assert [r["test_loss"] for r in mine.metrics] == [r["test_loss"] for r in theirs.metrics]
     log = json.loads((tmp_path / "b" / "fedbuff.json").read_text())["server_steps"]
@@ -50,7 +50,7 @@ def test_staleness_is_counted_on_a_hand_made_schedule(tmp_path):
                 "capabilities": [1.0, 1 / 3]},
         algorithm={"name": "fedbuff", "buffer_size": 1},
     )  # fmt: skip
-    result = Simulator(config, tmp_path / "r").run()
+    result = RunLoop(config, tmp_path / "r").run()
     log = json.loads((tmp_path / "r" / "fedbuff.json").read_text())["server_steps"]
     assert [s["clients"] for s in log] == [[0], [0], [0], [1], [0]]
     assert [s["staleness"] for s in log] == [[0], [0], [0], [3], [1]]
@@ -63,9 +63,9 @@ def test_a_fedbuff_run_resumes_with_clients_in_flight(tmp_path):
         system={"model": "exponential", "capability_profile": "uniform", "time_per_sample_layer": 0.1},
         algorithm={"name": "fedbuff", "buffer_size": 2, "max_concurrency": 3},
     )
-    whole = Simulator(config, tmp_path / "whole").run()
-    Simulator(config, tmp_path / "cut").run(stop_after=5)
-    resumed = Simulator(config, tmp_path / "cut").run(resume=True)
+    whole = RunLoop(config, tmp_path / "whole").run()
+    RunLoop(config, tmp_path / "cut").run(stop_after=5)
+    resumed = RunLoop(config, tmp_path / "cut").run(resume=True)
     assert resumed.metrics == whole.metrics
 
 
@@ -74,4 +74,4 @@ def test_bad_fedbuff_options_are_refused(tmp_path):
         with pytest.raises(ConfigError, match=f"algorithm.{key}"):
             _config(algorithm={"name": "fedbuff", **options})
     with pytest.raises(ConfigError, match="more than the 4 clients"):
-        Simulator(_config(algorithm={"name": "fedbuff", "buffer_size": 9}), tmp_path / "x").run()
+        RunLoop(_config(algorithm={"name": "fedbuff", "buffer_size": 9}), tmp_path / "x").run()

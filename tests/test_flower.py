@@ -19,7 +19,7 @@ for _key, _value in {
 from fedhet.config import from_dict  # noqa: E402
 from fedhet.engine.flower import decode_task, decode_update, encode_task, encode_update  # noqa: E402
 from fedhet.engine.flower import run_simulation as run_on_flower  # noqa: E402
-from fedhet.engine.simulator import Simulator  # noqa: E402
+from fedhet.engine.loop import RunLoop  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -65,7 +65,7 @@ def _config(case: dict, **run):
 def test_flower_metrics_equal_the_embedded_engine(tmp_path, name):
     """Every task and update crosses Flower as a RecordDict; a dropped, reordered or
     mis-addressed message, or lost client state, would change the metrics."""
-    embedded = Simulator(_config(CASES[name]), tmp_path / "embedded").run()
+    embedded = RunLoop(_config(CASES[name]), tmp_path / "embedded").run()
     flower = run_on_flower(_config(CASES[name], engine="flower"), tmp_path / "flower")
     assert len(flower.metrics) == len(embedded.metrics) == 3
     for mine, theirs in zip(flower.metrics, embedded.metrics, strict=True):
@@ -78,7 +78,7 @@ def test_flower_metrics_equal_the_embedded_engine(tmp_path, name):
 
 def test_a_failing_client_is_absent_and_the_run_goes_on(tmp_path, caplog):
     config = _config(CASES["fedavg"], engine="flower")
-    embedded = Simulator(_config(CASES["fedavg"]), tmp_path / "embedded").run()
+    embedded = RunLoop(_config(CASES["fedavg"]), tmp_path / "embedded").run()
     with caplog.at_level("WARNING", logger="fedhet"):
         result = run_on_flower(config, tmp_path / "flower", fail_clients=(1,))
     assert result.summary["finished"] and len(result.metrics) == 3
@@ -204,7 +204,7 @@ def test_a_superlink_and_three_supernodes_run_the_app_with_simulated_and_real_de
     from fedhet.results import RunDirectory
 
     assert (tmp_path / "run" / "summary.json").exists(), simulated.stdout[-3000:] + simulated.stderr[-2000:]
-    embedded = Simulator(load_config(APP / "fedhet.toml"), tmp_path / "embedded").run()
+    embedded = RunLoop(load_config(APP / "fedhet.toml"), tmp_path / "embedded").run()
     deployed = (tmp_path / "run" / "metrics.csv").read_text()
     assert deployed == (tmp_path / "embedded" / "metrics.csv").read_text()
     assert len(embedded.metrics) == 3

@@ -20,10 +20,10 @@ import tomli_w
 
 from fedhet.cli import main
 from fedhet.config import SECTIONS, Config, ConfigError, from_dict, load_config
-from fedhet.engine.simulator import Simulator
+from fedhet.engine.loop import RunLoop
 from fedhet.errors import FedhetError
 from fedhet.results import RunDirectory, RunLock
-from fedhet.system.outcomes import StragglerRatio, Workload, poisson_binomial_pmf, random_subset_product
+from fedhet.system import StragglerRatio, Workload, poisson_binomial_pmf, random_subset_product
 from fedhet.system.participation import BernoulliParticipation
 
 REPO = Path(__file__).resolve().parents[1]
@@ -226,7 +226,7 @@ def test_a_diverging_run_stops_with_its_last_good_checkpoint_and_resumes_skippin
     counts the skipped clients in metrics.csv."""
     diverging = {"train": {"lr": 1e6}, "model": {"hidden": [32, 16]}, "algorithm": {"name": "fedavg"}}
     config = from_dict(_with(run={"rounds": 6}, **diverging))
-    result = Simulator(config, tmp_path / "r").run()
+    result = RunLoop(config, tmp_path / "r").run()
     summary_text = (tmp_path / "r" / "summary.json").read_text()
     summary = json.loads(summary_text, parse_constant=lambda c: pytest.fail(f"non-strict JSON {c}"))
     assert summary["stopped_by"] == "non_finite" and not summary["finished"]
@@ -237,7 +237,7 @@ def test_a_diverging_run_stops_with_its_last_good_checkpoint_and_resumes_skippin
     assert len(run_dir.read_metrics()) == fault["round"] - 1
 
     skipping = from_dict(_with(run={"rounds": 6, "on_non_finite": "skip-client"}, **diverging))
-    resumed = Simulator(skipping, tmp_path / "r").run(resume=True)
+    resumed = RunLoop(skipping, tmp_path / "r").run(resume=True)
     rows = run_dir.read_metrics()
     assert len(rows) == 6 and resumed.summary["finished"]
     assert sum(r["skipped"] for r in rows) >= 1
@@ -266,10 +266,10 @@ def test_a_second_writer_stops_at_once_naming_the_holder(tmp_path):
     holder.acquire()
     try:
         with pytest.raises(FedhetError, match=rf"in use by another fedhet run \(PID {os.getpid()}\)"):
-            Simulator(config, tmp_path / "r").run()
+            RunLoop(config, tmp_path / "r").run()
     finally:
         holder.release()
-    assert Simulator(config, tmp_path / "r").run().summary["finished"]
+    assert RunLoop(config, tmp_path / "r").run().summary["finished"]
 
 
 def test_a_lock_left_by_a_killed_process_is_taken_over(tmp_path):
@@ -294,22 +294,22 @@ def test_a_lock_left_by_a_killed_process_is_taken_over(tmp_path):
 
 def test_overwrite_removes_the_old_summary_before_the_first_round(tmp_path):
     config = from_dict(BASE)
-    Simulator(config, tmp_path / "r").run()
+    RunLoop(config, tmp_path / "r").run()
     assert (tmp_path / "r" / "summary.json").exists()
-    Simulator(config, tmp_path / "r").run(overwrite=True, stop_after=1)  # killed after round 1
+    RunLoop(config, tmp_path / "r").run(overwrite=True, stop_after=1)  # killed after round 1
     assert not (tmp_path / "r" / "summary.json").exists()
     assert len(RunDirectory(tmp_path / "r").read_metrics()) == 1
 
 
 def test_resume_refuses_fewer_rounds_than_done_and_names_changed_keys(tmp_path):
     config = from_dict(BASE)
-    Simulator(config, tmp_path / "r").run()
+    RunLoop(config, tmp_path / "r").run()
     fewer = from_dict(_with(run={"rounds": 2}))
     with pytest.raises(FedhetError, match="already holds 3 rounds; --resume needs run.rounds >= 3"):
-        Simulator(fewer, tmp_path / "r").run(resume=True)
+        RunLoop(fewer, tmp_path / "r").run(resume=True)
     other = from_dict(_with(train={"lr": 0.2}))
     with pytest.raises(FedhetError, match=r"train.lr \(0.1 -> 0.2\)"):
-        Simulator(other, tmp_path / "r").run(resume=True)
+        RunLoop(other, tmp_path / "r").run(resume=True)
     assert (tmp_path / "r" / "config.toml").read_text().count("rounds = 3") == 1
 
 
@@ -342,9 +342,9 @@ def test_a_failed_write_mid_run_keeps_the_last_checkpoint_resumable(tmp_path):
     document = _with(run={"rounds": 40, "eval_every": 5})
     path = tmp_path / "c.toml"
     path.write_text(tomli_w.dumps(document))
-    reference = Simulator(from_dict(document), tmp_path / "ref").run()
+    reference = RunLoop(from_dict(document), tmp_path / "ref").run()
     sizes = {}
-    probe = Simulator(from_dict(document), tmp_path / "probe")
+    probe = RunLoop(from_dict(document), tmp_path / "probe")
     for rounds in (5, 20):
         probe.run(resume=True, stop_after=rounds)
         sizes[rounds] = (tmp_path / "probe" / "checkpoint.pt").stat().st_size
@@ -358,7 +358,7 @@ def test_a_failed_write_mid_run_keeps_the_last_checkpoint_resumable(tmp_path):
     assert len(lines) == 1 and "cannot write" in lines[0] and "--resume" in lines[0]
     kept = RunDirectory(tmp_path / "r").load_checkpoint()["round"]
     assert 5 <= kept < 20
-    resumed = Simulator(from_dict(document), tmp_path / "r").run(resume=True)
+    resumed = RunLoop(from_dict(document), tmp_path / "r").run(resume=True)
     assert resumed.metrics == reference.metrics
 
 
@@ -481,9 +481,9 @@ def test_a_new_run_removes_only_the_files_runs_wrote(tmp_path):
     """Starting over removes the old run's reports (FedStale's participation.json) but no
     other file that happens to be in the folder."""
     stale = from_dict(_with(algorithm={"name": "fedstale"}, system={"participation": "two-group"}))
-    Simulator(stale, tmp_path / "r").run()
+    RunLoop(stale, tmp_path / "r").run()
     assert (tmp_path / "r" / "participation.json").exists()
     (tmp_path / "r" / "notes.json").write_text("{}")
-    Simulator(from_dict(BASE), tmp_path / "r").run(overwrite=True)
+    RunLoop(from_dict(BASE), tmp_path / "r").run(overwrite=True)
     assert not (tmp_path / "r" / "participation.json").exists()
     assert (tmp_path / "r" / "notes.json").exists()

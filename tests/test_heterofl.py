@@ -12,7 +12,7 @@ import torch
 
 from fedhet.algorithms.heterofl import HeteroFL, HeteroFLOptions
 from fedhet.config import ConfigError, from_dict
-from fedhet.engine.simulator import Simulator
+from fedhet.engine.loop import RunLoop
 from fedhet.messages import ClientUpdate, Coverage
 from fedhet.models import FlatModel, build_model
 from fedhet.models.width import scaler_hooks, width_mask
@@ -73,8 +73,8 @@ def test_every_client_at_rate_1_is_fedavg(tmp_path):
         "model": {"name": "mlp", "hidden": [16]},
         "system": {"model": "full", "deadline": 1.0},
     }
-    hetero = Simulator(from_dict({**base, "algorithm": {"name": "heterofl"}}), tmp_path / "h").run()
-    fedavg = Simulator(from_dict({**base, "algorithm": {"name": "fedavg"}}), tmp_path / "f").run()
+    hetero = RunLoop(from_dict({**base, "algorithm": {"name": "heterofl"}}), tmp_path / "h").run()
+    fedavg = RunLoop(from_dict({**base, "algorithm": {"name": "fedavg"}}), tmp_path / "f").run()
     for mine, theirs in zip(hetero.metrics, fedavg.metrics, strict=True):
         assert mine["test_accuracy"] == theirs["test_accuracy"]
         assert mine["test_loss"] == pytest.approx(theirs["test_loss"], abs=1e-6)
@@ -107,23 +107,23 @@ def test_a_client_trains_only_its_sub_model_and_the_rate_fits_the_deadline(tmp_p
         "system": {"model": "straggler-ratio", "straggler_ratio": 0.5, "deadline": 1.0},
         "algorithm": {"name": "heterofl"},
     })  # fmt: skip
-    from fedhet.engine.clients import InProcessClients
+    from fedhet.engine.pool import InProcessPool
     from fedhet.world import build_world
 
     world = build_world(config)
     seen = []
-    original = InProcessClients.run
+    original = InProcessPool.run
 
-    def spy(self, tasks, params, buffers, states):
-        updates = original(self, tasks, params, buffers, states)
+    def spy(self, tasks, params, buffers):
+        updates = list(original(self, tasks, params, buffers))
         seen.extend(zip(tasks, updates, strict=True))
-        return updates
+        return iter(updates)
 
-    InProcessClients.run = spy
+    InProcessPool.run = spy
     try:
-        Simulator(config, tmp_path / "r").run()
+        RunLoop(config, tmp_path / "r").run()
     finally:
-        InProcessClients.run = original
+        InProcessPool.run = original
     rates = {task.coverage.width for task, _ in seen}
     assert 1.0 in rates and rates - {1.0}, rates  # finishers at full width, stragglers reduced
     for task, update in seen:
@@ -232,7 +232,7 @@ def test_heterofl_runs_a_batchnorm_model_with_static_statistics(tmp_path):
         "algorithm": {"name": "heterofl"},
     }
     config = from_dict(raw)
-    result = Simulator(config, tmp_path / "a").run()
+    result = RunLoop(config, tmp_path / "a").run()
     assert all(row["test_accuracy"] is not None for row in result.metrics)
     world = build_world(config)
     saved = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=False)
@@ -240,6 +240,6 @@ def test_heterofl_runs_a_batchnorm_model_with_static_statistics(tmp_path):
     expected = static_batchnorm_buffers(world.flat, saved["params"], world.initial_buffers, x)
     torch.testing.assert_close(saved["buffers"], expected)
     assert not torch.equal(saved["buffers"], world.initial_buffers)
-    Simulator(config, tmp_path / "b").run(stop_after=1)
-    resumed = Simulator(config, tmp_path / "b").run(resume=True)
+    RunLoop(config, tmp_path / "b").run(stop_after=1)
+    resumed = RunLoop(config, tmp_path / "b").run(resume=True)
     assert resumed.metrics == result.metrics

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from fedhet.config import ConfigError, from_dict
-from fedhet.engine.simulator import Simulator
+from fedhet.engine.loop import RunLoop
 from fedhet.system.measured import MeasuredTimes
-from fedhet.system.outcomes import Workload
+from fedhet.system import Workload
 
 TIMES = {"batch_size": 16, "threads": 1, "forward": [1.0, 1.0, 1.0], "backward": [1.0, 2.0, 3.0]}
 
@@ -57,10 +57,10 @@ def test_a_measured_run_writes_and_resumes_with_the_times_it_started_with(tmp_pa
                    "capability_low": 0.5, "capability_high": 2.0, "step_jitter": 0.3},
         "algorithm": {"name": "salf"},
     })  # fmt: skip
-    Simulator(config, tmp_path / "r").run(stop_after=3)
+    RunLoop(config, tmp_path / "r").run(stop_after=3)
     written = json.loads((tmp_path / "r" / "measured_times.json").read_text())
     assert len(written["forward"]) == len(written["backward"]) == 2 and written["batch_size"] == 16
-    resumed = Simulator(config, tmp_path / "r").run(resume=True)
+    resumed = RunLoop(config, tmp_path / "r").run(resume=True)
     assert json.loads((tmp_path / "r" / "measured_times.json").read_text()) == written
     assert len(resumed.metrics) == 6
 
@@ -68,13 +68,13 @@ def test_a_measured_run_writes_and_resumes_with_the_times_it_started_with(tmp_pa
     path.write_text(json.dumps(written))
     again = {**config.to_dict()}
     again["system"]["measured_times"] = str(path)
-    one = Simulator(from_dict(again), tmp_path / "a").run()
-    two = Simulator(from_dict(again), tmp_path / "b").run()
+    one = RunLoop(from_dict(again), tmp_path / "a").run()
+    two = RunLoop(from_dict(again), tmp_path / "b").run()
     assert one.metrics == two.metrics  # a saved calibration makes runs repeatable
     bad = dict(again)
     bad["system"] = {**again["system"], "measured_times": str(tmp_path / "missing.json")}
     with pytest.raises(ConfigError, match="missing.json'?: file not found"):
-        Simulator(from_dict(bad), tmp_path / "c").run()
+        RunLoop(from_dict(bad), tmp_path / "c").run()
 
 
 def test_calibrate_prints_the_layer_table_and_writes_a_reusable_file(tmp_path):

@@ -12,7 +12,8 @@ import pytest
 import torch
 from conftest import REPO, make_config
 
-from fedhet.engine.simulator import Simulator, run
+from fedhet.engine.launch import run
+from fedhet.engine.loop import RunLoop
 from fedhet.messages import ClientTask, ClientUpdate, Coverage
 
 
@@ -110,12 +111,12 @@ def test_client_state_is_checkpointed_and_resumes_identically(tmp_path):
         {"run.rounds": 8, "run.eval_every": 4, "algorithm.name": "scaffold", "train.local_steps": 2}
     )
     whole = run(config, tmp_path / "whole")
-    Simulator(config, tmp_path / "cut").run(stop_after=3)
+    RunLoop(config, tmp_path / "cut").run(stop_after=3)
     saved = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=False)
     stored = saved["client_states"]
     assert len(stored) >= 5 and set(stored) <= set(range(10))  # clients that have trained
     assert all(s["control"].abs().sum() > 0 for s in stored.values())
-    resumed = Simulator(config, tmp_path / "cut").run(resume=True)
+    resumed = RunLoop(config, tmp_path / "cut").run(resume=True)
     assert resumed.metrics == whole.metrics
 
 

@@ -11,7 +11,7 @@ import pytest
 from conftest import make_config
 
 from fedhet.data.nslkdd import load_nslkdd
-from fedhet.engine.simulator import run
+from fedhet.engine.launch import run
 from fedhet.errors import DataError
 
 PROTOCOLS, SERVICES, FLAGS = ("tcp", "udp", "icmp"), ("http", "ftp", "smtp", "private"), ("SF", "S0", "REJ")

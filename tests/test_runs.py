@@ -8,7 +8,8 @@ import json
 import pytest
 from conftest import make_config
 
-from fedhet.engine.simulator import Simulator, run
+from fedhet.engine.launch import run
+from fedhet.engine.loop import RunLoop
 from fedhet.errors import FedhetError
 
 
@@ -34,9 +35,9 @@ def test_interrupted_run_resumes_to_identical_final_metrics(tmp_path, algorithm)
     }
     config = make_config(overrides)
     whole = run(config, tmp_path / "whole")
-    partial = Simulator(config, tmp_path / "cut").run(stop_after=4)
+    partial = RunLoop(config, tmp_path / "cut").run(stop_after=4)
     assert partial.summary["rounds"] == 4 and not (tmp_path / "cut" / "summary.json").exists()
-    resumed = Simulator(config, tmp_path / "cut").run(resume=True)
+    resumed = RunLoop(config, tmp_path / "cut").run(resume=True)
     assert resumed.metrics == whole.metrics
     assert resumed.summary["final_test_accuracy"] == whole.summary["final_test_accuracy"]
     with open(tmp_path / "cut" / "metrics.csv") as fh:

@@ -159,7 +159,8 @@ def test_channels_last_model_computes_the_same_function_and_gradients(name):
 def test_channels_last_run_learns_like_the_contiguous_one_and_refuses_heterofl(tmp_path):
     from conftest import make_config
 
-    from fedhet.engine.simulator import Simulator, run
+    from fedhet.engine.launch import run
+from fedhet.engine.loop import RunLoop
     from fedhet.world import build_world
 
     base = {"model.name": "cnn-fedstale", "run.rounds": 12, "run.eval_every": 12, "train.lr": 0.05}
@@ -167,8 +168,8 @@ def test_channels_last_run_learns_like_the_contiguous_one_and_refuses_heterofl(t
     fast_config = make_config({**base, "run.memory_format": "channels_last"})
     fast = run(fast_config, tmp_path / "fast")
     assert abs(fast.summary["final_test_accuracy"] - plain.summary["final_test_accuracy"]) < 0.05
-    Simulator(fast_config, tmp_path / "cut").run(stop_after=5)
-    assert Simulator(fast_config, tmp_path / "cut").run(resume=True).metrics == fast.metrics
+    RunLoop(fast_config, tmp_path / "cut").run(stop_after=5)
+    assert RunLoop(fast_config, tmp_path / "cut").run(resume=True).metrics == fast.metrics
     with pytest.raises(ConfigError, match="memory_format"):
         from_dict({"run": {"memory_format": "nhwc"}})
     with pytest.raises(ConfigError, match="heterofl"):

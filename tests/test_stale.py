@@ -13,7 +13,8 @@ from conftest import make_config
 from fedhet.algorithms import ALGORITHMS
 from fedhet.algorithms.memory import ClientMemory
 from fedhet.config import TrainConfig, build_options
-from fedhet.engine.simulator import Simulator, run
+from fedhet.engine.launch import run
+from fedhet.engine.loop import RunLoop
 from fedhet.errors import ConfigError
 from fedhet.messages import ClientUpdate, Coverage
 
@@ -146,8 +147,8 @@ def test_memory_holds_last_updates_and_its_cost_is_reported(tmp_path):
 def test_interrupted_fedau_run_resumes_identically(tmp_path):
     config = make_config({**PARTIAL, "algorithm.name": "fedstale", "algorithm.participation": "fedau"})
     whole = run(config, tmp_path / "whole")
-    Simulator(config, tmp_path / "cut").run(stop_after=5)
-    resumed = Simulator(config, tmp_path / "cut").run(resume=True)
+    RunLoop(config, tmp_path / "cut").run(stop_after=5)
+    resumed = RunLoop(config, tmp_path / "cut").run(resume=True)
     assert resumed.metrics == whole.metrics
     assert torch.equal(_final_params(tmp_path / "cut"), _final_params(tmp_path / "whole"))
 

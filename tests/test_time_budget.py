@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from conftest import make_config
 
-from fedhet.engine.simulator import Simulator, run
+from fedhet.engine.launch import run
+from fedhet.engine.loop import RunLoop
 
 BUDGET = {
     "run.rounds": 1000,
@@ -38,8 +39,8 @@ def test_wait_for_all_gets_fewer_rounds_than_salf_under_one_budget(tmp_path):
 def test_budget_stop_survives_resume(tmp_path):
     config = make_config({**BUDGET, "algorithm.name": "fedavg"})
     whole = run(config, tmp_path / "whole")
-    Simulator(config, tmp_path / "cut").run(stop_after=3)
-    resumed = Simulator(config, tmp_path / "cut").run(resume=True)
+    RunLoop(config, tmp_path / "cut").run(stop_after=3)
+    resumed = RunLoop(config, tmp_path / "cut").run(resume=True)
     assert resumed.metrics == whole.metrics and resumed.summary["rounds"] == whole.summary["rounds"]
-    again = Simulator(config, tmp_path / "cut").run(resume=True)
+    again = RunLoop(config, tmp_path / "cut").run(resume=True)
     assert again.metrics == whole.metrics

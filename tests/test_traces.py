@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from fedhet.config import from_dict
-from fedhet.engine.simulator import Simulator
+from fedhet.engine.loop import RunLoop
 from fedhet.errors import DataError
 from fedhet.system.traces import read_trace
 
@@ -58,7 +58,7 @@ def test_a_run_uses_only_online_clients_and_fedstale_gets_their_shares(tmp_path)
                    "availability_trace": str(path)},
         "algorithm": {"name": "u-fedavg"},
     })  # fmt: skip
-    result = Simulator(config, tmp_path / "r").run()
+    result = RunLoop(config, tmp_path / "r").run()
     # rounds start at t = 0, 1, ..., 11: online clients per the trace (period 10)
     expected = [sum(1 for spans in ([(0, 5)], [(0, 10)], [], [(2, 4), (6, 8)])
                     if any(a <= t % 10 < b for a, b in spans)) for t in range(12)]  # fmt: skip

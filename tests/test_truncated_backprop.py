@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedhet.client import ClientData, LocalWorker, SGDSettings
+from fedhet.client import SGD, ClientData, LocalTrainer
 from fedhet.messages import ClientTask, Coverage
 from fedhet.models import FlatModel, build_model
 
@@ -56,7 +56,7 @@ def test_local_training_moves_only_reached_layers_like_full_sgd_restricted(steps
     flat = _flat(name)
     x, y = _batch(40)
     indices = [np.arange(40)]
-    worker = LocalWorker(flat, SGDSettings(momentum=momentum, weight_decay=1e-3))
+    worker = LocalTrainer(flat, SGD(momentum=momentum, weight_decay=1e-3))
     params, buffers = flat.params.clone(), flat.buffers.clone()
     depth, lr, batch = 3, 0.1, 8
     task = ClientTask(0, 0, lr, batch, steps, Coverage(depth))
@@ -85,7 +85,7 @@ def test_local_training_moves_only_reached_layers_like_full_sgd_restricted(steps
 def test_depth_beyond_last_layer_does_nothing():
     flat = _flat("mlp")
     x, y = _batch(10)
-    worker = LocalWorker(flat)
+    worker = LocalTrainer(flat)
     before = flat.params.clone()
     task = ClientTask(0, 0, 0.1, 4, 2, Coverage(flat.num_layers + 1))
     res = worker.train(

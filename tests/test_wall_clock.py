@@ -11,10 +11,10 @@ import torch.nn.functional as F
 
 from fedhet.client import WallClockBudget, timed_first_step
 from fedhet.config import from_dict
-from fedhet.engine.simulator import Simulator
+from fedhet.engine.loop import RunLoop
 from fedhet.messages import ClientUpdate, Coverage
 from fedhet.models import FlatModel, build_model
-from fedhet.system.outcomes import Workload
+from fedhet.system import Workload
 from fedhet.system.wallclock import WallClock
 
 
@@ -87,8 +87,8 @@ def test_a_wall_clock_run_on_the_embedded_engine_resumes_its_estimates(tmp_path)
         "system": {"model": "wall-clock", "deadline": 2.0},
         "algorithm": {"name": "salf"},
     })  # fmt: skip
-    Simulator(config, tmp_path / "r").run(stop_after=2)
-    result = Simulator(config, tmp_path / "r").run(resume=True)
+    RunLoop(config, tmp_path / "r").run(stop_after=2)
+    result = RunLoop(config, tmp_path / "r").run(resume=True)
     assert [r["sim_time"] for r in result.metrics] == [2.0, 4.0, 6.0, 8.0]
     assert all(r["mean_depth"] == 1.0 and r["participants"] == 3 for r in result.metrics)
     from fedhet.results import RunDirectory

@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from fedhet.config import Config
-    from fedhet.engine.simulator import RunResult
+    from fedhet.engine.loop import RunResult
 
 
 def load_config(path: str, overrides: list[str] | None = None) -> Config:
@@ -27,23 +27,17 @@ def load_config(path: str, overrides: list[str] | None = None) -> Config:
 
 
 def run(config: Config, out_dir: str, **kwargs: Any) -> RunResult:
-    """Run ``config`` on the embedded simulator, writing the run directory ``out_dir``."""
-    from fedhet.engine.simulator import run as _run
+    """Run ``config`` on its engine (``run.engine``), writing the run directory ``out_dir``."""
+    from fedhet.engine.launch import run as _run
 
     return _run(config, out_dir, **kwargs)
 
 
 def registries() -> dict[str, tuple[str, ...]]:
-    """Names of the available algorithms, datasets, models, system models, partitions."""
-    from fedhet.algorithms import ALGORITHMS
-    from fedhet.data import DATASETS, PARTITIONERS
-    from fedhet.models import MODELS
-    from fedhet.system import SYSTEM_MODELS
+    """Names of every plug-in kind (:mod:`fedhet.registry`) and of the partitions."""
+    from fedhet import registry
+    from fedhet.data import PARTITIONERS
 
-    return {
-        "algorithms": tuple(sorted(ALGORITHMS)),
-        "datasets": tuple(DATASETS),
-        "models": tuple(MODELS),
-        "system models": tuple(SYSTEM_MODELS),
-        "partitions": tuple(PARTITIONERS),
-    }
+    out = {kind: tuple(registry.names(kind)) for kind in registry.KINDS}
+    out["partition"] = tuple(PARTITIONERS)
+    return out

@@ -112,7 +112,7 @@ def _reached(hit: dict | None) -> str:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from fedhet.config import apply_overrides, load_config, read_toml
-    from fedhet.engine.simulator import run
+    from fedhet.engine.launch import run
     from fedhet.studies.grid import compare_cells
 
     if args.engine:
@@ -289,14 +289,17 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from fedhet import registries
-    from fedhet.algorithms import ALGORITHMS
+    from fedhet import registry
+    from fedhet.data import PARTITIONERS
 
-    for kind, names in registries().items():
-        print(f"{kind}:")
-        for name in names:
-            note = ALGORITHMS[name].summary if kind == "algorithms" else ""
-            print(f"  {name:<18} {note}".rstrip())
+    for kind in registry.KINDS:
+        print(f"{registry.KIND_LABELS[kind]} ({registry.KINDS[kind]}):")
+        for entry in registry.entries(kind):
+            origin = "" if entry.origin == "fedhet" else f"  [{entry.origin}]"
+            print(f"  {entry.name:<18} {entry.summary}{origin}".rstrip())
+    print("partition:")
+    for name in PARTITIONERS:
+        print(f"  {name}")
     return 0
 
 

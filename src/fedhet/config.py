@@ -10,14 +10,22 @@ Command-line overrides use ``section.key=value`` with TOML values (``0.5``, ``tr
 from __future__ import annotations
 
 import dataclasses
-import math
 import tomllib
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+from fedhet.checks import (  # noqa: F401  (finite, number_list: used by callers of this module)
+    at_least,
+    at_most,
+    coerce_value,
+    finite,
+    in_range,
+    number_list,
+    one_of,
+    option_types,
+    typed_options,
+)
 from fedhet.errors import ConfigError
 
 MAX_ROUNDS = 10_000_000
@@ -27,7 +35,6 @@ MAX_HIDDEN = 65_536
 MAX_NAME = 100
 MAX_CONFIG_BYTES = 10_000_000
 NON_FINITE_POLICIES = ("stop", "skip-client")
-ENGINES = ("embedded", "flower")
 
 
 def check_name(key: str, name: str) -> None:
@@ -63,38 +70,183 @@ class RunConfig:
     engine: str = "embedded"  # embedded (one process) | flower (Flower's simulation runtime)
     round_timeout: float = 0.0  # flower: wall-clock seconds to wait for replies (0 = no limit)
     flower_cpus_per_client: float = 1.0  # flower simulation: CPUs Ray reserves per client
+    callbacks: list = field(default_factory=list)  # run callback plug-ins: [{ name = "...", ... }]
 
     def validate(self) -> None:
-        _at_least("run.seed", self.seed, 0)
-        _at_least("run.rounds", self.rounds, 1)
-        _at_most("run.rounds", self.rounds, MAX_ROUNDS)
-        _at_least("run.eval_every", self.eval_every, 1)
+        at_least("run.seed", self.seed, 0)
+        at_least("run.rounds", self.rounds, 1)
+        at_most("run.rounds", self.rounds, MAX_ROUNDS)
+        at_least("run.eval_every", self.eval_every, 1)
         if self.threads != "auto":
             if isinstance(self.threads, bool) or not isinstance(self.threads, int):
                 raise ConfigError(f'run.threads = {self.threads!r}: expected "auto" or an integer')
-            _at_least("run.threads", self.threads, 0)
-            _at_most("run.threads", self.threads, MAX_THREADS)
+            at_least("run.threads", self.threads, 0)
+            at_most("run.threads", self.threads, MAX_THREADS)
         if self.time_budget < 0:
             raise ConfigError(f"run.time_budget = {self.time_budget}: must be >= 0 (0 = none)")
         check_name("run.name", self.name)
-        _one_of("run.on_non_finite", self.on_non_finite, NON_FINITE_POLICIES)
-        _one_of("run.engine", self.engine, ENGINES)
-        _one_of("run.memory_format", self.memory_format, ("contiguous", "channels_last"))
+        one_of("run.on_non_finite", self.on_non_finite, NON_FINITE_POLICIES)
+        from fedhet.registry import resolve
+
+        resolve("engine", self.engine, "run.engine")
+        self.callback_plugins  # noqa: B018  (parse the callbacks now: their errors are configuration errors
+        one_of("run.memory_format", self.memory_format, ("contiguous", "channels_last"))
         if self.round_timeout < 0:
             raise ConfigError(f"run.round_timeout = {self.round_timeout}: must be >= 0 (0 = no limit)")
-        _in_range("run.flower_cpus_per_client", self.flower_cpus_per_client, 0.0, 1024.0, low_open=True)
-        _in_range(
+        in_range("run.flower_cpus_per_client", self.flower_cpus_per_client, 0.0, 1024.0, low_open=True)
+        in_range(
             "run.client_eval_fraction", self.client_eval_fraction, 0.0, 1.0, low_open=True, high_open=True
         )
         for target in self.targets:
             if isinstance(target, bool) or not isinstance(target, int | float) or not 0 < target <= 1:
                 raise ConfigError(f"run.targets: {target!r} is not an accuracy in (0, 1]")
 
+    @property
+    def callback_plugins(self) -> list:
+        """The configured run callbacks: (registry entry, typed options) in order."""
+        found = self.__dict__.get("_callbacks")
+        if found is None:
+            found = [
+                _listed_plugin("callback", f"run.callbacks[{i}]", item)
+                for i, item in enumerate(self.callbacks)
+            ]
+            self.__dict__["_callbacks"] = found
+        return found
+
+
+class PluginSection:
+    """A section made of its own keys and the options of the plug-ins it names.
+
+    Subclasses are dataclasses of the section's own keys; ``SLOTS`` maps the keys that name a
+    plug-in to the plug-in kind (``[system] model = "per-step"`` -> kind ``system_model``).
+    Every other key of the table belongs to one of the named plug-ins' ``Options`` and is
+    validated there, once; ``section.key`` reads it back like a key of the section."""
+
+    SECTION: ClassVar[str] = ""
+    SLOTS: ClassVar[dict[str, str]] = {}
+
+    @property
+    def plugins(self) -> dict:
+        """slot -> (registry entry, typed options); the defaults when never parsed."""
+        found = self.__dict__.get("_plugins")
+        if found is None:
+            found = _plugin_options(self, {})
+            self.__dict__["_plugins"] = found
+        return found
+
+    def entry(self, slot: str):
+        """The registry entry of the plug-in named by ``slot``."""
+        return self.plugins[slot][0]
+
+    def options(self, slot: str):
+        """The typed options of the plug-in named by ``slot``."""
+        return self.plugins[slot][1]
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        for _, options in self.plugins.values():
+            if name in {f.name for f in dataclasses.fields(options)}:
+                return getattr(options, name)
+        raise AttributeError(f"{self.SECTION}.{name}: not a key of this section or of its plug-ins")
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """A key of the section or of its plug-ins' options (``default`` when neither)."""
+        try:
+            return getattr(self, key)
+        except AttributeError:
+            return default
+
+    def to_dict(self) -> dict:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for _, options in self.plugins.values():
+            out.update(dataclasses.asdict(options))
+        return out
+
+
+def _plugin_options(section: PluginSection, values: dict) -> dict:
+    from fedhet.registry import KIND_LABELS, resolve
+
+    out = {}
+    for slot, kind in section.SLOTS.items():
+        entry = resolve(kind, getattr(section, slot), f"{section.SECTION}.{slot}")
+        label = f"{KIND_LABELS[kind]} {entry.name}"
+        out[slot] = (entry, typed_options(entry.cls.Options, values.get(slot, {}), section.SECTION, label))
+    return out
+
+
+def _owner_elsewhere(section: type, key: str) -> tuple[str, str] | None:
+    """(slot, plug-in name) of a built-in plug-in of one of ``section``'s slots with option
+    ``key``, for the message that says the key belongs to another choice."""
+    from fedhet.registry import builtins, option_fields
+
+    for slot, kind in section.SLOTS.items():
+        for name, entry in sorted(builtins(kind).items()):
+            if key in option_fields(entry.cls):
+                return slot, name
+    return None
+
+
+def parse_plugin_section(cls: type, values: Any) -> PluginSection:
+    """Build section ``cls`` from its TOML table: its own keys typed and the rest handed to
+    the options of the plug-ins its slots name."""
+    from fedhet.registry import KIND_LABELS, option_fields
+
+    name = cls.SECTION
+    if not isinstance(values, dict):
+        raise ConfigError(f"[{name}] must be a table")
+    own = {f.name: f for f in dataclasses.fields(cls)}
+    types_ = option_types(cls)
+    kwargs = {k: coerce_value(f"{name}.{k}", v, types_[k]) for k, v in values.items() if k in own}
+    section = cls(**kwargs)
+    from fedhet.registry import resolve
+
+    entries = {
+        slot: resolve(kind, getattr(section, slot), f"{name}.{slot}") for slot, kind in cls.SLOTS.items()
+    }
+    fields_of = {slot: option_fields(entry.cls) for slot, entry in entries.items()}
+    per_slot: dict[str, dict] = {slot: {} for slot in entries}
+    for key, value in values.items():
+        if key in own:
+            continue
+        slot = next((s for s in entries if key in fields_of[s]), None)
+        if slot is not None:
+            per_slot[slot][key] = value
+            continue
+        owner = _owner_elsewhere(cls, key)
+        if owner is not None:
+            slot, other = owner
+            chosen = entries[slot].name
+            raise ConfigError(
+                f"{name}.{key}: an option of {KIND_LABELS[cls.SLOTS[slot]]} {other!r}, not of "
+                f"{name}.{slot} = {chosen!r}"
+            )
+        known = [*own, *(k for s in entries for k in fields_of[s])]
+        raise ConfigError(f"{name}.{key}: unknown key (known: {', '.join(known)})")
+    section.__dict__["_plugins"] = _plugin_options(section, per_slot)
+    return section
+
+
+def _listed_plugin(kind: str, key: str, item: Any):
+    """A plug-in given as a table in a list: ``{ name = "...", ...options }``."""
+    from fedhet.registry import KIND_LABELS, resolve
+
+    if not isinstance(item, dict) or "name" not in item:
+        raise ConfigError(f'{key} = {item!r}: expected a table with a name, e.g. {{ name = "..." }}')
+    values = dict(item)
+    entry = resolve(kind, values.pop("name"), f"{key}.name")
+    return entry, typed_options(entry.cls.Options, values, key, f"{KIND_LABELS[kind]} {entry.name}")
+
 
 @dataclass
-class DataConfig:
+class DataConfig(PluginSection):
+    """``[data]``: the dataset (a plug-in, with its own options: ``data_dir``, ``normalize``,
+    ``label_mode``, ...) and how it is split over clients."""
+
+    SECTION: ClassVar[str] = "data"
+    SLOTS: ClassVar[dict[str, str]] = {"dataset": "dataset"}
+
     dataset: str = "digits"
-    data_dir: str = ""
     partition: str = "iid"
     num_clients: int = 10
     fraction: float = 1.0  # keep this random fraction of train and test examples
@@ -103,27 +255,17 @@ class DataConfig:
     swap_fraction: float = 0.0  # label-swap: fraction of each label of a pair relabelled
     swap_pairs: list = field(default_factory=lambda: [[0, 1], [8, 9]])
     swap_clients: str = "all"  # "all" or "second-half"
-    label_mode: str = "binary"  # nsl-kdd: "binary" or "5-class"
-    normalize: str = "dataset"  # image pixels: "dataset" (train mean/std), "half" ((x-0.5)/0.5), "none"
 
     def validate(self) -> None:
-        from fedhet.data import DATASETS, PARTITIONERS
+        from fedhet.data import PARTITIONERS
 
-        _one_of("data.dataset", self.dataset, DATASETS)
-        _one_of("data.partition", self.partition, PARTITIONERS)
-        _one_of("data.swap_clients", self.swap_clients, ("all", "second-half"))
-        _one_of("data.label_mode", self.label_mode, ("binary", "5-class"))
-        _one_of("data.normalize", self.normalize, ("dataset", "half", "none"))
-        if self.dataset == "nsl-kdd" and self.normalize != "dataset":
-            raise ConfigError(
-                f"data.normalize = {self.normalize!r}: nsl-kdd is tabular; its features are "
-                "always standardised (only 'dataset' applies)"
-            )
-        _at_least("data.num_clients", self.num_clients, 1)
-        _at_most("data.num_clients", self.num_clients, MAX_CLIENTS)
-        _at_least("data.shards_per_client", self.shards_per_client, 1)
-        _in_range("data.fraction", self.fraction, 0.0, 1.0, low_open=True)
-        _in_range("data.swap_fraction", self.swap_fraction, 0.0, 1.0)
+        one_of("data.partition", self.partition, PARTITIONERS)
+        one_of("data.swap_clients", self.swap_clients, ("all", "second-half"))
+        at_least("data.num_clients", self.num_clients, 1)
+        at_most("data.num_clients", self.num_clients, MAX_CLIENTS)
+        at_least("data.shards_per_client", self.shards_per_client, 1)
+        in_range("data.fraction", self.fraction, 0.0, 1.0, low_open=True)
+        in_range("data.swap_fraction", self.swap_fraction, 0.0, 1.0)
         if self.alpha <= 0:
             raise ConfigError(f"data.alpha = {self.alpha}: must be > 0")
         if self.partition == "label-swap" and not self.swap_pairs:
@@ -139,129 +281,82 @@ class DataConfig:
 
 
 @dataclass
-class ModelConfig:
+class ModelConfig(PluginSection):
+    """``[model]``: ``name`` (a model plug-in) and its options (``hidden`` for mlp)."""
+
+    SECTION: ClassVar[str] = "model"
+    SLOTS: ClassVar[dict[str, str]] = {"name": "model"}
+
     name: str = "mlp"
-    hidden: list = field(default_factory=lambda: [32, 16])
-
-    def validate(self) -> None:
-        from fedhet.models import MODELS
-
-        _one_of("model.name", self.name, MODELS)
-        if not all(
-            isinstance(h, int) and not isinstance(h, bool) and 1 <= h <= MAX_HIDDEN for h in self.hidden
-        ):
-            raise ConfigError(f"model.hidden = {self.hidden!r}: must be integers in 1..{MAX_HIDDEN}")
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(PluginSection):
+    """``[train]``: learning rate and schedule, batch, local steps, the local optimizer (a
+    plug-in: ``sgd`` with momentum / weight_decay / keep_momentum, ``adam``, ...) and the
+    chain of update postprocessors, ``postprocess = [{ name = "clip-noise", ... }, ...]``
+    (applied in order to each client's update before it is sent)."""
+
+    SECTION: ClassVar[str] = "train"
+    SLOTS: ClassVar[dict[str, str]] = {"optimizer": "local_optimizer"}
+
     lr: float = 0.05
     lr_schedule: str = "constant"
     lr_rho_c: float = 1.0
     lr_gamma: float = 1.0
     batch_size: int = 16
     local_steps: int = 1
-    momentum: float = 0.0
-    weight_decay: float = 0.0
-    keep_momentum: bool = False
+    optimizer: str = "sgd"
+    postprocess: list = field(default_factory=list)
 
     def validate(self) -> None:
         if self.lr <= 0:
             raise ConfigError(f"train.lr = {self.lr}: must be > 0")
         from fedhet.schedules import SCHEDULES
 
-        _one_of("train.lr_schedule", self.lr_schedule, SCHEDULES)
-        _at_least("train.batch_size", self.batch_size, 1)
-        _at_least("train.local_steps", self.local_steps, 1)
-        _in_range("train.momentum", self.momentum, 0.0, 1.0, high_open=True)
-        if self.weight_decay < 0:
-            raise ConfigError(f"train.weight_decay = {self.weight_decay}: must be >= 0")
+        one_of("train.lr_schedule", self.lr_schedule, SCHEDULES)
+        at_least("train.batch_size", self.batch_size, 1)
+        at_least("train.local_steps", self.local_steps, 1)
         if self.lr_rho_c <= 0:
             raise ConfigError(f"train.lr_rho_c = {self.lr_rho_c}: must be > 0")
         if self.lr_gamma <= 0:
             raise ConfigError(f"train.lr_gamma = {self.lr_gamma}: must be > 0")
+        self.postprocessors  # noqa: B018  (parse the chain now: its errors are configuration errors
+
+    @property
+    def postprocessors(self) -> list:
+        """The postprocessor chain: (registry entry, typed options) in order."""
+        found = self.__dict__.get("_postprocessors")
+        if found is None:
+            found = [
+                _listed_plugin("postprocessor", f"train.postprocess[{i}]", item)
+                for i, item in enumerate(self.postprocess)
+            ]
+            self.__dict__["_postprocessors"] = found
+        return found
 
 
 @dataclass
-class SystemConfig:
+class SystemConfig(PluginSection):
+    """``[system]``: the system model (``model``), the participation and availability
+    wrappers around it, each a plug-in with its own options in the same table, and the
+    per-round ``deadline`` (simulated seconds; 0 = run.time_budget / run.rounds)."""
+
+    SECTION: ClassVar[str] = "system"
+    SLOTS: ClassVar[dict[str, str]] = {
+        "model": "system_model",
+        "participation": "participation",
+        "availability": "availability",
+    }
+
     model: str = "straggler-ratio"
-    deadline: float = 1.0  # per-round deadline (simulated seconds); 0 = run.time_budget / run.rounds
-    # straggler-ratio
-    straggler_ratio: float = 0.5
-    fixed_stragglers: bool = False
-    straggler_min_depth: int = 2
-    # exponential
-    time_per_sample_layer: float = 1.0
-    # per-step (AMSFL Sec. 3.4): c_i = time_per_sample_step * batch / capability, b_i = comm_time
-    time_per_sample_step: float = 1.0
-    comm_time: float = 0.0
-    step_jitter: float = 0.0  # sigma of a per-round lognormal factor on c_i (0 = none)
-    capability_profile: str = "constant"
-    capability_low: float = 0.5
-    capability_high: float = 1.5
-    capability_mu: float = 0.0
-    capability_sigma: float = 0.5
-    capabilities: list = field(default_factory=list)
-    # Bernoulli participation (FedStale Assumption 4), on top of any model above
-    participation: str = "always"  # always | two-group | uniform | list
-    participation_min: float = 0.1  # two-group: p of the rarely participating half
-    participation_group: str = "random"  # two-group: which half is rare (random | second-half)
-    participation_low: float = 0.1  # uniform
-    participation_high: float = 1.0
-    participation_probs: list = field(default_factory=list)  # list
-    cohort_size: int = 10  # cohort: clients drawn per round, uniformly without replacement
-    measured_times: str = ""  # measured: a calibration file to reuse (fedhet calibrate --out)
-    availability: str = "always"  # always | trace (availability_trace: a trace file)
-    availability_trace: str = ""
+    deadline: float = 1.0
+    participation: str = "always"
+    availability: str = "always"
 
     def validate(self) -> None:
-        from fedhet.system import (
-            CAPABILITY_PROFILES,
-            PARTICIPATION_GROUPS,
-            PARTICIPATION_PROFILES,
-            SYSTEM_MODELS,
-        )
-
-        _one_of("system.model", self.model, SYSTEM_MODELS)
-        _one_of("system.capability_profile", self.capability_profile, CAPABILITY_PROFILES)
-        _one_of("system.participation", self.participation, PARTICIPATION_PROFILES)
-        _one_of("system.participation_group", self.participation_group, PARTICIPATION_GROUPS)
-        _one_of("system.availability", self.availability, ("always", "trace"))
-        if self.availability == "trace" and not self.availability_trace:
-            raise ConfigError("system.availability = 'trace' needs system.availability_trace (a trace file)")
-        _in_range("system.participation_min", self.participation_min, 0.0, 1.0, low_open=True)
-        _in_range("system.participation_low", self.participation_low, 0.0, 1.0, low_open=True)
-        _in_range("system.participation_high", self.participation_high, 0.0, 1.0, low_open=True)
-        _in_range("system.straggler_ratio", self.straggler_ratio, 0.0, 1.0)
         if self.deadline < 0:
             raise ConfigError(f"system.deadline = {self.deadline}: must be >= 0 (0 = time_budget / rounds)")
-        if self.time_per_sample_layer <= 0:
-            raise ConfigError(f"system.time_per_sample_layer = {self.time_per_sample_layer}: must be > 0")
-        if self.time_per_sample_step <= 0:
-            raise ConfigError(f"system.time_per_sample_step = {self.time_per_sample_step}: must be > 0")
-        if self.comm_time < 0:
-            raise ConfigError(f"system.comm_time = {self.comm_time}: must be >= 0")
-        _in_range("system.step_jitter", self.step_jitter, 0.0, 10.0)
-        _at_least("system.straggler_min_depth", self.straggler_min_depth, 1)
-        if not 0 < self.capability_low <= self.capability_high:
-            raise ConfigError(
-                f"system.capability_low/high = {self.capability_low}/{self.capability_high}: "
-                "need 0 < low <= high"
-            )
-        if self.capability_sigma < 0:
-            raise ConfigError(f"system.capability_sigma = {self.capability_sigma}: must be >= 0")
-        if abs(self.capability_mu) > 50 or self.capability_sigma > 10:
-            raise ConfigError(
-                f"system.capability_mu/sigma = {self.capability_mu}/{self.capability_sigma}: "
-                "need |mu| <= 50 and sigma <= 10 (capabilities exp(mu + sigma z) must stay finite)"
-            )
-        number_list("system.capabilities", self.capabilities, 0.0, 1e12, low_open=True)
-        if self.participation_low > self.participation_high:
-            raise ConfigError(
-                f"system.participation_low/high = {self.participation_low}/{self.participation_high}: "
-                "need low <= high"
-            )
-        number_list("system.participation_probs", self.participation_probs, 0.0, 1.0, low_open=True)
 
 
 @dataclass
@@ -319,7 +414,7 @@ class Config:
         out = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            out[f.name] = value.to_dict() if isinstance(value, AlgorithmConfig) else dataclasses.asdict(value)
+            out[f.name] = value.to_dict() if hasattr(value, "to_dict") else dataclasses.asdict(value)
         if not out["compare"]["algorithms"]:
             del out["compare"]
         return out
@@ -338,84 +433,7 @@ SECTIONS = {
     "system": SystemConfig,
     "compare": CompareConfig,
 }
-
-
-MAX_MAGNITUDE = 1e30  # beyond it numbers overflow single-precision tensors
-
-
-def finite(key: str, value: float) -> float:
-    """``value`` as a float; NaN, infinities and magnitudes above 1e30 are refused (no key
-    takes them: they overflow the single-precision tensors the numbers meet)."""
-    value = float(value)
-    if not math.isfinite(value):
-        raise ConfigError(f"{key} = {value}: must be a finite number")
-    if abs(value) > MAX_MAGNITUDE:
-        raise ConfigError(f"{key} = {value}: must be within ±{MAX_MAGNITUDE:g}")
-    return value
-
-
-def number_list(key: str, values: list, low: float, high: float, low_open: bool = False) -> list[float]:
-    """Check a list of numbers, each finite and in [low, high] (or (low, high])."""
-    for value in values:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{key}: {value!r} is not a number")
-        _in_range(key, finite(key, value), low, high, low_open=low_open)
-    return values
-
-
-def _at_most(key: str, value: int, high: int) -> None:
-    if value > high:
-        raise ConfigError(f"{key} = {value}: must be <= {high}")
-
-
-def _at_least(key: str, value: int, low: int) -> None:
-    if value < low:
-        raise ConfigError(f"{key} = {value}: must be >= {low}")
-
-
-def _in_range(key, value, low, high, low_open=False, high_open=False) -> None:
-    bad = value < low or value > high or (low_open and value == low) or (high_open and value == high)
-    if bad:
-        lb, hb = "(" if low_open else "[", ")" if high_open else "]"
-        raise ConfigError(f"{key} = {value}: must be in {lb}{low}, {high}{hb}")
-
-
-def _one_of(key: str, value: str, choices) -> None:
-    if value not in choices:
-        raise ConfigError(f"{key} = {value!r}: unknown (known: {', '.join(choices)})")
-
-
-def coerce_value(key: str, value: Any, annotation: Any) -> Any:
-    """Check ``value`` against a field's type; ints are accepted where floats are expected."""
-    if isinstance(annotation, str):
-        annotation = {"str": str, "int": int, "float": float, "bool": bool, "list": list}.get(
-            annotation, annotation
-        )
-    origin = typing.get_origin(annotation)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        return coerce_value(key, value, args[0])
-    if annotation is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key} = {value!r}: expected true or false")
-        return value
-    if annotation is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key} = {value!r}: expected an integer")
-        return value
-    if annotation is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{key} = {value!r}: expected a number")
-        return finite(key, value)
-    if annotation is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{key} = {value!r}: expected a string")
-        return value
-    if annotation is list:
-        if not isinstance(value, list):
-            raise ConfigError(f"{key} = {value!r}: expected a list")
-        return value
-    return value
+PLUGIN_SECTIONS = ("data", "model", "train", "system")
 
 
 def _section(name: str, cls: type, values: Any):
@@ -436,7 +454,11 @@ def from_dict(raw: dict) -> Config:
     for key in raw:
         if key not in known:
             raise ConfigError(f"[{key}]: unknown section (known: {', '.join(sorted(known))})")
-    parts = {name: _section(name, cls, raw.get(name, {})) for name, cls in SECTIONS.items()}
+    parts = {
+        name: parse_plugin_section(cls, raw.get(name, {})) if name in PLUGIN_SECTIONS
+        else _section(name, cls, raw.get(name, {}))
+        for name, cls in SECTIONS.items()
+    }  # fmt: skip
     algorithm = raw.get("algorithm", {"name": "salf"})
     if not isinstance(algorithm, dict):
         raise ConfigError("[algorithm] must be a table")
@@ -451,52 +473,28 @@ def from_dict(raw: dict) -> Config:
 
 
 def build_options(name: str, values: dict) -> Any:
-    """Validate ``[algorithm]`` keys for algorithm ``name`` into its ``Options`` dataclass."""
-    from fedhet.algorithms import ALGORITHMS
+    """Validate ``[algorithm]`` keys for algorithm ``name`` (a built-in name,
+    ``"package.module:Class"`` or an installed plug-in) into its ``Options`` dataclass."""
+    from fedhet.registry import resolve
 
-    try:
-        cls = ALGORITHMS[name]
-    except KeyError:
-        raise ConfigError(
-            f"algorithm.name = {name!r}: unknown (known: {', '.join(sorted(ALGORITHMS))})"
-        ) from None
-    fields = {f.name: f for f in dataclasses.fields(cls.Options)}
-    for key in values:
-        if key not in fields:
-            known = ", ".join(fields) or "none"
-            raise ConfigError(f"algorithm.{key}: unknown option for {name} (known: {known})")
-    typed = {key: coerce_value(f"algorithm.{key}", v, fields[key].type) for key, v in values.items()}
-    options = cls.Options(**typed)
-    check = getattr(options, "validate", None)
-    if check:
-        check()
-    return options
+    entry = resolve("algorithm", name, "algorithm.name")
+    return typed_options(entry.cls.Options, values, "algorithm", name)
 
 
 def validate(config: Config) -> None:
-    """Check every section, parse the algorithm's options (once) and cross-section rules."""
-    from fedhet.algorithms import ALGORITHMS
+    """Check every section, parse the plug-ins' options (once) and cross-section rules."""
+    from fedhet.registry import resolve
 
     for name in SECTIONS:
         check = getattr(getattr(config, name), "validate", None)
         if check:
             check()
     config.algorithm.options = build_options(config.algorithm_name, config.algorithm_options)
-    system, clients = config.system, config.data.num_clients
-    if system.capability_profile == "list" and len(system.capabilities) != clients:
-        raise ConfigError(
-            f"system.capabilities: {len(system.capabilities)} values given for {clients} clients "
-            "(capability_profile = 'list')"
-        )
-    if system.participation == "cohort" and not 1 <= system.cohort_size <= clients:
-        raise ConfigError(
-            f"system.cohort_size = {system.cohort_size}: must be in 1..{clients} (data.num_clients)"
-        )
-    if system.participation == "list" and len(system.participation_probs) != clients:
-        raise ConfigError(
-            f"system.participation_probs: {len(system.participation_probs)} values given for "
-            f"{clients} clients (participation = 'list')"
-        )
+    for name in PLUGIN_SECTIONS:  # rules that need other sections (e.g. one value per client)
+        for _, options in getattr(config, name).plugins.values():
+            check = getattr(options, "validate_in", None)
+            if check:
+                check(config)
     if config.system.deadline == 0 and not config.run.time_budget:
         raise ConfigError("system.deadline = 0 (equal share of the budget) needs run.time_budget > 0")
     for name in config.compare.algorithms:
@@ -504,10 +502,12 @@ def validate(config: Config) -> None:
             raise ConfigError(f"compare.algorithms: {name!r} is not an algorithm name (a string)")
         if config.compare.algorithms.count(name) > 1:
             raise ConfigError(f"compare.algorithms: {name!r} listed twice")
-        if name not in ALGORITHMS:
+        try:
+            resolve("algorithm", name, "compare.algorithms")
+        except ConfigError as exc:
             raise ConfigError(
-                f"compare.algorithms: {name!r} unknown (known: {', '.join(sorted(ALGORITHMS))})"
-            )
+                str(exc).replace(f"compare.algorithms = {name!r}:", f"compare.algorithms: {name!r}")
+            ) from None
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

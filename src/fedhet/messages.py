@@ -12,7 +12,7 @@ Both convert to and from plain dicts of NumPy arrays, strings and numbers
 
 Coverage says which parameter elements the client trains: the layers ``depth..L`` (SALF's
 partial back-propagation; depth 1 = every layer) and a width rate (1 = the whole width;
-sub-models of a smaller width are HeteroFL's and are not implemented yet).
+smaller rates are HeteroFL's sub-models).
 """
 
 from __future__ import annotations
@@ -155,6 +155,12 @@ class ClientUpdate:
     def depth(self) -> int:
         return self.coverage.depth
 
+    def summary(self) -> UpdateSummary:
+        """The update without its tensors (what round metrics need)."""
+        return UpdateSummary(
+            self.client, self.coverage, self.steps, self.num_samples, self.loss, self.model_round
+        )
+
     def to_dict(self) -> dict:
         scalars = {
             "client": self.client,
@@ -185,3 +191,19 @@ class ClientUpdate:
             model_round=int(data["model_round"]),
             payload=_payload_from_dict(data, "payload."),
         )
+
+
+@dataclass(frozen=True)
+class UpdateSummary:
+    """A delivered update's scalars: kept for a round's metrics once its tensors are summed."""
+
+    client: int
+    coverage: Coverage
+    steps: int
+    num_samples: int
+    loss: float
+    model_round: int = 0
+
+    @property
+    def depth(self) -> int:
+        return self.coverage.depth

@@ -10,27 +10,17 @@ import numpy as np
 import torch
 
 from fedhet import seeding
-from fedhet.algorithms import ALGORITHMS, Algorithm, RunSetting
-from fedhet.client import ClientData, LocalWorker, SGDSettings
+from fedhet.algorithms import Algorithm, AlgorithmContext, RunSetting
+from fedhet.client import ClientData, LocalTrainer
 from fedhet.config import Config
-from fedhet.data import Dataset, load_dataset, partition_indices
+from fedhet.data import Dataset, open_dataset, partition_indices
 from fedhet.data.partition import swap_labels
 from fedhet.data.sources import subsample
 from fedhet.errors import ConfigError
-from fedhet.models import FlatModel, build_model
+from fedhet.models import FlatModel, ModelContext
 from fedhet.models.cost import multiply_adds, training_step_flops
-from fedhet.system import (
-    BernoulliParticipation,
-    CohortSampling,
-    ExponentialLayers,
-    NoStragglers,
-    PerStepCost,
-    StragglerRatio,
-    SystemModel,
-    UniformDepth,
-    capabilities,
-    participation_probabilities,
-)
+from fedhet.registry import resolve
+from fedhet.system import SystemContext, SystemModel
 from fedhet.threads import choose_threads
 
 
@@ -48,11 +38,16 @@ class World:
     initial_buffers: torch.Tensor
     system: SystemModel
     algorithm: Algorithm
-    worker: LocalWorker
+    worker: LocalTrainer
 
     @property
     def num_clients(self) -> int:
         return len(self.client_indices)
+
+    @property
+    def client_sizes(self) -> np.ndarray:
+        """Every client's number of training examples."""
+        return np.array([len(c) for c in self.client_indices])
 
     def client_data(self, client: int) -> ClientData:
         """Client ``client``'s own examples (an index array into the shared tensors)."""
@@ -68,7 +63,7 @@ class World:
             rounds=config.run.rounds,
             time_budget=config.run.time_budget,
             system=self.system,
-            client_sizes=np.array([len(c) for c in self.client_indices]),
+            client_sizes=self.client_sizes,
             layout=self.flat.layout,
             params=self.initial_params if params is None else params,
             buffers=self.initial_buffers if buffers is None else buffers,
@@ -113,92 +108,44 @@ def hold_out(
 
 
 def build_system(config: Config, num_clients: int, num_layers: int, measure=None) -> SystemModel:
-    """The configured system model (see :mod:`fedhet.system`), wrapped in Bernoulli participation
-    unless ``system.participation = "always"``."""
+    """The configured system model (``system.model``, a plug-in) wrapped in its availability
+    and participation plug-ins (``system.availability``, ``system.participation``; "always"
+    leaves it as it is)."""
     s = config.system
-    base = _build_straggler_model(config, num_clients, num_layers, measure)
-    if s.availability == "trace":
-        from fedhet.system.traces import TraceAvailability, read_trace
-
-        base = TraceAvailability(base, read_trace(s.availability_trace, num_clients))
-    if s.participation == "always":
-        return base
-    if s.participation == "cohort":
-        return CohortSampling(base, s.cohort_size)
-    probs = participation_probabilities(
-        s.participation,
-        num_clients,
-        seeding.stream(config.run.seed, "participation-setup"),
-        p_min=s.participation_min,
-        low=s.participation_low,
-        high=s.participation_high,
-        values=s.participation_probs,
-        group=s.participation_group,
-    )
-    return BernoulliParticipation(base, probs)
+    ctx = SystemContext(num_clients, num_layers, config.round_deadline, config.run.seed, measure)
+    model = s.entry("model").cls.build(s.options("model"), ctx)
+    for slot in ("availability", "participation"):
+        ctx.base = model
+        model = s.entry(slot).cls.build(s.options(slot), ctx)
+    return model
 
 
-def _build_straggler_model(config: Config, num_clients: int, num_layers: int, measure=None) -> SystemModel:
-    s = config.system
-    setup_rng = seeding.stream(config.run.seed, "system-setup")
-    if s.model == "full":
-        return NoStragglers(num_clients, num_layers, deadline=config.round_deadline)
-    if s.model == "wall-clock":
-        from fedhet.system.wallclock import WallClock
-
-        return WallClock(num_clients, num_layers, deadline=config.round_deadline)
-    if s.model == "uniform-depth":
-        return UniformDepth(num_clients, num_layers, deadline=config.round_deadline)
-    if s.model == "straggler-ratio":
-        return StragglerRatio(
-            num_clients,
-            num_layers,
-            s.straggler_ratio,
-            fixed_stragglers=s.fixed_stragglers,
-            min_depth=s.straggler_min_depth,
-            deadline=config.round_deadline,
-            rng=setup_rng,
-        )
-    caps = capabilities(
-        s.capability_profile,
-        num_clients,
-        setup_rng,
-        low=s.capability_low,
-        high=s.capability_high,
-        mu=s.capability_mu,
-        sigma=s.capability_sigma,
-        values=s.capabilities,
-    )
-    if s.model == "per-step":
-        return PerStepCost(
-            num_clients, num_layers, caps, s.time_per_sample_step, comm_time=s.comm_time, jitter=s.step_jitter
-        )
-    if s.model == "measured":
-        from fedhet.system.measured import MeasuredTimes
-
-        if measure is None:
-            raise ConfigError("system.model = 'measured' needs the model to time (build it with build_world)")
-        return MeasuredTimes(num_clients, num_layers, caps, measure(), jitter=s.step_jitter)
-    return ExponentialLayers(num_clients, num_layers, caps, s.time_per_sample_layer)
+def build_trainer(config: Config, flat: FlatModel) -> LocalTrainer:
+    """The local trainer of ``config``: its local optimizer and postprocessor chain."""
+    t = config.train
+    optimizer = t.entry("optimizer").cls.build(t.options("optimizer"), None)
+    chain = [entry.cls.build(options, None) for entry, options in t.postprocessors]
+    return LocalTrainer(flat, optimizer, chain)
 
 
 def build_world(config: Config) -> World:
     """Load data, split it, build the model, system model, algorithm and the local worker."""
-    dataset = load_dataset(
-        config.data.dataset, config.data.data_dir or None, config.data.label_mode, config.data.normalize
-    )
+    dataset = open_dataset(config.data.entry("dataset").cls, config.data.options("dataset"))
     dataset = subsample(dataset, config.data.fraction, seeding.stream(config.run.seed, "data-fraction"))
     parts, train_labels = build_partition(config, dataset)
     parts, holdout = hold_out(
         parts, config.run.client_eval_fraction if config.run.client_eval else 0.0, config.run.seed
     )
     torch.manual_seed(seeding.torch_seed(config.run.seed, "init"))
-    model = build_model(config.model.name, dataset.input_shape, dataset.num_classes, config.model.hidden)
+    model = config.model.entry("name").cls.build(
+        config.model.options("name"), ModelContext(dataset.input_shape, dataset.num_classes)
+    )
+    algorithm_entry = resolve("algorithm", config.algorithm_name, "algorithm.name")
     channels_last = config.run.memory_format == "channels_last"
-    if channels_last and config.algorithm_name == "heterofl":
+    if channels_last and not algorithm_entry.cls.supports_channels_last:
         raise ConfigError(
-            "run.memory_format = 'channels_last' with heterofl: its sub-model masks assume the "
-            "contiguous weight order; use run.memory_format = 'contiguous'"
+            f"run.memory_format = 'channels_last' with {config.algorithm_name}: its sub-model masks "
+            "assume the contiguous weight order; use run.memory_format = 'contiguous'"
         )
     flat = FlatModel(model, channels_last=channels_last)
     step_flops = training_step_flops(multiply_adds(model, dataset.input_shape), config.train.batch_size)
@@ -211,8 +158,8 @@ def build_world(config: Config) -> World:
 
     system = build_system(config, len(parts), flat.num_layers, measure)
     t = config.train
-    algorithm = ALGORITHMS[config.algorithm_name](config.algorithm.options, t)
-    worker = LocalWorker(flat, SGDSettings(t.momentum, t.weight_decay, t.keep_momentum))
+    algorithm = algorithm_entry.cls.build(config.algorithm.options, AlgorithmContext(t))
+    worker = build_trainer(config, flat)
     return World(
         config=config,
         dataset=dataset,

@@ -18,6 +18,7 @@ from fedhet.algorithms import (  # noqa: F401  (registration)
 from fedhet.algorithms.base import (
     ALGORITHMS,
     Algorithm,
+    AlgorithmContext,
     ClientAssignment,
     RoundContext,
     RoundPlan,
@@ -27,6 +28,7 @@ from fedhet.algorithms.base import (
 __all__ = [
     "ALGORITHMS",
     "Algorithm",
+    "AlgorithmContext",
     "ClientAssignment",
     "RoundContext",
     "RoundPlan",

@@ -26,7 +26,6 @@ from fedhet.algorithms.deadline_planner import (
 from fedhet.algorithms.salf import SALF, SALFOptions
 from fedhet.errors import ConfigError
 from fedhet.messages import ClientTask
-from fedhet.system.outcomes import ExponentialLayers
 
 
 @dataclass
@@ -129,11 +128,12 @@ class ADELFL(SALF):
     def init_state(self, setting: RunSetting) -> dict:
         """Solve Problem 2 once (ADEL-FL Algorithm 1, steps 1-3)."""
         system = setting.system
-        if system.name.endswith("+bernoulli"):
+        if not system.always_present:
             raise ConfigError(
                 'system.participation: adel-fl plans for clients that are always present; set it to "always"'
             )
-        if not isinstance(system, ExponentialLayers):
+        law = system.time_law()
+        if law is None or law.kind != "exponential-layers":
             raise ConfigError(
                 f"system.model = {system.name!r}: adel-fl plans against the exponential model "
                 '(ADEL-FL A4); set system.model = "exponential"'
@@ -158,8 +158,8 @@ class ADELFL(SALF):
             problem = DeadlineProblem(
                 time_budget=setting.time_budget,
                 num_layers=system.num_layers,
-                capabilities=system.capabilities,
-                time_per_sample_layer=system.time_per_sample_layer,
+                capabilities=law.capabilities,
+                time_per_sample_layer=law.time_per_sample_layer,
                 learning_rates=rates,
                 constants=constants,
                 batch_scale_bounds=(o.batch_scale_min, o.batch_scale_max),
@@ -179,7 +179,7 @@ class ADELFL(SALF):
             learning_rates = rates
             problem, plan = planned(learning_rates)
             solves += 1
-        sizes = batch_sizes(plan.batch_scale, system.capabilities, setting.client_sizes)
+        sizes = batch_sizes(plan.batch_scale, law.capabilities, setting.client_sizes)
         report = self._report(plan, problem, sizes, estimated, learning_rates)
         if o.time_aware_lr:
             report["time_aware_solves"] = solves

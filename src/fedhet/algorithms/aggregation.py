@@ -46,6 +46,32 @@ def layerwise_sum(
     return total, counts
 
 
+class LayerwiseSum:
+    """The running sum over clients of their partial deltas (zero outside reached layers)
+    and the per-layer counts |U_l|, one update at a time."""
+
+    def __init__(self, slices: LayerSlices, size: int):
+        self.slices = slices
+        self.total = torch.zeros(size)
+        self.counts = torch.zeros(len(slices.bounds))
+
+    def add(self, update: ClientUpdate, delta: torch.Tensor) -> None:
+        if update.coverage.width != 1.0:
+            raise ValueError("layer-wise aggregation takes full-width updates only")
+        if update.depth > len(self.slices.bounds):
+            return
+        self.total[self.slices.start(update.depth) :] += delta
+        self.counts[update.depth - 1 :] += 1
+
+
+def layerwise_mean(values: torch.Tensor, summed: LayerwiseSum | None) -> torch.Tensor:
+    """values + (per-layer mean over U_l of the summed deltas); layers nobody reached kept."""
+    if summed is None or values.numel() == 0:
+        return values
+    per_element = expand_per_layer(summed.counts, summed.slices, values.numel())
+    return values + summed.total / per_element.clamp(min=1.0)
+
+
 def expand_per_layer(values: torch.Tensor, slices: LayerSlices, size: int) -> torch.Tensor:
     """Repeat one value per layer over that layer's flat region (length ``size``)."""
     lengths = torch.tensor([end - start for start, end in slices.bounds])

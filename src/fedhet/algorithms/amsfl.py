@@ -188,7 +188,8 @@ class AMSFL(FedAvg):
             sizes / sizes.sum() if self.options.weights == "samples" else np.full(len(sizes), 1 / len(sizes))
         )
         o = self.options
-        if o.costs == "known" and not hasattr(setting.system, "step_time"):
+        law = setting.system.time_law()
+        if o.costs == "known" and (law is None or law.kind != "per-step"):
             raise ConfigError(
                 f"system.model = {setting.system.name!r}: amsfl with known costs needs the per-step "
                 'model (c_i, b_i); set system.model = "per-step" or algorithm.costs = "estimated"'
@@ -202,7 +203,8 @@ class AMSFL(FedAvg):
 
     def _costs(self, state: dict, system, batch_sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if self.options.costs == "known":
-            return system.step_time(batch_sizes), system.comm_times()
+            law = system.time_law()
+            return law.step_time(batch_sizes), law.comm_times()
         estimator = StepCostEstimator(len(batch_sizes))
         estimator.sums = state["cost_sums"]
         return estimator.costs()

@@ -1,4 +1,4 @@
-"""The Algorithm protocol: engine-agnostic pieces that talk through messages (DESIGN idea 2).
+"""The Algorithm protocol: engine-agnostic pieces that talk through messages.
 
 Server side:
 
@@ -15,7 +15,8 @@ Server side:
   finish), or ``None``; ``task_payload`` adds algorithm data (SCAFFOLD's c).
 - ``aggregate(params, buffers, updates, state, context, layout)`` -> new global
   (params, buffers), from the clients' :class:`~fedhet.messages.ClientUpdate`, which arrive
-  sorted by client.
+  sorted by client; or, for rules that can sum as updates arrive, ``aggregator(...)``
+  returning a streaming :class:`~fedhet.algorithms.streaming.Aggregator`.
 
 Client side (run by the client over its own state, see :mod:`fedhet.client`):
 
@@ -40,10 +41,13 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from fedhet import registry
+from fedhet.algorithms.streaming import Aggregator, ListAggregator
 from fedhet.messages import ClientTask, ClientUpdate, Coverage, Payload
 from fedhet.models.layers import ModelLayout
 from fedhet.schedules import train_learning_rate
-from fedhet.system.outcomes import Marginals, Outcomes, SystemModel, Workload
+from fedhet.system.base import SystemModel
+from fedhet.system.types import Marginals, Outcomes, Workload
 
 PARTIAL_WORK = ("none", "layers", "steps")
 
@@ -91,6 +95,7 @@ class RoundContext:
     marginals: Marginals
     num_clients: int
     num_layers: int
+    client_sizes: np.ndarray | None = None  # every client's number of training examples
 
 
 @dataclass
@@ -117,6 +122,13 @@ class NoOptions:
     """Algorithms without options."""
 
 
+@dataclass
+class AlgorithmContext:
+    """What an algorithm is built with besides its options: the run's ``[train]`` section."""
+
+    train: Any
+
+
 class Algorithm:
     """Base class; subclasses set ``name``, ``Options`` and override the pieces they change.
 
@@ -125,6 +137,7 @@ class Algorithm:
 
     name: ClassVar[str] = "base"
     summary: ClassVar[str] = ""
+    driver: ClassVar[str] = "round"  # "round" (plan / tasks / aggregate) or "event" (AsyncAlgorithm)
     Options: ClassVar[type] = NoOptions
     uses_deadline: ClassVar[bool] = True
     partial_work: ClassVar[str] = "none"
@@ -133,10 +146,19 @@ class Algorithm:
     # aggregated ones; an integer = before each evaluation, recompute them on the full model
     # from that many of the clients' training examples (0 = all of them).
     static_batchnorm_examples: int | None = None
+    # Whether the rule works on weights stored channels-last (run.memory_format); rules that
+    # index parameter elements by their contiguous position (width masks) say False.
+    supports_channels_last: ClassVar[bool] = True
 
     def __init__(self, options: Any, train: Any):
         self.options = options
         self.train = train
+
+    @classmethod
+    def build(cls, options: Any, ctx: Any) -> Algorithm:
+        """The algorithm for a run: its options and the run's ``[train]`` section
+        (``ctx.train``)."""
+        return cls(options, ctx.train)
 
     def lr_at(self, round_index: int) -> float:
         return train_learning_rate(self.train, round_index)
@@ -247,6 +269,22 @@ class Algorithm:
         ||w_t - w^(k)|| between them (AMSFL Sec. 3.2)."""
 
     # -- server: aggregation -------------------------------------------------------------
+    def aggregator(
+        self,
+        params: torch.Tensor,
+        buffers: torch.Tensor,
+        tasks: list[ClientTask],
+        state: dict,
+        context: RoundContext,
+        layout: ModelLayout,
+    ) -> Aggregator:
+        """The round's aggregation, fed one update at a time (``tasks``: what was sent, in
+        client order). Default: collect the list and call :meth:`aggregate`; rules that
+        can sum as updates arrive return a streaming aggregator instead."""
+        return ListAggregator(
+            lambda updates: self.aggregate(params, buffers, updates, state, context, layout)
+        )
+
     def aggregate(
         self,
         params: torch.Tensor,
@@ -263,8 +301,48 @@ ALGORITHMS: dict[str, type[Algorithm]] = {}
 
 
 def register(cls: type[Algorithm]) -> type[Algorithm]:
-    """Class decorator adding an algorithm to the registry under ``cls.name``."""
+    """Class decorator adding a built-in algorithm to the registry under ``cls.name``."""
     if cls.partial_work not in PARTIAL_WORK:
         raise ValueError(f"{cls.__name__}.partial_work = {cls.partial_work!r}: one of {PARTIAL_WORK}")
     ALGORITHMS[cls.name] = cls
-    return cls
+    return registry.register("algorithm")(cls)
+
+
+class AsyncAlgorithm(Algorithm):
+    """Base of event-driven rules (FedBuff): no rounds. The event driver asks the rule which
+    idle clients start (:meth:`choose`, up to :meth:`concurrency` in flight), for each
+    one's task (:meth:`start_task`), and turns a full buffer of arrivals into a server step
+    (:meth:`apply_buffer`)."""
+
+    driver: ClassVar[str] = "event"
+    uses_deadline = False
+
+    def concurrency(self, num_clients: int) -> int:
+        return num_clients
+
+    def buffer_size(self) -> int:
+        """Arrivals per server step."""
+        return 1
+
+    def choose(self, idle: list[int], count: int, rng: np.random.Generator) -> list[int]:
+        raise NotImplementedError
+
+    def start_task(self, client: int, start: int, version: int) -> ClientTask:
+        """The task of ``client``'s ``start``-th start, on model version ``version``: the
+        configured batch and local steps over every layer, no deadline."""
+        return ClientTask(
+            round=start,
+            client=int(client),
+            lr=self.lr_at(version),
+            batch_size=self.train.batch_size,
+            local_steps=self.train.local_steps,
+            coverage=Coverage(1),
+            deadline=None,
+            model_round=version,
+        )
+
+    def apply_buffer(self, params, buffers, entries, state: dict, version: int):
+        raise NotImplementedError
+
+    def aggregate(self, params, buffers, updates, state, context, layout):
+        raise RuntimeError(f"{self.name} runs on the event-driven driver (apply_buffer), not in rounds")

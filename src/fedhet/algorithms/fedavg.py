@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedhet.algorithms.base import Algorithm, register
+from fedhet.algorithms.streaming import WeightedSumAggregator
 from fedhet.errors import ConfigError
 
 
@@ -36,6 +37,18 @@ class FedAvg(Algorithm):
     summary = "FedAvg waiting for all clients (no deadline); over the present ones under participation"
     Options = FedAvgOptions
     uses_deadline = False
+
+    def aggregator(self, params, buffers, tasks, state, context, layout):
+        """Streams eq. (3): the weights are fixed by the tasks sent (1/|tasks| or n_u / sum
+        of their examples), so each update is added as it arrives."""
+        samples = self.options.weights == "samples"
+        sizes = context.client_sizes
+        expected = float(sum(sizes[t.client] for t in tasks)) if samples else float(len(tasks))
+
+        def weight(update):
+            return float(update.num_samples) if samples else 1.0
+
+        return WeightedSumAggregator(params, buffers, weight, expected or 1.0, self.options.server_lr)
 
     def aggregate(self, params, buffers, updates, state, context, layout):
         """w_{t+1} = w_t + eta_s sum_u a_u Delta_u with a_u = 1/U or n_u/n (eq. (3))."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedhet.algorithms.base import Algorithm, register
+from fedhet.algorithms.base import AsyncAlgorithm, register
 from fedhet.errors import ConfigError
 
 
@@ -34,7 +34,7 @@ class FedBuffOptions:
 
 
 @register
-class FedBuff(Algorithm):
+class FedBuff(AsyncAlgorithm):
     """Server step after every K arrivals: w <- w + eta_g (1/K) sum_i s(tau_i) Delta_i with
     s(tau) = 1 / sqrt(1 + tau), tau = server steps since the client's model was sent
     (FedBuff Algorithm 1 and its polynomial staleness scaling). A client that delivers is
@@ -44,8 +44,6 @@ class FedBuff(Algorithm):
     name = "fedbuff"
     summary = "FedBuff: buffered asynchronous aggregation, staleness weight 1/sqrt(1+s)"
     Options = FedBuffOptions
-    uses_deadline = False
-    event_driven = True
 
     def init_state(self, setting) -> dict:
         if self.options.buffer_size > setting.num_clients:
@@ -54,6 +52,9 @@ class FedBuff(Algorithm):
                 f"more than the {setting.num_clients} clients"
             )
         return {"log": []}
+
+    def buffer_size(self) -> int:
+        return self.options.buffer_size
 
     def concurrency(self, num_clients: int) -> int:
         return min(self.options.max_concurrency or num_clients, num_clients)
@@ -86,9 +87,6 @@ class FedBuff(Algorithm):
             }
         )
         return new_params, new_buffers
-
-    def aggregate(self, params, buffers, updates, state, context, layout):
-        raise RuntimeError("fedbuff runs on the event-driven driver (apply_buffer), not in rounds")
 
     def reports(self, state: dict) -> dict[str, dict]:
         return {"fedbuff": {"server_steps": state["log"]}}

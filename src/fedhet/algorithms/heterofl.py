@@ -52,6 +52,7 @@ class HeteroFL(Algorithm):
     BatchNorm entries outside it are zero, so its dropped channels stay zero."""
 
     name = "heterofl"
+    supports_channels_last = False  # width masks index the contiguous weight order
     summary = "HeteroFL: slow clients train width-reduced sub-models (r^2 of the compute)"
     Options = HeteroFLOptions
 

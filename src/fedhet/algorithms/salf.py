@@ -6,8 +6,14 @@ from dataclasses import dataclass
 
 import torch
 
-from fedhet.algorithms.aggregation import expand_per_layer, layerwise_mean_buffers, layerwise_sum
+from fedhet.algorithms.aggregation import (
+    expand_per_layer,
+    layerwise_mean,
+    layerwise_mean_buffers,
+    layerwise_sum,
+)
 from fedhet.algorithms.base import Algorithm, register
+from fedhet.algorithms.streaming import LayerwiseSumAggregator
 from fedhet.errors import ConfigError
 
 NORMALIZATIONS = ("reached", "all", "inverse-reach")
@@ -52,6 +58,25 @@ class SALF(Algorithm):
     summary = "Stragglers-aware layer-wise FL (SALF eq. (9)), p_l from the system model"
     Options = SALFOptions
     partial_work = "layers"
+
+    def aggregator(self, params, buffers, tasks, state, context, layout):
+        """Streams eq. (9) (and the authors' sum / U): per-layer sums and counts are
+        accumulated as the updates arrive; the inverse-reach weighting takes the list."""
+        if self.options.normalize == "inverse-reach":
+            return super().aggregator(params, buffers, tasks, state, context, layout)
+
+        def finish(param_sums, buffer_sums):
+            slices = layout.param_slices
+            sums, counts = param_sums.total, param_sums.counts
+            if self.options.normalize == "all":
+                factor = torch.full_like(counts, 1.0 / context.num_clients)
+            else:
+                p_l = torch.as_tensor(context.marginals.no_reach_prob, dtype=torch.float32)
+                factor = salf_layer_factor(counts, p_l, self.options.bias_correction)
+            new_params = params + sums * expand_per_layer(factor, slices, params.numel())
+            return new_params, layerwise_mean(buffers, buffer_sums)
+
+        return LayerwiseSumAggregator(params, buffers, layout, finish)
 
     def aggregate(self, params, buffers, updates, state, context, layout):
         """SALF eq. (9) (``normalize='reached'``), the authors' sum / U (``'all'``) or the

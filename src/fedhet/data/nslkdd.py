@@ -12,12 +12,16 @@ name in either file stops with one line naming the file and the line.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from fedhet.checks import one_of
+from fedhet.data.dataset import Dataset, DatasetSource
 from fedhet.errors import DataError
+from fedhet.registry import register
 
 TRAIN_FILE, TEST_FILE = "KDDTrain+.txt", "KDDTest+.txt"
 NUM_COLUMNS = 43
@@ -102,10 +106,8 @@ def _is_number(text: str) -> bool:
     return True
 
 
-def load_nslkdd(data_dir: str | None = None, label_mode: str = "binary"):
-    """Load NSL-KDD from ``data_dir`` as a :class:`~fedhet.data.sources.Dataset`."""
-    from fedhet.data.sources import Dataset
-
+def load_nslkdd(data_dir: str | None = None, label_mode: str = "binary") -> Dataset:
+    """Load NSL-KDD from ``data_dir`` as a :class:`~fedhet.data.dataset.Dataset`."""
     if label_mode not in LABEL_MODES:
         raise DataError(f"data.label_mode = {label_mode!r}: unknown (known: {', '.join(LABEL_MODES)})")
     if not data_dir:
@@ -130,3 +132,31 @@ def load_nslkdd(data_dir: str | None = None, label_mode: str = "binary"):
         y_test=torch.from_numpy(y_test),
         num_classes=2 if label_mode == "binary" else 5,
     )
+
+
+@dataclass
+class NslKddOptions:
+    """``data_dir``: the folder of KDDTrain+.txt and KDDTest+.txt; ``label_mode``: "binary"
+    or "5-class". Features are always min-max scaled on the training file."""
+
+    data_dir: str = ""
+    label_mode: str = "binary"
+
+    def validate(self) -> None:
+        one_of("data.label_mode", self.label_mode, LABEL_MODES)
+
+
+@register("dataset")
+class NslKdd(DatasetSource):
+    """NSL-KDD network intrusion records (tabular, 122 features after one-hot encoding)."""
+
+    name = "nsl-kdd"
+    Options = NslKddOptions
+
+    @classmethod
+    def build(cls, options: NslKddOptions, ctx=None) -> Dataset:
+        return load_nslkdd(options.data_dir or None, options.label_mode)
+
+    @classmethod
+    def source_files(cls, options: NslKddOptions) -> Path | None:
+        return Path(options.data_dir).expanduser() if options.data_dir else None

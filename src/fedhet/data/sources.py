@@ -10,14 +10,16 @@ from __future__ import annotations
 import gzip
 import struct
 import zlib
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from fedhet.checks import one_of
+from fedhet.data.dataset import Dataset, DatasetSource
 from fedhet.errors import DataError
+from fedhet.registry import register
 
 # Standard folder of Debian's `dataset-fashion-mnist` package.
 FMNIST_DEBIAN_DIR = "/usr/share/datasets/fashion-mnist"
@@ -29,28 +31,6 @@ IDX_FILES = {
     "test_labels": "t10k-labels-idx1-ubyte",
 }
 IDX_UBYTE = 0x08
-
-
-@dataclass
-class Dataset:
-    """A dataset held in memory: float features, int64 labels, train and test splits."""
-
-    name: str
-    x_train: torch.Tensor
-    y_train: torch.Tensor
-    x_test: torch.Tensor
-    y_test: torch.Tensor
-    num_classes: int
-    images: bool = False  # pixels in [0, 1], channels first, not yet normalised
-
-    @property
-    def input_shape(self) -> tuple[int, ...]:
-        """Shape of one example, e.g. ``(1, 28, 28)`` or ``(64,)``."""
-        return tuple(self.x_train.shape[1:])
-
-    @property
-    def num_train(self) -> int:
-        return int(self.x_train.shape[0])
 
 
 def check_data_file(path: Path) -> None:
@@ -257,13 +237,75 @@ def load_cifar10(data_dir: str | None = None) -> Dataset:
     )
 
 
-DATASETS: dict[str, Callable[..., Dataset]] = {
-    "digits": load_digits,
-    "fmnist": load_fmnist,
-    "mnist": load_mnist,
-    "cifar10": load_cifar10,
-    "nsl-kdd": None,  # fedhet.data.nslkdd.load_nslkdd (takes a label mode)
-}
+@dataclass
+class ImageOptions:
+    """``normalize``: how pixels in [0, 1] are normalised (:data:`NORMALIZATIONS`)."""
+
+    normalize: str = "dataset"
+
+    def validate(self) -> None:
+        one_of("data.normalize", self.normalize, NORMALIZATIONS)
+
+
+@dataclass
+class ImageFolderOptions(ImageOptions):
+    """``data_dir``: the folder of the dataset's files; ``normalize`` as for every image set."""
+
+    data_dir: str = ""
+
+
+@register("dataset")
+class Digits(DatasetSource):
+    """scikit-learn's bundled 8x8 digits (1,797 images)."""
+
+    name = "digits"
+    Options = ImageOptions
+
+    @classmethod
+    def build(cls, options: ImageOptions, ctx=None) -> Dataset:
+        return normalize_images(load_digits(), options.normalize)
+
+
+class ImageFolder(DatasetSource):
+    """Shared by the image datasets read from a folder."""
+
+    Options = ImageFolderOptions
+    default_folder: str = ""
+    loader = None
+
+    @classmethod
+    def build(cls, options: ImageFolderOptions, ctx=None) -> Dataset:
+        return normalize_images(cls.loader(options.data_dir or None), options.normalize)
+
+    @classmethod
+    def source_files(cls, options: ImageFolderOptions) -> Path | None:
+        folder = options.data_dir or cls.default_folder
+        return Path(folder).expanduser() if folder else None
+
+
+@register("dataset")
+class FashionMNIST(ImageFolder):
+    """Fashion-MNIST (IDX files; default: Debian's dataset-fashion-mnist folder)."""
+
+    name = "fmnist"
+    default_folder = FMNIST_DEBIAN_DIR
+    loader = staticmethod(load_fmnist)
+
+
+@register("dataset")
+class MNIST(ImageFolder):
+    """MNIST (the standard IDX files in data_dir)."""
+
+    name = "mnist"
+    loader = staticmethod(load_mnist)
+
+
+@register("dataset")
+class CIFAR10(ImageFolder):
+    """CIFAR-10 (the python batches in data_dir)."""
+
+    name = "cifar10"
+    loader = staticmethod(load_cifar10)
 
 
 def subsample(dataset: Dataset, fraction: float, rng: np.random.Generator) -> Dataset:
@@ -315,21 +357,18 @@ def normalize_images(dataset: Dataset, mode: str) -> Dataset:
     )
 
 
-# The last datasets loaded in this process, by request and the state of their files: the
-# runs of a grid that share a dataset (every cell a worker runs) decode it once. Datasets
-# are never modified in place (partitions, subsets and relabelling make new arrays).
+# The last datasets loaded in this process, by source, options and the state of their files:
+# the runs of a grid that share a dataset (every cell a worker runs) decode it once.
+# Datasets are never modified in place (partitions, subsets and relabelling make new arrays).
 _LOADED: dict[tuple, Dataset] = {}
 _LOADED_MAX = 2
 
 
-def _files_signature(name: str, data_dir: str | None) -> tuple:
+def _files_signature(folder: Path | None) -> tuple:
     """Names, sizes and modification times of the files a dataset is read from (two folder
     levels), so that a changed or replaced file is read again."""
-    if name == "digits":  # inside scikit-learn
+    if folder is None:
         return ()
-    if not data_dir and name != "fmnist":
-        return ("no folder",)  # the loader refuses it
-    folder = Path(data_dir or FMNIST_DEBIAN_DIR).expanduser()
     signature = []
     try:
         for path in sorted([*folder.glob("*"), *folder.glob("*/*")]):
@@ -341,33 +380,36 @@ def _files_signature(name: str, data_dir: str | None) -> tuple:
     return tuple(signature)
 
 
-def load_dataset(
-    name: str, data_dir: str | None = None, label_mode: str = "binary", normalize: str = "dataset"
-) -> Dataset:
-    """Load dataset ``name`` (one of :data:`DATASETS`); ``label_mode`` is NSL-KDD's,
-    ``normalize`` how image pixels are normalised (:func:`normalize_images`; NSL-KDD's
-    features are always standardised by its loader). The last two datasets loaded are kept
-    in memory while their files stay unchanged."""
-    if name not in DATASETS:
-        raise DataError(f"unknown dataset {name!r} (known: {', '.join(DATASETS)})")
-    key = (name, data_dir or "", label_mode, normalize, _files_signature(name, data_dir))
+def open_dataset(source: type, options) -> Dataset:
+    """The dataset of plug-in class ``source`` with ``options``, checked; the last two
+    loaded are kept in memory while their files stay unchanged."""
+    import dataclasses
+
+    values = tuple((f.name, repr(getattr(options, f.name))) for f in dataclasses.fields(options))
+    key = (
+        f"{source.__module__}:{source.__qualname__}",
+        values,
+        _files_signature(source.source_files(options)),
+    )
     if key in _LOADED:
         return _LOADED[key]
-    dataset = _load_dataset(name, data_dir, label_mode, normalize)
+    dataset = checked(source.build(options, None))
     if len(_LOADED) >= _LOADED_MAX:
         _LOADED.pop(next(iter(_LOADED)))
     _LOADED[key] = dataset
     return dataset
 
 
-def _load_dataset(name: str, data_dir: str | None, label_mode: str, normalize: str) -> Dataset:
-    if name == "nsl-kdd":
-        from fedhet.data.nslkdd import load_nslkdd
+def load_dataset(name: str, data_dir: str | None = None, **options) -> Dataset:
+    """Load dataset ``name`` (any registered dataset plug-in) with its options given as
+    keywords (``data_dir``, ``normalize``, ``label_mode``, ...)."""
+    from fedhet.checks import typed_options
+    from fedhet.registry import resolve
 
-        dataset = load_nslkdd(data_dir, label_mode)
-    else:
-        dataset = DATASETS[name](data_dir)
-    return checked(normalize_images(dataset, normalize))
+    if data_dir:
+        options["data_dir"] = str(data_dir)
+    entry = resolve("dataset", name, "data.dataset")
+    return open_dataset(entry.cls, typed_options(entry.cls.Options, options, "data", f"dataset {name}"))
 
 
 def checked(dataset: Dataset) -> Dataset:

@@ -1,16 +1,20 @@
 """The Flower engine: the same rounds as the embedded engine, with every client task sent as a
 Flower ``Message`` to a ``ClientApp`` on its own SuperNode.
 
-The ServerApp runs fedhet's round driver (:class:`~fedhet.engine.simulator.Simulator`: plan,
-system model, virtual clock, aggregation, evaluation, checkpoints, run directory) with
-:class:`FlowerClients` in place of the in-process clients. Each task travels as a
-``RecordDict``: a ``ConfigRecord`` ``"task"`` (the task's scalars), an ``ArrayRecord``
-``"model"`` (the global parameters and buffers) and an ``ArrayRecord`` ``"payload"`` (the
-algorithm's tensors, e.g. SCAFFOLD's c). The ClientApp loads its own partition (node config
-``partition-id``), keeps its client state (momentum, c_i, g_i) in Flower's
-``context.state``, runs :meth:`~fedhet.client.LocalWorker.execute` with the client's own
-random stream and replies with its :class:`~fedhet.messages.ClientUpdate`: only the covered
-layers. Aggregation is fedhet's (Flower's FedAvg refuses replies whose arrays differ).
+The ServerApp runs fedhet's run loop (:class:`~fedhet.engine.loop.RunLoop`: plan, system
+model, virtual clock, aggregation, evaluation, checkpoints, run directory) with
+:class:`FlowerPool` in place of the in-process pool. Each task travels as a ``RecordDict``:
+a ``ConfigRecord`` ``"task"`` (the task's scalars), an ``ArrayRecord`` ``"model"`` (the
+global parameters and buffers), an ``ArrayRecord`` ``"payload"`` (the algorithm's tensors,
+e.g. SCAFFOLD's c) and an ``ArrayRecord`` ``"state"`` (the client's own state: momentum,
+Adam's moments, c_i, g_i). The ClientApp loads its own partition (node config
+``partition-id``), answers with the shared worker bootstrap
+(:func:`~fedhet.engine.pool.bootstrap_worker`) and the client's own random stream, and
+replies with its :class:`~fedhet.messages.ClientUpdate` (only the covered layers) and its
+new state. The pool keeps every client's state on the server side, where the run's
+checkpoint holds it, so a resumed Flower run continues with the same client states as an
+uninterrupted one. Aggregation is fedhet's (Flower's FedAvg refuses replies whose arrays
+differ).
 
 A client whose ClientApp raises, or whose reply does not arrive within the round's wall-clock
 timeout, is absent for that round (no update; ``participants`` in metrics.csv says so).
@@ -22,15 +26,14 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from fedhet.client import ClientStates
 from fedhet.errors import FedhetError
 from fedhet.messages import ClientTask, ClientUpdate
 
@@ -86,8 +89,8 @@ def _arrays(record) -> dict:
     return {k: v.numpy() for k, v in record.items()}
 
 
-def encode_task(task: ClientTask, params: torch.Tensor, buffers: torch.Tensor):
-    """A task and the global model as a Flower ``RecordDict``."""
+def encode_task(task: ClientTask, params: torch.Tensor, buffers: torch.Tensor, state: dict | None = None):
+    """A task, the global model and the client's state as a Flower ``RecordDict``."""
     from flwr.app import ConfigRecord, RecordDict
 
     scalars, arrays = _split(task.to_dict())
@@ -97,30 +100,35 @@ def encode_task(task: ClientTask, params: torch.Tensor, buffers: torch.Tensor):
     records = {"task": ConfigRecord(scalars), "model": _array_record(model)}
     if arrays:
         records["payload"] = _array_record(arrays)
+    if state:
+        records["state"] = _state_to_record(state)
     return RecordDict(records)
 
 
-def decode_task(content) -> tuple[ClientTask, torch.Tensor, torch.Tensor]:
+def decode_task(content) -> tuple[ClientTask, torch.Tensor, torch.Tensor, dict]:
     payload = _arrays(content["payload"]) if "payload" in content else {}
     model = _arrays(content["model"])
     task = ClientTask.from_dict({**dict(content["task"]), **payload})
     params = torch.from_numpy(model["params"].copy())
     buffers = torch.from_numpy(model["buffers"].copy()) if "buffers" in model else torch.zeros(0)
-    return task, params, buffers
+    state = _state_from_record(content["state"]) if "state" in content else {}
+    return task, params, buffers, state
 
 
-def encode_update(update: ClientUpdate):
+def encode_update(update: ClientUpdate, state: dict | None = None):
     from flwr.app import ConfigRecord, RecordDict
 
     scalars, arrays = _split(update.to_dict())
-    return RecordDict({"update": ConfigRecord(scalars), "arrays": _array_record(arrays)})
+    records = {"update": ConfigRecord(scalars), "arrays": _array_record(arrays)}
+    if state:
+        records["state"] = _state_to_record(state)
+    return RecordDict(records)
 
 
-def decode_update(content) -> ClientUpdate:
-    return ClientUpdate.from_dict({**dict(content["update"]), **_arrays(content["arrays"])})
-
-
-STATE_KEY = "fedhet_client_state"
+def decode_update(content) -> tuple[ClientUpdate, dict]:
+    update = ClientUpdate.from_dict({**dict(content["update"]), **_arrays(content["arrays"])})
+    state = _state_from_record(content["state"]) if "state" in content else {}
+    return update, state
 
 
 def _state_to_record(state: dict):
@@ -148,38 +156,6 @@ def _reason(reply) -> str:
 # --- the ClientApp -----------------------------------------------------------------------
 
 
-@dataclass
-class _ClientSide:
-    """What one process needs to answer tasks: the world (data, model, algorithm) of a
-    configuration, built once per process and configuration."""
-
-    world: object
-    seed: int
-
-
-_CLIENT_SIDES: dict[str, _ClientSide] = {}
-_CLIENT_LOCK = threading.Lock()
-
-
-def _client_side(config_toml: str) -> _ClientSide:
-    with _CLIENT_LOCK:
-        if config_toml not in _CLIENT_SIDES:
-            import tomllib
-
-            from fedhet.config import from_dict
-            from fedhet.world import build_world
-
-            config = from_dict(tomllib.loads(config_toml))
-            from fedhet.threads import set_core_budget
-
-            # "auto" within the CPUs Ray gives each client; 0 means one thread here
-            set_core_budget(max(1, int(config.run.flower_cpus_per_client)))
-            if config.run.threads == 0:
-                config.run.threads = 1
-            _CLIENT_SIDES[config_toml] = _ClientSide(build_world(config), config.run.seed)
-        return _CLIENT_SIDES[config_toml]
-
-
 def partition_of(context) -> int:
     """The client index this node serves: its node config's ``partition-id``."""
     node_config = context.node_config
@@ -203,7 +179,7 @@ def make_client_app(
     from flwr.app import ConfigRecord, Message, RecordDict
     from flwr.clientapp import ClientApp
 
-    from fedhet import seeding
+    from fedhet.engine.pool import bootstrap_worker
 
     app = ClientApp()
 
@@ -218,22 +194,16 @@ def make_client_app(
             raise RuntimeError(f"client {partition} fails on purpose")
         if partition in delay_clients:
             time.sleep(delay_clients[partition])
-        side = _client_side(config_of(context))
-        task, params, buffers = decode_task(msg.content)
+        config_toml = config_of(context)
+        side = bootstrap_worker(config_toml, cores=_cpus_per_client(config_toml))
+        task, params, buffers, state = decode_task(msg.content)
         if task.client != partition:
             raise FedhetError(f"task for client {task.client} sent to the node of partition {partition}")
         world = side.world
         world.worker.slowdown = float(context.node_config.get("slowdown", 1.0))  # wall-clock tasks
         world.worker.layer_delay = float(context.node_config.get("layer-delay", 0.0))
-        state = _state_from_record(context.state[STATE_KEY]) if STATE_KEY in context.state else {}
-        stream = "probe" if task.kind == "probe" else "training"
-        rng = seeding.client_stream(side.seed, task.round, task.client, stream)
-        update = world.worker.execute(
-            task, params, buffers, world.client_data(task.client), state, rng, world.algorithm
-        )
-        if state or STATE_KEY in context.state:  # stateless rules keep the context empty
-            context.state[STATE_KEY] = _state_to_record(state)
-        return Message(encode_update(update), reply_to=msg)
+        update = side.execute(task, params, buffers, state)
+        return Message(encode_update(update, state), reply_to=msg)
 
     return app
 
@@ -241,39 +211,50 @@ def make_client_app(
 # --- the server side -----------------------------------------------------------------------
 
 
-class FlowerClients:
-    """Runs client tasks through a Flower ``Grid``: one message per task to the node serving
-    that client; replies that are errors or late are absent clients. Same interface as
-    :class:`~fedhet.engine.clients.InProcessClients`."""
+class FlowerPool:
+    """A client pool over a Flower ``Grid``: one message per task to the node serving that
+    client, carrying the client's state out and back; replies that are errors or late are
+    absent clients (they yield no update and keep their state)."""
 
     def __init__(self, grid, nodes: dict[int, int], timeout: float | None):
         self.grid = grid
         self.nodes = nodes  # client index -> node id
         self.timeout = timeout
+        self.states = ClientStates()
         self.failures: list[tuple[int, int, str]] = []  # (round, client, why)
 
-    def run(self, tasks: list[ClientTask], params, buffers, states) -> list[ClientUpdate]:
+    def run(self, tasks: list[ClientTask], params, buffers):
         from flwr.app import Message
 
         messages, sent = [], {}
         for task in tasks:
-            message = Message(encode_task(task, params, buffers), self.nodes[task.client], TRAIN)
+            state = self.states.of(task.client)
+            message = Message(encode_task(task, params, buffers, state), self.nodes[task.client], TRAIN)
             messages.append(message)
             sent[task.client] = task
         replies = list(self.grid.send_and_receive(messages, timeout=self.timeout))
-        updates = []
+        updates: dict[int, ClientUpdate] = {}
         for reply in replies:
             if reply.has_error():
                 client = self._client_of(reply.metadata.src_node_id)
                 self._fail(sent, client, f"client error: {_reason(reply)}")
                 continue
-            update = decode_update(reply.content)
-            updates.append(update)
-        answered = {u.client for u in updates} | {c for _, c, _ in self.failures if c in sent}
+            update, state = decode_update(reply.content)
+            self.states.of(update.client).update(state)
+            updates[update.client] = update
+        failed = {c for _, c, _ in self.failures if c in sent}
         for client in sent:
-            if client not in answered:
+            if client not in updates and client not in failed:
                 self._fail(sent, client, "no reply within the round's timeout")
-        return sorted(updates, key=lambda u: u.client)
+        for task in tasks:  # in task order
+            if task.client in updates:
+                yield updates.pop(task.client)
+
+    def state_dict(self) -> dict:
+        return self.states.state_dict()
+
+    def load_state_dict(self, saved: dict) -> None:
+        self.states.load_state_dict(saved)
 
     def _client_of(self, node_id: int) -> int:
         return next(c for c, n in self.nodes.items() if n == node_id)
@@ -340,17 +321,26 @@ def make_server_app(
 
 
 def serve(grid, config, out_dir, resume=False, overwrite=False, on_round=None):
-    """Run ``config`` over the nodes of ``grid`` with fedhet's round driver."""
-    from fedhet.engine.simulator import Simulator
+    """Run ``config`` over the nodes of ``grid`` with fedhet's run loop."""
+    from fedhet.engine.loop import RunLoop
 
     nodes = discover_nodes(grid, config.data.num_clients)
     timeout = config.run.round_timeout or None
 
-    def clients(world):
-        return FlowerClients(grid, nodes, timeout)
+    def pool(world):
+        return FlowerPool(grid, nodes, timeout)
 
-    simulator = Simulator(config, out_dir, on_round=on_round, clients_factory=clients)
-    return simulator.run(resume=resume, overwrite=overwrite)
+    return RunLoop(config, out_dir, on_round=on_round, pool_factory=pool).run(
+        resume=resume, overwrite=overwrite
+    )
+
+
+def _cpus_per_client(config_toml: str) -> int:
+    """The CPUs Ray gives each client (``run.flower_cpus_per_client``), read from the resolved
+    configuration without building it."""
+    import tomllib
+
+    return max(1, int(tomllib.loads(config_toml).get("run", {}).get("flower_cpus_per_client", 1)))
 
 
 def _app_config(app_dir: Path, context):

@@ -15,7 +15,7 @@ import torch
 from fedhet.client import ClientStates
 from fedhet.errors import FedhetError
 
-CHECKPOINT_VERSION = 3  # 3: server memories kept beside the checkpoint (client-memory/)
+CHECKPOINT_VERSION = 4  # 3: server memories beside the checkpoint; 4: plug-in configuration tree
 
 
 @dataclass
@@ -51,6 +51,7 @@ RESUMABLE_CHANGES = (
     "engine",
     "round_timeout",
     "flower_cpus_per_client",
+    "callbacks",
 )
 
 

@@ -1,6 +1,7 @@
-"""Models that declare their layers, input to output (DESIGN idea 4)."""
+"""Models that declare their layers, input to output; each zoo model registers itself as a
+``model`` plug-in (:mod:`fedhet.registry`)."""
 
 from fedhet.models.layers import FlatModel, LayeredModel
-from fedhet.models.zoo import MODELS, build_model
+from fedhet.models.zoo import ModelContext, build_model
 
-__all__ = ["MODELS", "FlatModel", "LayeredModel", "build_model"]
+__all__ = ["FlatModel", "LayeredModel", "ModelContext", "build_model"]

@@ -11,12 +11,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from torch import nn
 
 from fedhet.errors import ConfigError
 from fedhet.models.layers import LayeredModel
 from fedhet.models.pooling import MaxPool2x2
+from fedhet.registry import register
 
 VGG_STAGES = {
     "vgg11": [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"],
@@ -133,21 +135,107 @@ def vgg(input_shape: Sequence[int], num_classes: int, variant: str = "vgg11") ->
     return LayeredModel(blocks)
 
 
-MODELS = ("mlp", "cnn2", "cnn-fedstale", "simple-cnn", *VGG_STAGES)
+@dataclass
+class ModelContext:
+    """What a model is built for: one example's shape and the number of classes."""
+
+    input_shape: tuple[int, ...]
+    num_classes: int
+
+
+@dataclass
+class NoOptions:
+    """Models without options."""
+
+
+@dataclass
+class MLPOptions:
+    """``hidden``: the hidden layers' sizes, input to output."""
+
+    hidden: list = field(default_factory=lambda: [32, 16])
+
+    def validate(self) -> None:
+        if not all(
+            isinstance(h, int) and not isinstance(h, bool) and 1 <= h <= MAX_HIDDEN for h in self.hidden
+        ):
+            raise ConfigError(f"model.hidden = {self.hidden!r}: must be integers in 1..{MAX_HIDDEN}")
+
+
+MAX_HIDDEN = 65_536
+
+
+class ZooModel:
+    """A built-in model: ``build(options, ctx)`` calls the zoo function ``make``."""
+
+    name = "base"
+    Options: type = NoOptions
+    make = None
+
+    @classmethod
+    def build(cls, options, ctx: ModelContext) -> LayeredModel:
+        return cls.make(ctx.input_shape, ctx.num_classes)
+
+
+@register("model")
+class MLP(ZooModel):
+    """Fully connected layers with ReLU (SALF Sec. IV-A)."""
+
+    name = "mlp"
+    Options = MLPOptions
+
+    @classmethod
+    def build(cls, options: MLPOptions, ctx: ModelContext) -> LayeredModel:
+        return mlp(ctx.input_shape, ctx.num_classes, options.hidden)
+
+
+@register("model")
+class CNN2(ZooModel):
+    """Two 5x5 convolutions, two dense layers (SALF Sec. IV-A)."""
+
+    name = "cnn2"
+    make = staticmethod(cnn2)
+
+
+@register("model")
+class CNNFedStale(ZooModel):
+    """The FedStale authors' MNIST CNN."""
+
+    name = "cnn-fedstale"
+    make = staticmethod(cnn_fedstale)
+
+
+@register("model")
+class SimpleCNN(ZooModel):
+    """pfl-research's benchmark CNN (without dropout)."""
+
+    name = "simple-cnn"
+    make = staticmethod(simple_cnn)
+
+
+def _vgg_plugin(variant: str) -> type:
+    @register("model", variant)
+    class VGG(ZooModel):
+        __doc__ = f"{variant.upper()} with BatchNorm, CIFAR form (one Linear classifier)."
+        name = variant
+
+        @classmethod
+        def build(cls, options, ctx: ModelContext) -> LayeredModel:
+            return vgg(ctx.input_shape, ctx.num_classes, variant)
+
+    VGG.__qualname__ = VGG.__name__ = variant.upper()
+    return VGG
+
+
+VGG11, VGG13, VGG16, VGG19 = (_vgg_plugin(v) for v in VGG_STAGES)
 
 
 def build_model(
     name: str, input_shape: Sequence[int], num_classes: int, hidden: Sequence[int] = (32, 16)
 ) -> LayeredModel:
-    """Build zoo model ``name`` for inputs of ``input_shape`` and ``num_classes`` classes."""
-    if name == "mlp":
-        return mlp(input_shape, num_classes, hidden)
-    if name == "cnn2":
-        return cnn2(input_shape, num_classes)
-    if name == "cnn-fedstale":
-        return cnn_fedstale(input_shape, num_classes)
-    if name == "simple-cnn":
-        return simple_cnn(input_shape, num_classes)
-    if name in VGG_STAGES:
-        return vgg(input_shape, num_classes, name)
-    raise ConfigError(f"model.name = {name!r}: unknown (known: {', '.join(MODELS)})")
+    """Build model ``name`` (any registered model plug-in) for inputs of ``input_shape`` and
+    ``num_classes`` classes; ``hidden`` is the mlp's."""
+    from fedhet.registry import resolve
+
+    entry = resolve("model", name, "model.name")
+    options = MLPOptions(list(hidden)) if entry.cls is MLP else entry.cls.Options()
+    return entry.cls.build(options, ModelContext(tuple(input_shape), num_classes))

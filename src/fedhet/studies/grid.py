@@ -259,7 +259,7 @@ def compare_cells(raw: dict, where: str | Path = "config") -> list[Cell]:
 def _run_cell(config: Config, out_dir: str, core_budget: int | None = None) -> dict:
     """Run one cell. Threads: ``run.threads = "auto"`` within ``core_budget`` cores (a
     parallel grid's share of the free cores); 0 means one thread in a grid."""
-    from fedhet.engine.simulator import Simulator
+    from fedhet.engine.loop import RunLoop
     from fedhet.threads import set_core_budget
 
     set_core_budget(core_budget)
@@ -267,7 +267,7 @@ def _run_cell(config: Config, out_dir: str, core_budget: int | None = None) -> d
         import torch
 
         torch.set_num_threads(1)
-    sim = Simulator(config, out_dir)
+    sim = RunLoop(config, out_dir)
     return sim.run(resume=True).summary
 
 
@@ -348,16 +348,19 @@ def _preload_datasets(cells: list[Cell]) -> None:
         return
     import torch
 
-    from fedhet.data import load_dataset
+    from fedhet.data import open_dataset
 
     # a process that forks must not have started OpenMP threads: a forked worker would wait
     # on them forever; this process computes nothing heavy after the pool starts
     torch.set_num_threads(1)
-    wanted = {(c.config.data.dataset, c.config.data.data_dir, c.config.data.label_mode,
-               c.config.data.normalize) for c in cells}  # fmt: skip
-    for name, data_dir, label_mode, normalize in sorted(wanted)[:2]:
+    wanted = {}
+    for cell in cells:
+        data = cell.config.data
+        options = data.options("dataset")
+        wanted.setdefault((data.dataset, repr(options)), (data.entry("dataset").cls, options))
+    for key in sorted(wanted)[:2]:
         try:
-            load_dataset(name, data_dir or None, label_mode, normalize)
+            open_dataset(*wanted[key])
         except FedhetError:
             pass  # the cells report it, each in its own run
 

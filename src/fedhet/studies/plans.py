@@ -11,13 +11,13 @@ import numpy as np
 from fedhet.config import Config
 from fedhet.errors import ConfigError
 from fedhet.results import dumps
-from fedhet.system.outcomes import ExponentialLayers, deadline_for_depth_fraction, expected_depth_fraction
+from fedhet.system import deadline_for_depth_fraction, expected_depth_fraction
 
 
 def describe_plan(config: Config, depth_fraction: float | None = None, out: str | None = None) -> list[str]:
     """Lines describing the run's deadlines and its algorithm's plan (written to ``out`` as
     JSON when given). Clients answer the algorithm's probe tasks as in a run."""
-    from fedhet.engine.clients import InProcessClients
+    from fedhet.engine.pool import InProcessPool, WorkerSide
     from fedhet.engine.state import RunState
     from fedhet.world import build_world
 
@@ -25,7 +25,7 @@ def describe_plan(config: Config, depth_fraction: float | None = None, out: str 
         raise ConfigError(f"--depth-fraction {depth_fraction}: must be in (0, 1]")
     world = build_world(config)
     system, rounds = world.system, config.run.rounds
-    if depth_fraction is not None and not isinstance(system, ExponentialLayers):
+    if depth_fraction is not None and not _exponential(system):
         raise ConfigError(
             f"--depth-fraction: system.model = {config.system.model!r} has no time law to calibrate a "
             "deadline against; use system.model = 'exponential'"
@@ -34,7 +34,7 @@ def describe_plan(config: Config, depth_fraction: float | None = None, out: str 
     lines = [
         f"{config.run.name}: {world.num_clients} clients, {world.flat.num_layers} layers, {rounds} rounds"
     ]
-    if isinstance(system, ExponentialLayers):
+    if _exponential(system):
         if config.system.deadline > 0 or config.run.time_budget:
             deadline = config.round_deadline
             share = expected_depth_fraction(system, deadline, batch)
@@ -51,9 +51,9 @@ def describe_plan(config: Config, depth_fraction: float | None = None, out: str 
     setting = world.setting()
     probes = world.algorithm.probe_tasks(setting)
     if probes:
-        clients = InProcessClients(world.worker, world.client_data, config.run.seed, rule=world.algorithm)
+        pool = InProcessPool(WorkerSide(world, config.run.seed))
         state = RunState(world.initial_params, world.initial_buffers)
-        setting.probes = clients.run(probes, state.params, state.buffers, state.clients)
+        setting.probes = list(pool.run(probes, state.params, state.buffers))
     algorithm_state = world.algorithm.init_state(setting)
     lines += [f"warning: {note}" for note in world.algorithm.warnings(algorithm_state)]
     plan = world.algorithm.reports(algorithm_state).get("plan")
@@ -74,8 +74,14 @@ def describe_plan(config: Config, depth_fraction: float | None = None, out: str 
             lines.append(f"  written to {out}")
     elif out:
         raise ConfigError(f"--out {out}: {config.algorithm_name} has no plan to write (adel-fl has)")
-    elif not isinstance(system, ExponentialLayers):
+    elif not _exponential(system):
         lines.append(
             f"{config.algorithm_name}: no planner; system {system.name} has no time law to calibrate"
         )
     return lines
+
+
+def _exponential(system) -> bool:
+    """Whether the system model samples ADEL-FL's exponential layer times (A4)."""
+    law = system.time_law()
+    return law is not None and law.kind == "exponential-layers"

@@ -1,42 +1,62 @@
-"""System models: who finishes what by when, on the virtual clock (DESIGN ideas 1 and 3)."""
+"""System models: who finishes what by when, on the virtual clock.
 
-from fedhet.system.outcomes import (
-    SYSTEM_MODELS,
-    ExponentialLayers,
-    Marginals,
-    NoStragglers,
-    Outcomes,
-    PerStepCost,
-    StragglerRatio,
+One file per model or wrapper; each registers itself as a plug-in (:mod:`fedhet.registry`,
+kinds ``system_model``, ``participation`` and ``availability``) and declares what it can
+answer (:meth:`SystemModel.time_law`, :attr:`SystemModel.always_present`, ...)."""
+
+from fedhet.system import measured, traces, wallclock  # noqa: F401  (registration)
+from fedhet.system.base import (
+    LayerTimeLaw,
+    NoOptions,
+    StepTimeLaw,
+    SystemContext,
     SystemModel,
-    UniformDepth,
-    Workload,
+    TimeLaw,
+    implied_full_time,
+    steps_from_depth,
 )
+from fedhet.system.calibration import deadline_for_depth_fraction, expected_depth_fraction
+from fedhet.system.depth import DepthOnlyModel, NoStragglers, StragglerRatio, UniformDepth
+from fedhet.system.numerics import poisson_binomial_pmf, random_subset_product
 from fedhet.system.participation import (
     PARTICIPATION_GROUPS,
-    PARTICIPATION_PROFILES,
     BernoulliParticipation,
     CohortSampling,
+    PresenceWrapper,
     participation_probabilities,
 )
-from fedhet.system.profiles import CAPABILITY_PROFILES, capabilities
+from fedhet.system.profiles import CAPABILITY_PROFILES, CapabilityOptions, capabilities
+from fedhet.system.timed import ExponentialLayers, PerStepCost
+from fedhet.system.types import Marginals, Outcomes, Workload
 
 __all__ = [
     "BernoulliParticipation",
-    "CohortSampling",
     "CAPABILITY_PROFILES",
-    "NoStragglers",
-    "PARTICIPATION_GROUPS",
-    "PARTICIPATION_PROFILES",
-    "participation_probabilities",
-    "SYSTEM_MODELS",
+    "CapabilityOptions",
+    "CohortSampling",
+    "DepthOnlyModel",
     "ExponentialLayers",
+    "LayerTimeLaw",
     "Marginals",
+    "NoOptions",
+    "NoStragglers",
     "Outcomes",
+    "PARTICIPATION_GROUPS",
     "PerStepCost",
-    "Workload",
+    "PresenceWrapper",
+    "StepTimeLaw",
     "StragglerRatio",
+    "SystemContext",
     "SystemModel",
+    "TimeLaw",
     "UniformDepth",
+    "Workload",
     "capabilities",
+    "deadline_for_depth_fraction",
+    "expected_depth_fraction",
+    "implied_full_time",
+    "participation_probabilities",
+    "poisson_binomial_pmf",
+    "random_subset_product",
+    "steps_from_depth",
 ]

@@ -23,14 +23,19 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fedhet.checks import in_range
 from fedhet.errors import ConfigError
-from fedhet.system.outcomes import Marginals, Outcomes, SystemModel, Workload
+from fedhet.registry import register
+from fedhet.system.base import SystemContext, SystemModel
+from fedhet.system.profiles import CapabilityOptions
+from fedhet.system.types import Marginals, Outcomes, Workload
 
 _CACHE: dict[tuple, dict] = {}
 
@@ -115,15 +120,62 @@ def read_times(path: Path, num_layers: int) -> dict:
     return times
 
 
+@dataclass
+class MeasuredOptions(CapabilityOptions):
+    """``measured_times``: a calibration file to reuse (``fedhet calibrate --out``; empty =
+    time the model when the run starts); ``step_jitter``: sigma of the per-round lognormal
+    factor; ``comm_time`` and ``upload_bandwidth``: communication as in ``per-step`` (seconds
+    per round, plus the update's bytes at that many bytes per second; 0 = free)."""
+
+    measured_times: str = ""
+    step_jitter: float = 0.0
+    comm_time: float = 0.0
+    upload_bandwidth: float = 0.0
+
+    def validate(self) -> None:
+        super().validate()
+        in_range("system.step_jitter", self.step_jitter, 0.0, 10.0)
+        if self.comm_time < 0:
+            raise ConfigError(f"system.comm_time = {self.comm_time}: must be >= 0")
+        if self.upload_bandwidth < 0:
+            raise ConfigError(f"system.upload_bandwidth = {self.upload_bandwidth}: must be >= 0 (0 = free)")
+
+
+@register("system_model")
 class MeasuredTimes(SystemModel):
     """Per-layer times measured on this host, scaled by each client's capability."""
 
     name = "measured"
+    Options = MeasuredOptions
+
+    @classmethod
+    def build(cls, options: MeasuredOptions, ctx: SystemContext) -> SystemModel:
+        if ctx.measure is None:
+            raise ConfigError("system.model = 'measured' needs the model to time (build it with build_world)")
+        caps = options.draw(ctx.num_clients, ctx.stream("system-setup"))
+        return cls(
+            ctx.num_clients,
+            ctx.num_layers,
+            caps,
+            ctx.measure(),
+            jitter=options.step_jitter,
+            comm_time=options.comm_time,
+            upload_bandwidth=options.upload_bandwidth,
+        )
 
     def __init__(
-        self, num_clients: int, num_layers: int, capabilities: np.ndarray, times: dict, jitter: float = 0.0
+        self,
+        num_clients: int,
+        num_layers: int,
+        capabilities: np.ndarray,
+        times: dict,
+        jitter: float = 0.0,
+        comm_time: float = 0.0,
+        upload_bandwidth: float = 0.0,
     ):
         super().__init__(num_clients, num_layers)
+        self.comm_time = float(comm_time)
+        self.upload_bandwidth = float(upload_bandwidth)
         self.capabilities = np.asarray(capabilities, dtype=float)
         self.times = times
         self.forward = float(np.sum(times["forward"]))
@@ -145,17 +197,19 @@ class MeasuredTimes(SystemModel):
             if self.jitter
             else np.ones(self.num_clients)
         )
+        comm = self.comm_times(work)
         times = self._base_times(work) * factor[:, None]
-        full = times[:, 0]
+        full = times[:, 0] + comm
         if work.deadline is None:
             return Outcomes(self._everyone(), work.depth.copy(), full, full, work.local_steps.copy())
-        fits = times <= work.deadline  # U x (L+1), column d-1
+        spare = work.deadline - comm
+        fits = times <= spare[:, None]  # U x (L+1), column d-1
         allowed = np.arange(1, self.num_layers + 2)[None, :] >= work.depth[:, None]
         depth = np.where(fits & allowed, np.arange(1, self.num_layers + 2)[None, :], self.num_layers + 1).min(
             axis=1
         )
-        step_time = full / work.local_steps
-        done = np.minimum(np.floor(work.deadline / step_time), work.local_steps).astype(int)
+        step_time = times[:, 0] / work.local_steps
+        done = np.minimum(np.floor(np.maximum(spare, 0.0) / step_time), work.local_steps).astype(int)
         return Outcomes(self._everyone(), depth, full, np.minimum(full, work.deadline), done)
 
     def marginals(self, work: Workload) -> Marginals:
@@ -164,12 +218,21 @@ class MeasuredTimes(SystemModel):
         if work.deadline is None:
             reach = (np.arange(1, L + 1)[None, :] >= work.depth[:, None]).astype(float)
             return Marginals(reach, np.prod(1.0 - reach, axis=0), np.ones(self.num_clients))
-        reach = self._probability(work.deadline / base)
+        spare = np.maximum(work.deadline - self.comm_times(work), 0.0)
+        reach = self._probability(spare[:, None] / base)
         reach = reach * (np.arange(1, L + 1)[None, :] >= work.depth[:, None])
         k = np.arange(1, work.max_steps + 1)[None, :]
         full_step = self._base_times(work)[:, 0] / work.local_steps
-        step = self._probability(work.deadline / (k * full_step[:, None])) * (k <= work.local_steps[:, None])
+        step = self._probability(spare[:, None] / (k * full_step[:, None])) * (k <= work.local_steps[:, None])
         return Marginals(reach, np.prod(1.0 - reach, axis=0), np.ones(self.num_clients), step)
+
+    def comm_times(self, work: Workload) -> np.ndarray:
+        """Seconds of communication per client this round: ``comm_time`` plus the upload of
+        ``work.upload_bytes`` at ``upload_bandwidth`` (when both are set)."""
+        comm = np.full(self.num_clients, self.comm_time)
+        if self.upload_bandwidth and work.upload_bytes is not None:
+            comm = comm + np.asarray(work.upload_bytes, float) / self.upload_bandwidth
+        return comm
 
     def _probability(self, ratio: np.ndarray) -> np.ndarray:
         """P[J <= ratio] for J ~ LogNormal(0, sigma) (a step function without jitter)."""
@@ -184,7 +247,15 @@ class MeasuredTimes(SystemModel):
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("times"):  # a resumed run keeps the times it started with
-            self.__init__(self.num_clients, self.num_layers, self.capabilities, state["times"], self.jitter)
+            self.__init__(
+                self.num_clients,
+                self.num_layers,
+                self.capabilities,
+                state["times"],
+                self.jitter,
+                self.comm_time,
+                self.upload_bandwidth,
+            )
 
     def reports(self) -> dict[str, dict]:
         return {"measured_times": self.times}

@@ -14,11 +14,16 @@ clients drawn uniformly without replacement each round (p_i = K/N, not independe
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from fedhet.checks import in_range, number_list, one_of
 from fedhet.errors import ConfigError
-from fedhet.system.outcomes import Marginals, Outcomes, SystemModel, random_subset_product
+from fedhet.registry import register
+from fedhet.system.base import NoOptions, SystemContext, SystemModel
+from fedhet.system.numerics import random_subset_product
+from fedhet.system.types import Marginals, Outcomes
 
 PARTICIPATION_PROFILES = ("always", "two-group", "uniform", "list", "cohort")
 PARTICIPATION_GROUPS = ("random", "second-half")
@@ -75,6 +80,19 @@ def participation_probabilities(
     )
 
 
+@register("participation", "always")
+@register("availability", "always")
+class Always:
+    """No wrapper: every client is present in every round."""
+
+    name = "always"
+    Options = NoOptions
+
+    @classmethod
+    def build(cls, options, ctx: SystemContext) -> SystemModel:
+        return ctx.base
+
+
 class PresenceWrapper(SystemModel):
     """Shared by the wrappers that decide who is present (Bernoulli participation,
     availability traces): a present client's depth and time come from the wrapped model.
@@ -117,7 +135,14 @@ class PresenceWrapper(SystemModel):
 
     @property
     def independent_clients(self) -> bool:
-        return self.base.independent_clients and not isinstance(self, CohortSampling)
+        return self.base.independent_clients
+
+    @property
+    def always_present(self) -> bool:
+        return False
+
+    def time_law(self):
+        return self.base.time_law()
 
     def observe(self, updates) -> None:
         self.base.observe(updates)
@@ -149,7 +174,115 @@ class BernoulliParticipation(PresenceWrapper):
     def present(self, work, rng) -> np.ndarray:
         return rng.random(self.num_clients) < self.participation_prob  # FedStale Assumption 4
 
+    @classmethod
+    def build(cls, options, ctx: SystemContext) -> SystemModel:
+        probs = cls.probabilities(options, ctx.num_clients, ctx.stream("participation-setup"))
+        return cls(ctx.base, probs)
 
+
+@dataclass
+class TwoGroupOptions:
+    """Half the clients always present, the others with ``participation_min``; which half is
+    rare: ``participation_group`` = "random" or "second-half"."""
+
+    participation_min: float = 0.1
+    participation_group: str = "random"
+
+    def validate(self) -> None:
+        in_range("system.participation_min", self.participation_min, 0.0, 1.0, low_open=True)
+        one_of("system.participation_group", self.participation_group, PARTICIPATION_GROUPS)
+
+
+@register("participation")
+class TwoGroupParticipation(BernoulliParticipation):
+    """FedStale Sec. 5.1: two groups, p = 1 and p = ``participation_min``."""
+
+    name = "two-group"
+    Options = TwoGroupOptions
+
+    @staticmethod
+    def probabilities(options: TwoGroupOptions, num_clients: int, rng) -> np.ndarray:
+        return participation_probabilities(
+            "two-group", num_clients, rng, p_min=options.participation_min, group=options.participation_group
+        )
+
+
+@dataclass
+class UniformParticipationOptions:
+    """p_i ~ U(``participation_low``, ``participation_high``)."""
+
+    participation_low: float = 0.1
+    participation_high: float = 1.0
+
+    def validate(self) -> None:
+        in_range("system.participation_low", self.participation_low, 0.0, 1.0, low_open=True)
+        in_range("system.participation_high", self.participation_high, 0.0, 1.0, low_open=True)
+        if self.participation_low > self.participation_high:
+            raise ConfigError(
+                f"system.participation_low/high = {self.participation_low}/{self.participation_high}: "
+                "need low <= high"
+            )
+
+
+@register("participation", "uniform")
+class UniformParticipation(BernoulliParticipation):
+    """p_i drawn uniformly in [low, high] once per run."""
+
+    name = "uniform"
+    Options = UniformParticipationOptions
+
+    @staticmethod
+    def probabilities(options, num_clients: int, rng) -> np.ndarray:
+        return participation_probabilities(
+            "uniform", num_clients, rng, low=options.participation_low, high=options.participation_high
+        )
+
+
+@dataclass
+class ListParticipationOptions:
+    """``participation_probs``: p_i of every client, in (0, 1]."""
+
+    participation_probs: list = field(default_factory=list)
+
+    def validate(self) -> None:
+        number_list("system.participation_probs", self.participation_probs, 0.0, 1.0, low_open=True)
+
+    def validate_in(self, config) -> None:
+        clients = config.data.num_clients
+        if len(self.participation_probs) != clients:
+            raise ConfigError(
+                f"system.participation_probs: {len(self.participation_probs)} values given for "
+                f"{clients} clients (participation = 'list')"
+            )
+
+
+@register("participation", "list")
+class ListParticipation(BernoulliParticipation):
+    """p_i given one per client."""
+
+    name = "list"
+    Options = ListParticipationOptions
+
+    @staticmethod
+    def probabilities(options, num_clients: int, rng) -> np.ndarray:
+        return participation_probabilities("list", num_clients, rng, values=options.participation_probs)
+
+
+@dataclass
+class CohortOptions:
+    """``cohort_size`` K: clients drawn per round, uniformly without replacement."""
+
+    cohort_size: int = 10
+
+    def validate_in(self, config) -> None:
+        clients = config.data.num_clients
+        if not 1 <= self.cohort_size <= clients:
+            raise ConfigError(
+                f"system.cohort_size = {self.cohort_size}: must be in 1..{clients} (data.num_clients)"
+            )
+
+
+@register("participation", "cohort")
 class CohortSampling(PresenceWrapper):
     """Wraps a system model: each round exactly ``cohort_size`` clients, drawn uniformly
     without replacement, are present (FedAvg's client sampling, McMahan et al. 2017); the
@@ -174,6 +307,16 @@ class CohortSampling(PresenceWrapper):
         self.cohort_size = int(cohort_size)
         self.participation_prob = np.full(base.num_clients, cohort_size / base.num_clients)
         self.name = f"{base.name}+cohort"
+
+    Options = CohortOptions
+
+    @classmethod
+    def build(cls, options: CohortOptions, ctx: SystemContext) -> SystemModel:
+        return cls(ctx.base, options.cohort_size)
+
+    @property
+    def independent_clients(self) -> bool:
+        return False  # exactly K present couples the clients
 
     def present(self, work, rng) -> np.ndarray:
         present = np.zeros(self.num_clients, dtype=bool)

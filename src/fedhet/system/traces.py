@@ -24,8 +24,10 @@ from pathlib import Path
 import numpy as np
 
 from fedhet.errors import ConfigError, DataError
-from fedhet.system.outcomes import SystemModel, Workload
+from fedhet.registry import register
+from fedhet.system.base import SystemContext, SystemModel
 from fedhet.system.participation import PresenceWrapper
+from fedhet.system.types import Workload
 
 
 @dataclass
@@ -128,9 +130,27 @@ def from_fedscale(path: str | Path) -> AvailabilityTrace:
     return AvailabilityTrace(rows, max(finish) if finish else 1.0)
 
 
+@dataclass
+class TraceOptions:
+    """``availability_trace``: the trace file (format above)."""
+
+    availability_trace: str = ""
+
+    def validate(self) -> None:
+        if not self.availability_trace:
+            raise ConfigError("system.availability = 'trace' needs system.availability_trace (a trace file)")
+
+
+@register("availability", "trace")
 class TraceAvailability(PresenceWrapper):
     """Wraps a system model: client i takes part in a round only if the trace has it online
     when the round starts; participation_prob_i = its share of online time."""
+
+    Options = TraceOptions
+
+    @classmethod
+    def build(cls, options: TraceOptions, ctx: SystemContext) -> SystemModel:
+        return cls(ctx.base, read_trace(options.availability_trace, ctx.num_clients))
 
     def __init__(self, base: SystemModel, trace: AvailabilityTrace):
         super().__init__(base)

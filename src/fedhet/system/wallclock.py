@@ -16,14 +16,21 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedhet.system.outcomes import Marginals, Outcomes, SystemModel, Workload
+from fedhet.registry import register
+from fedhet.system.base import SystemContext, SystemModel
+from fedhet.system.types import Marginals, Outcomes, Workload
 
 
+@register("system_model")
 class WallClock(SystemModel):
     """Clients meet a real deadline themselves; p_l estimated from observed depths."""
 
     name = "wall-clock"
     wall_clock = True
+
+    @classmethod
+    def build(cls, options, ctx: SystemContext) -> SystemModel:
+        return cls(ctx.num_clients, ctx.num_layers, deadline=ctx.deadline)
 
     def __init__(self, num_clients: int, num_layers: int, deadline: float = 1.0):
         super().__init__(num_clients, num_layers)

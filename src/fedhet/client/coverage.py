@@ -1,0 +1,72 @@
+"""The part of the model a task covers: layers ``depth..L`` (SALF's partial
+back-propagation) at width rate ``width`` (HeteroFL's sub-models).
+
+A :class:`CoverageView` gives the trainer everything about that part in one place: the
+reached parameters to ask autograd for, their flat region, the width mask and the scaler
+hooks of a sub-model, and the update over the covered elements at the end."""
+
+from __future__ import annotations
+
+import torch
+
+from fedhet.models.layers import FlatModel
+from fedhet.models.width import scaler_hooks, width_mask
+
+
+class WidthMasks:
+    """The flat parameter masks of sub-model rates, computed once per rate."""
+
+    def __init__(self, flat: FlatModel):
+        self.flat = flat
+        self._masks: dict[float, torch.Tensor] = {}
+
+    def __call__(self, rate: float) -> torch.Tensor:
+        if rate not in self._masks:
+            self._masks[rate] = width_mask(self.flat.layout, rate)
+        return self._masks[rate]
+
+
+class CoverageView:
+    """Layers ``depth..L`` of the working model at width ``rate``.
+
+    ``reached``: their parameters (autograd is asked for these only); ``region``: their
+    flat values (a view into the working model); ``param_slice``/``buffer_slice``: where they
+    sit in the flat vectors; ``mask``: the sub-model's elements (None at full width)."""
+
+    def __init__(self, flat: FlatModel, depth: int, rate: float = 1.0, masks: WidthMasks | None = None):
+        self.flat = flat
+        self.depth = depth
+        self.rate = rate
+        self.param_slice = flat.param_slices.from_depth(depth)
+        self.buffer_slice = flat.buffer_slices.from_depth(depth)
+        self.mask = None if rate == 1.0 else (masks or WidthMasks(flat))(rate)
+        self.reached = flat.parameters_from_depth(depth)
+        self.region = flat.params[self.param_slice]
+        self._hooks: list = []
+
+    def enter(self) -> None:
+        """Before the steps: a sub-model zeroes the elements it does not hold and scales its
+        hidden outputs by 1/r (HeteroFL)."""
+        if self.mask is not None:
+            with torch.no_grad():
+                self.flat.params.mul_(self.mask)
+            self._hooks = scaler_hooks(self.flat.model, self.rate)
+
+    def exit(self) -> None:
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+
+    def restrict(self, grad: torch.Tensor) -> torch.Tensor:
+        """The gradient over the covered elements only (in place)."""
+        if self.mask is not None:
+            grad.mul_(self.mask)
+        return grad
+
+    @torch.no_grad()
+    def deltas(self, params: torch.Tensor, buffers: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(w_u - w_t over the covered elements, the covered buffers' change)."""
+        delta = self.region - params[self.param_slice]
+        if self.mask is not None:
+            delta.mul_(self.mask)  # elements outside the sub-model are not the client's
+        return delta, self.flat.buffers[self.buffer_slice] - buffers[self.buffer_slice]

@@ -1,0 +1,42 @@
+"""The client-side hooks of an algorithm, as the local trainer sees them."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from fedhet.client.state import ClientState
+from fedhet.messages import ClientTask, ClientUpdate
+
+
+class ClientRule(Protocol):
+    """The client-side hooks of an algorithm (see :class:`fedhet.algorithms.Algorithm`).
+    ``corrects_gradients`` is False when :meth:`gradient_correction` always returns None;
+    ``tracks_gradient_differences`` asks for :meth:`observe_gradients` at every step."""
+
+    corrects_gradients: bool
+    tracks_gradient_differences: bool
+
+    def gradient_correction(
+        self, task: ClientTask, state: ClientState, region: slice, local: torch.Tensor, anchor: torch.Tensor
+    ) -> torch.Tensor | None: ...
+
+    def finish_local_work(
+        self,
+        task: ClientTask,
+        update: ClientUpdate,
+        state: ClientState,
+        region: slice,
+        local: torch.Tensor,
+        anchor: torch.Tensor,
+    ) -> None: ...
+
+    def observe_gradients(
+        self,
+        task: ClientTask,
+        state: ClientState,
+        local_grad: torch.Tensor,
+        anchor_grad: torch.Tensor,
+        distance: float,
+    ) -> None: ...

@@ -1,0 +1,260 @@
+"""The local trainer: a :class:`~fedhet.messages.ClientTask` in, a
+:class:`~fedhet.messages.ClientUpdate` out, composed of declared pieces:
+
+- a :class:`~fedhet.client.coverage.CoverageView` (the layers and width the task covers);
+- a :class:`~fedhet.client.budget.SimulatedBudget` or
+  :class:`~fedhet.client.budget.WallClockBudget` (how much work: given by the system side);
+- the algorithm's gradient transform (FedProx's proximal term, SCAFFOLD's control variates,
+  FedDyn's linear term: :meth:`Algorithm.gradient_correction`), added to each step's gradient;
+- a :class:`~fedhet.client.optimizers.LocalOptimizer` (SGD, Adam, ...; its state in the
+  client's state);
+- a chain of :class:`~fedhet.client.postprocess.Postprocessor` applied to the update.
+
+A client computes from its task, the global parameters it was sent, its own data, its own
+state and its own random stream, and nothing else. One working model (a
+:class:`~fedhet.models.FlatModel`) serves every client, reloaded in place before each task.
+A client covering depth d trains layers d..L only: the forward pass runs the layers below d
+without a graph, autograd is asked for the reached parameters only, and the optimizer
+touches only their flat region (SALF Sec. III-A).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from fedhet.client.budget import SimulatedBudget, WallClockBudget, timed_first_step
+from fedhet.client.coverage import CoverageView, WidthMasks
+from fedhet.client.gradients import gradients
+from fedhet.client.optimizers import SGD, LocalOptimizer
+from fedhet.client.postprocess import Postprocessor, generator_for, payload_bytes
+from fedhet.client.rule import ClientRule
+from fedhet.client.state import ClientData, ClientState
+from fedhet.messages import ClientTask, ClientUpdate, Coverage
+from fedhet.models.layers import FlatModel
+
+
+class LocalTrainer:
+    """Runs client tasks on one reused working model with ``optimizer`` (default plain SGD)
+    and the ``postprocessors`` chain."""
+
+    def __init__(
+        self,
+        flat: FlatModel,
+        optimizer: LocalOptimizer | None = None,
+        postprocessors: list[Postprocessor] | None = None,
+    ):
+        self.flat = flat
+        self.optimizer = optimizer or SGD()
+        self.postprocessors = list(postprocessors or [])
+        self.masks = WidthMasks(flat)
+        self.slowdown = 1.0  # wall-clock tasks: this device runs `slowdown` times slower
+        self.layer_delay = 0.0  # wall-clock tasks: extra seconds per layer back-propagated
+        self._warm = False
+
+    @property
+    def num_layers(self) -> int:
+        return self.flat.num_layers
+
+    def payload_bytes(self, depth: int = 1) -> int:
+        """Bytes a full-width update covering layers ``depth..L`` has on the wire (float32
+        parameters and buffers, after the postprocessors)."""
+        flat = self.flat
+        params = flat.param_slices.from_depth(depth)
+        buffers = flat.buffer_slices.from_depth(depth)
+        elements = (params.stop - params.start) if depth <= flat.num_layers else 0
+        extra = (buffers.stop - buffers.start) * 4 if depth <= flat.num_layers else 0
+        return payload_bytes(self.postprocessors, elements) + extra
+
+    def execute(
+        self,
+        task: ClientTask,
+        params: torch.Tensor,
+        buffers: torch.Tensor,
+        data: ClientData,
+        state: ClientState,
+        rng: np.random.Generator,
+        rule: ClientRule | None = None,
+    ) -> ClientUpdate:
+        """Do ``task`` (``"train"`` or ``"probe"``) for the client owning ``data``."""
+        if task.kind == "probe":
+            return self.probe(task, params, buffers, data, rng)
+        if task.kind != "train":
+            raise ValueError(f"unknown task kind {task.kind!r}")
+        update = self.train(task, params, buffers, data, state, rng, rule)
+        if self.postprocessors and update.steps > 0:
+            generator = generator_for(rng)
+            for step in self.postprocessors:
+                update = step.process(update, state, generator)
+        return update
+
+    def budget_for(self, task: ClientTask) -> SimulatedBudget | WallClockBudget:
+        """The work budget the system side gave the task: its steps and depth on the virtual
+        clock, or real seconds (``task.time_limit``)."""
+        if task.time_limit:
+            return WallClockBudget(task.time_limit, self.slowdown, self.layer_delay)
+        return SimulatedBudget(task.local_steps, task.coverage.depth)
+
+    def train(
+        self,
+        task: ClientTask,
+        params: torch.Tensor,
+        buffers: torch.Tensor,
+        data: ClientData,
+        state: ClientState,
+        rng: np.random.Generator,
+        rule: ClientRule | None = None,
+    ) -> ClientUpdate:
+        """``task.local_steps`` optimizer steps on the covered layers ``depth..L`` within the
+        task's budget. Each step draws a batch of ``task.batch_size`` examples without
+        replacement from the client's data; the gradient gets the rule's correction, then
+        the optimizer's step."""
+        rate = task.coverage.width
+        if rate != 1.0 and (task.coverage.depth != 1 or task.time_limit):
+            raise ValueError("a width-reduced sub-model trains every layer on the simulated clock")
+        depth, steps = task.coverage.depth, task.local_steps
+        flat = self.flat
+        n = len(data)
+        budget = self.budget_for(task)
+        first = None
+        if budget.timed and depth <= flat.num_layers and steps > 0:
+            x, y = data.batch(rng, task.batch_size)
+            self._warm_up(x, y)
+            flat.load(params, buffers)  # after the warm-up, which may touch BatchNorm statistics
+            flat.model.train()
+            depth, first = timed_first_step(flat.model, x, y, depth, budget)
+        coverage = Coverage(depth, task.coverage.width) if budget.timed else task.coverage
+        if depth > flat.num_layers or steps <= 0:
+            return ClientUpdate(
+                task.client, coverage, 0, n, float("nan"), torch.zeros(0), model_round=task.model_round
+            )
+        if first is None:
+            flat.load(params, buffers)
+        model = flat.model
+        model.train()
+        view = CoverageView(flat, depth, rate, self.masks)
+        view.enter()
+        optimizer = self.optimizer
+        optimizer.begin(state, flat.params.numel())
+        track = rule is not None and rule.tracks_gradient_differences
+        corrects = rule is not None and rule.corrects_gradients
+        plain = view.mask is None and not track and not corrects and optimizer.plain
+        reached, region, pslice = view.reached, view.region, view.param_slice
+        losses = []
+        done = 0
+        for step in range(steps):
+            if step == 0 and first is not None:  # the timed step already ran
+                loss, grads = first
+            else:
+                if not budget.allows_another_step():
+                    break
+                x, y = data.batch(rng, task.batch_size)
+                loss = F.cross_entropy(model(x, depth), y)
+                grads = gradients(loss, reached)
+                budget.step_done(flat.num_layers + 1 - depth)
+            done += 1
+            losses.append(float(loss.detach()))
+            if plain:  # w <- w - lr g on the reached parameters, in place: no flat copy of g
+                with torch.no_grad():
+                    for parameter, g in zip(reached, grads, strict=True):
+                        parameter.sub_(g, alpha=task.lr)
+                continue
+            with torch.no_grad():
+                grad = view.restrict(torch.cat([g.reshape(-1) for g in grads]))
+            if track:
+                anchor_grad = self._gradient_at(params[pslice], x, y, depth, reached, pslice)
+                with torch.no_grad():
+                    distance = float((region - params[pslice]).norm())
+                rule.observe_gradients(task, state, grad, anchor_grad, distance)
+            with torch.no_grad():
+                if corrects:  # the algorithm's gradient transform
+                    correction = rule.gradient_correction(task, state, pslice, flat.params, params)
+                    if correction is not None:
+                        grad.add_(correction)
+                optimizer.step(region, grad, task.lr, pslice)
+        view.exit()
+        optimizer.end(state)
+        delta, delta_buffers = view.deltas(params, buffers)
+        update = ClientUpdate(
+            client=task.client,
+            coverage=coverage,
+            steps=done,
+            num_samples=n,
+            loss=float(np.mean(losses)),
+            delta=delta,
+            delta_buffers=delta_buffers,
+            model_round=task.model_round,
+        )
+        if rule is not None:
+            with torch.no_grad():
+                rule.finish_local_work(task, update, state, pslice, flat.params, params)
+        return update
+
+    def _warm_up(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Once per process, before the first timed task: autograd's first calls are slow
+        (a fresh process pays a quarter of a second), which is no property of the device."""
+        if self._warm:
+            return
+        self.flat.model.train()
+        timed_first_step(self.flat.model, x[:2], y[:2], 1, WallClockBudget(60.0))
+        self._warm = True
+
+    def _gradient_at(
+        self, point: torch.Tensor, x: torch.Tensor, y: torch.Tensor, depth: int, reached: list, pslice: slice
+    ) -> torch.Tensor:
+        """The gradient over the covered layers at ``point`` (their values) on the batch
+        (x, y), leaving the working model's parameters and buffers as they were."""
+        flat = self.flat
+        with torch.no_grad():
+            saved_params = flat.params[pslice].clone()
+            saved_buffers = flat.buffers.clone()
+            flat.params[pslice].copy_(point)
+        loss = F.cross_entropy(flat.model(x, depth), y)
+        grads = torch.autograd.grad(loss, reached)
+        with torch.no_grad():
+            flat.params[pslice].copy_(saved_params)
+            flat.buffers.copy_(saved_buffers)
+            return torch.cat([g.reshape(-1) for g in grads])
+
+    def probe(
+        self,
+        task: ClientTask,
+        params: torch.Tensor,
+        buffers: torch.Tensor,
+        data: ClientData,
+        rng: np.random.Generator,
+    ) -> ClientUpdate:
+        """Full-depth minibatch gradients at the sent model; nothing is trained.
+
+        Draws ``payload["batches"]`` batches of ``task.batch_size`` and replies with payload
+        ``grad_sq_norm`` (mean ||g_b||^2) and ``grad_variance`` sigma^2 = batch size x the
+        unbiased sample variance of the batch gradients (under ADEL-FL's A2 a batch of S has
+        variance sigma^2 / S)."""
+        num_batches = int(task.payload.get("batches", 8))
+        if num_batches < 2:
+            raise ValueError("a gradient probe needs at least 2 batches for a variance")
+        flat = self.flat
+        size = min(task.batch_size, len(data))
+        params_list = list(flat.parameters_from_depth(1))
+        grads = []
+        for _ in range(num_batches):
+            flat.load(params, buffers)
+            flat.model.train()
+            x, y = data.batch(rng, size)
+            loss = F.cross_entropy(flat.model(x), y)
+            grads.append(torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params_list)]))
+        flat.load(params, buffers)
+        stacked = torch.stack(grads).double()
+        mean_sq_norm = float((stacked**2).sum(dim=1).mean())
+        variance = float(((stacked - stacked.mean(0)) ** 2).sum(dim=1).sum() / (num_batches - 1))
+        return ClientUpdate(
+            client=task.client,
+            coverage=Coverage(flat.num_layers + 1),
+            steps=0,
+            num_samples=len(data),
+            loss=float("nan"),
+            delta=torch.zeros(0),
+            model_round=task.model_round,
+            payload={"grad_sq_norm": mean_sq_norm, "grad_variance": size * variance},
+        )

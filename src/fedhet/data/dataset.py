@@ -1,0 +1,56 @@
+"""The in-memory :class:`Dataset` every source returns, and :class:`DatasetSource`, the base
+of dataset plug-ins (:mod:`fedhet.registry`, kind ``dataset``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+
+@dataclass
+class Dataset:
+    """A dataset held in memory: float features, int64 labels, train and test splits."""
+
+    name: str
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    num_classes: int
+    images: bool = False  # pixels in [0, 1], channels first, not yet normalised
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """Shape of one example, e.g. ``(1, 28, 28)`` or ``(64,)``."""
+        return tuple(self.x_train.shape[1:])
+
+    @property
+    def num_train(self) -> int:
+        return int(self.x_train.shape[0])
+
+
+@dataclass
+class NoOptions:
+    """Datasets without options."""
+
+
+class DatasetSource:
+    """A dataset plug-in: ``name``, ``Options`` and ``build(options, ctx)`` returning a
+    :class:`Dataset` (``ctx`` is None for now: a dataset depends on its options only).
+
+    :meth:`source_files` names the folder the data is read from, so that a dataset loaded
+    once per process (:func:`fedhet.data.sources.open_dataset`) is read again when its files
+    change; sources with no files return None."""
+
+    name = "base"
+    Options: type = NoOptions
+
+    @classmethod
+    def build(cls, options, ctx=None) -> Dataset:
+        raise NotImplementedError
+
+    @classmethod
+    def source_files(cls, options) -> Path | None:
+        return None

@@ -1,0 +1,184 @@
+"""Drivers: how a run advances from one metrics row to the next. Two peers:
+
+- :class:`RoundDriver`: synchronous rounds. The algorithm plans; the system model prices the
+  plan's workload and samples outcomes (depth, steps done, finish time) from the round's own
+  random stream, with their marginals; the algorithm turns each present client's outcome
+  into a task; the pool runs the tasks; each update is added to the algorithm's aggregator
+  as it arrives; the clock advances by the round's simulated duration.
+- :class:`EventDriver`: asynchronous rules (:class:`~fedhet.algorithms.base.AsyncAlgorithm`,
+  e.g. FedBuff) on the same virtual clock: clients train continuously; a client started at
+  simulated time t on model version v delivers at t + its full local work's time (a draw of
+  the system model per start); the algorithm chooses which idle clients start and turns a
+  full buffer into a server step, one metrics row each.
+
+A driver's :meth:`step` returns the round's metrics row, a
+:class:`~fedhet.engine.faults.NonFinite` fault, or None when the next round (or arrival)
+would pass the time budget. Evaluation, files and checkpoints are the run loop's callbacks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedhet import seeding
+from fedhet.algorithms import RoundContext
+from fedhet.engine.clock import round_duration
+from fedhet.engine.faults import NonFinite, params_fault, update_fault
+from fedhet.engine.records import metrics_row
+from fedhet.errors import FedhetError
+from fedhet.system import Workload
+
+
+def upload_bytes(world, plan) -> np.ndarray:
+    """Per client, the bytes of its update as it travels (the planned coverage, after the
+    trainer's postprocessors): what system models with an upload bandwidth charge."""
+    cache: dict[int, int] = {}
+    out = np.empty(len(plan.assignments))
+    for client, assignment in enumerate(plan.assignments):
+        if assignment.depth not in cache:
+            cache[assignment.depth] = world.worker.payload_bytes(assignment.depth)
+        out[client] = cache[assignment.depth]
+    return out
+
+
+class RoundDriver:
+    """Synchronous rounds: plan, sample, tasks, streamed aggregation."""
+
+    name = "round"
+
+    def step(self, run, t: int):
+        config, world, state = run.config, run.world, run.state
+        algorithm, system = world.algorithm, world.system
+        plan = algorithm.plan(t, state.algorithm, system, config.round_deadline)
+        work = plan.workload()
+        work.start_time = state.sim_time
+        work.upload_bytes = upload_bytes(world, plan)
+        outcomes = system.sample(work, seeding.round_stream(config.run.seed, "system", t))
+        context = RoundContext(
+            plan,
+            outcomes,
+            system.marginals(work),
+            world.num_clients,
+            world.flat.num_layers,
+            client_sizes=world.client_sizes,
+        )
+        asked = np.array([a.asked for a in plan.assignments]) & outcomes.participates
+        duration = round_duration(plan.deadline, outcomes.finish_time[asked])
+        if not run.clock.fits(duration):
+            return None
+        tasks = [
+            task
+            for c in np.flatnonzero(asked)  # the others get no task (Algorithm.client_task)
+            if (task := algorithm.client_task(context, int(c), state.algorithm))
+        ]
+        if system.wall_clock and plan.deadline is not None:  # clients cut their own work
+            for task in tasks:
+                task.time_limit = plan.deadline
+        layout = world.flat.layout
+        aggregator = algorithm.aggregator(
+            state.params, state.buffers, tasks, state.algorithm, context, layout
+        )
+        delivered, skipped = [], 0
+        for update in run.pool.run(tasks, state.params, state.buffers):
+            what = update_fault(update)
+            if what and config.run.on_non_finite == "stop":
+                system.observe([*delivered, update.summary()])
+                return NonFinite(t + 1, update.client, what)
+            if what:  # skip-client: left out of this round
+                skipped += 1
+                system.observe([update.summary()])
+                continue
+            delivered.append(update.summary())
+            aggregator.add(update)
+        system.observe(delivered)
+        state.system = system.state_dict()
+        params, buffers = aggregator.result()
+        if what := params_fault(params, buffers):
+            return NonFinite(t + 1, None, what)
+        state.params, state.buffers = params, buffers
+        state.sim_time = run.clock.advance(duration)
+        # depths reached: sampled by the model, or (wall-clock) delivered by the clients
+        depths = np.array([u.depth for u in delivered]) if system.wall_clock else outcomes.depth[asked]
+        return metrics_row(
+            t + 1, state.sim_time, duration, plan.deadline, plan.lr, delivered, depths, skipped
+        )
+
+
+class EventDriver:
+    """Advances an asynchronous rule from one server step to the next. The in-flight
+    updates, the buffer and the clients' start counts are run state (checkpointed), so a
+    resumed run continues exactly."""
+
+    name = "event"
+
+    @staticmethod
+    def _engine_state(state, num_clients: int) -> dict:
+        if not state.engine:
+            state.engine = {"in_flight": [], "buffer": [], "starts": [0] * num_clients, "dispatches": 0}
+        return state.engine
+
+    def _start_clients(self, run, now: float, version: int) -> None:
+        """Fill the free concurrency with idle clients chosen by the algorithm, on the
+        current model."""
+        world, state, config = run.world, run.state, run.config
+        engine, algorithm = state.engine, world.algorithm
+        busy = {entry["client"] for entry in engine["in_flight"]}
+        idle = [c for c in range(world.num_clients) if c not in busy]
+        free = algorithm.concurrency(world.num_clients) - len(busy)
+        if free <= 0 or not idle:
+            return
+        rng = seeding.round_stream(config.run.seed, "dispatch", engine["dispatches"])
+        engine["dispatches"] += 1
+        batch = np.full(world.num_clients, config.train.batch_size)
+        steps = np.full(world.num_clients, config.train.local_steps)
+        for client in algorithm.choose(idle, free, rng):
+            start = engine["starts"][client]
+            task = algorithm.start_task(client, start, version)
+            updates = list(run.pool.run([task], state.params, state.buffers))
+            timing = world.system.sample(
+                Workload(None, batch, steps, start_time=now),
+                seeding.client_stream(config.run.seed, start, client, "duration"),
+            )
+            engine["starts"][client] = start + 1
+            if not updates or not timing.participates[client]:
+                continue  # absent (or failed): idle again, tried at the next start
+            engine["in_flight"].append(
+                {"client": client, "time": now + float(timing.full_time[client]), "version": version,
+                 "update": updates[0]}
+            )  # fmt: skip
+
+    def step(self, run, t: int):
+        world, state, clock = run.world, run.state, run.clock
+        engine = self._engine_state(state, world.num_clients)
+        algorithm = world.algorithm
+        k = algorithm.buffer_size()
+        self._start_clients(run, state.engine.get("now", state.sim_time), t)
+        while True:
+            if not engine["in_flight"]:
+                raise FedhetError(f"{algorithm.name}: no client could be started (all absent or failed)")
+            arrival = min(engine["in_flight"], key=lambda e: (e["time"], e["client"]))
+            if not clock.fits(arrival["time"] - state.sim_time):
+                return None
+            engine["in_flight"].remove(arrival)
+            engine["now"] = arrival["time"]
+            engine["buffer"].append((arrival["update"], t - arrival["version"]))
+            if len(engine["buffer"]) >= k:
+                break
+            if not any(e["time"] == engine["now"] for e in engine["in_flight"]):
+                # idle clients start once every arrival of this instant is in
+                self._start_clients(run, engine["now"], t)
+        entries, engine["buffer"] = engine["buffer"], []
+        for update, _ in entries:
+            if what := update_fault(update):
+                return NonFinite(t + 1, update.client, what)
+        params, buffers = algorithm.apply_buffer(state.params, state.buffers, entries, state.algorithm, t)
+        if what := params_fault(params, buffers):
+            return NonFinite(t + 1, None, what)
+        state.params, state.buffers = params, buffers
+        duration = engine["now"] - state.sim_time
+        state.sim_time = clock.advance(duration)
+        updates = [u for u, _ in entries]
+        return metrics_row(t + 1, state.sim_time, duration, None, algorithm.lr_at(t), updates, np.array([]))
+
+
+DRIVERS = {"round": RoundDriver, "event": EventDriver}

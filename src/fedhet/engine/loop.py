@@ -1,0 +1,188 @@
+"""The run loop: one configuration, one virtual clock, a driver, a client pool and callbacks.
+
+:class:`RunLoop` builds the world, restores a checkpoint (``resume``) or starts fresh (the
+algorithm's probe tasks, then its server state), asks the algorithm's driver
+(:mod:`fedhet.engine.drivers`) for one metrics row at a time and hands each to the callbacks
+(:mod:`fedhet.engine.callbacks`: evaluation, files, checkpoint, progress, plug-ins). The
+pool (:mod:`fedhet.engine.pool`) is the in-process one unless the caller gives another
+(Flower's).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fedhet.config import Config
+from fedhet.engine.callbacks import BUILT_IN, Progress
+from fedhet.engine.clock import VirtualClock
+from fedhet.engine.drivers import DRIVERS
+from fedhet.engine.evaluation import Evaluator
+from fedhet.engine.faults import NonFinite
+from fedhet.engine.pool import ClientPool, InProcessPool, TaskOrder, WorkerSide
+from fedhet.engine.records import run_summary
+from fedhet.engine.state import RunState, from_checkpoint
+from fedhet.errors import FedhetError
+from fedhet.results import RunDirectory
+from fedhet.world import World, build_world
+
+log = logging.getLogger("fedhet")
+
+
+@dataclass
+class RunResult:
+    """What a finished run returns: its directory, summary and per-round metrics."""
+
+    path: Path
+    summary: dict
+    metrics: list[dict]
+
+
+class RunLoop:
+    """Runs one configuration, writing to ``out_dir``.
+
+    ``client_order`` reorders each round's tasks before they run in the in-process pool
+    (as an engine running clients in parallel would); results do not depend on it.
+    ``pool_factory`` builds another pool from the world (the Flower engine's)."""
+
+    def __init__(
+        self,
+        config: Config,
+        out_dir: str | Path,
+        on_round: Callable[[dict], None] | None = None,
+        client_order: TaskOrder | None = None,
+        pool_factory: Callable[[World], ClientPool] | None = None,
+    ):
+        self.config = config
+        self.run_dir = RunDirectory(out_dir)
+        self.on_round = on_round
+        self.client_order = client_order
+        self.pool_factory = pool_factory
+
+    def run(self, resume: bool = False, overwrite: bool = False, stop_after: int | None = None) -> RunResult:
+        """Run (or resume) to ``run.rounds`` rounds, or until the next round would take the
+        virtual clock past ``run.time_budget``. ``stop_after`` ends the process early after that
+        many rounds in total, as an interruption would (used by tests)."""
+        run_dir = self.run_dir
+        run_dir.prepare(resume=resume, overwrite=overwrite)  # before anything expensive
+        try:
+            return self._run(resume, stop_after)
+        finally:
+            run_dir.release()
+
+    def callbacks(self) -> list:
+        """The built-in callbacks, progress, then the configured plug-ins."""
+        out = [cls() for cls in BUILT_IN]
+        if self.on_round:
+            out.append(Progress(self.on_round))
+        out += [entry.cls.build(options, self) for entry, options in self.config.run.callback_plugins]
+        return out
+
+    def _run(self, resume: bool, stop_after: int | None) -> RunResult:
+        config, run_dir = self.config, self.run_dir
+        saved = run_dir.load_checkpoint() if resume and run_dir.checkpoint_path.exists() else None
+        if saved is not None and saved.get("round", 0) > config.run.rounds:
+            raise FedhetError(
+                f"run.rounds = {config.run.rounds}: {run_dir.path} already holds {saved['round']} "
+                f"rounds; --resume needs run.rounds >= {saved['round']}"
+            )
+        self.world = world = build_world(config)
+        if self.pool_factory is not None:
+            self.pool = self.pool_factory(world)
+        else:
+            self.pool = InProcessPool(WorkerSide(world, config.run.seed), order=self.client_order)
+        if saved is not None:
+            self.state = from_checkpoint(saved, config.to_dict(), str(run_dir.checkpoint_path))
+            world.system.load_state_dict(self.state.system)
+            self.pool.load_state_dict(self.state.clients.state_dict())
+            self.state.clients = self.pool.states
+            run_dir.remove_summary()  # written again when the run finishes
+        else:
+            self.state = self._fresh_state(world)
+        state = self.state
+        callbacks = self.callbacks()
+        self.evaluator = make_evaluator(world)
+        self.clock = VirtualClock(state.sim_time, config.run.time_budget)
+        for callback in callbacks:
+            callback.on_start(self)
+        for note in world.algorithm.warnings(state.algorithm):
+            log.warning("%s: %s", config.run.name, note)
+        started, wall_before = time.perf_counter(), state.wall_time
+        last = config.run.rounds if stop_after is None else min(stop_after, config.run.rounds)
+        fault = None
+        driver = DRIVERS[world.algorithm.driver]()
+        for t in range(state.round, last):
+            if state.stopped_by:
+                break
+            result = driver.step(self, t)
+            if result is None:  # the next round would exceed the time budget
+                state.stopped_by = "time_budget"
+                for callback in callbacks:
+                    callback.on_budget_stop(self)
+                break
+            if isinstance(result, NonFinite):
+                fault = result
+                break
+            state.metrics.append(result)
+            state.round = t + 1
+            state.wall_time = wall_before + time.perf_counter() - started
+            for callback in callbacks:
+                callback.on_round_end(self, result)
+        notes = world.algorithm.warnings(state.algorithm)
+        summary = run_summary(config, world, state, notes)
+        if fault is not None:
+            # the last good checkpoint stays; --resume retries the round (e.g. with
+            # run.on_non_finite = "skip-client")
+            summary.update(stopped_by="non_finite", finished=False, non_finite=fault.to_dict())
+            summary["notes"] = [*notes, fault.describe()]
+            log.warning(
+                "%s: stopped: %s; the checkpoint of round %d is kept (set run.on_non_finite = "
+                '"skip-client" to skip such updates, or lower train.lr)',
+                config.run.name,
+                fault.describe(),
+                state.round,
+            )
+        for callback in callbacks:
+            callback.on_end(self, summary)
+        if summary["finished"] or fault is not None:
+            with run_dir.writing(state.round):
+                run_dir.write_summary(summary)
+        return RunResult(run_dir.path, summary, state.metrics)
+
+    def _fresh_state(self, world: World) -> RunState:
+        """The initial model; the algorithm's server state, after its probe tasks if any."""
+        state = RunState(params=world.initial_params.clone(), buffers=world.initial_buffers.clone())
+        state.system = world.system.state_dict()
+        state.clients = self.pool.states
+        setting = world.setting(state.params, state.buffers)
+        setting.work_dir = self.run_dir.path
+        probes = world.algorithm.probe_tasks(setting)
+        if probes:
+            setting.probes = list(self.pool.run(probes, state.params, state.buffers))
+        state.algorithm = world.algorithm.init_state(setting)
+        return state
+
+
+def make_evaluator(world: World) -> Evaluator:
+    """The run's evaluator: the test set, ``run.eval_every``, and the clients' training
+    examples when the algorithm asks for static BatchNorm statistics."""
+    config, algorithm = world.config, world.algorithm
+    examples = algorithm.static_batchnorm_examples
+    statistics_from = None
+    if examples is not None and world.flat.buffers.numel():
+        statistics_from = world.dataset.x_train[np.sort(np.concatenate(world.client_indices))]
+    return Evaluator(
+        world.flat,
+        world.dataset.x_test,
+        world.dataset.y_test,
+        config.run.eval_every,
+        config.run.rounds,
+        statistics_from=statistics_from,
+        statistics_examples=examples or 0,
+        seed=config.run.seed,
+    )

@@ -1,0 +1,213 @@
+"""One registry for every plug-in kind.
+
+A plug-in is a class with an ``Options`` dataclass (its configuration keys, with defaults
+and an optional ``validate()``) and a classmethod ``build(options, ctx)`` that returns the
+working object. Every kind is looked up the same way, by the name a configuration gives:
+
+- a built-in name (``"salf"``, ``"per-step"``, ``"adam"``, ...), registered in fedhet's own
+  modules with :func:`register`;
+- ``"package.module:ClassName"``, imported on demand (a researcher's own rule, without
+  installing anything);
+- an entry point of an installed package, in the group of the kind (``fedhet.algorithms``,
+  ``fedhet.system_models``, ... see :data:`KINDS`), under the name it declares.
+
+``fedhet list`` shows every plug-in of every kind and where it comes from.
+
+This module imports nothing of fedhet's: built-in modules are imported by name when a kind
+is first asked for, so the registry sits below everything that registers into it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from dataclasses import dataclass
+from importlib import metadata
+
+from fedhet.errors import ConfigError
+
+# kind -> entry-point group of installed plug-ins
+KINDS: dict[str, str] = {
+    "algorithm": "fedhet.algorithms",
+    "system_model": "fedhet.system_models",
+    "participation": "fedhet.participation",
+    "availability": "fedhet.availability",
+    "dataset": "fedhet.datasets",
+    "model": "fedhet.models",
+    "engine": "fedhet.engines",
+    "local_optimizer": "fedhet.local_optimizers",
+    "postprocessor": "fedhet.postprocessors",
+    "callback": "fedhet.callbacks",
+}
+
+# kind -> the fedhet modules whose import registers its built-ins
+BUILTIN_MODULES: dict[str, tuple[str, ...]] = {
+    "algorithm": ("fedhet.algorithms",),
+    "system_model": ("fedhet.system",),
+    "participation": ("fedhet.system",),
+    "availability": ("fedhet.system",),
+    "dataset": ("fedhet.data",),
+    "model": ("fedhet.models",),
+    "engine": ("fedhet.engine.launch",),
+    "local_optimizer": ("fedhet.client.optimizers",),
+    "postprocessor": ("fedhet.client.postprocess",),
+    "callback": ("fedhet.engine.callbacks",),
+}
+
+# what a configuration calls each kind, for messages
+KIND_LABELS = {
+    "algorithm": "algorithm",
+    "system_model": "system model",
+    "participation": "participation",
+    "availability": "availability",
+    "dataset": "dataset",
+    "model": "model",
+    "engine": "engine",
+    "local_optimizer": "local optimizer",
+    "postprocessor": "postprocessor",
+    "callback": "run callback",
+}
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One plug-in: its kind, the name it is asked by, its class and where it comes from
+    (``"fedhet"``, ``"entry point of <distribution>"`` or ``"module <path>"``)."""
+
+    kind: str
+    name: str
+    cls: type
+    origin: str
+
+    @property
+    def summary(self) -> str:
+        text = getattr(self.cls, "summary", "") or (self.cls.__doc__ or "").strip()
+        return text.splitlines()[0] if text else ""
+
+
+_BUILTINS: dict[str, dict[str, Entry]] = {kind: {} for kind in KINDS}
+_LOADED: set[str] = set()
+
+
+def register(kind: str, name: str | None = None):
+    """Class decorator: a built-in plug-in of ``kind`` under ``name`` (default ``cls.name``)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown plug-in kind {kind!r} (known: {', '.join(KINDS)})")
+
+    def add(cls: type) -> type:
+        key = name or cls.name
+        check_plugin(kind, key, cls)
+        _BUILTINS[kind][key] = Entry(kind, key, cls, "fedhet")
+        return cls
+
+    return add
+
+
+def check_plugin(kind: str, name: str, cls: object) -> None:
+    """A plug-in is a class with an ``Options`` dataclass and a ``build`` callable."""
+    label = KIND_LABELS[kind]
+    if not isinstance(cls, type):
+        raise ConfigError(f"{label} {name!r}: {cls!r} is not a class")
+    if not dataclasses.is_dataclass(getattr(cls, "Options", None)):
+        raise ConfigError(f"{label} {name!r}: {cls.__qualname__} has no Options dataclass")
+    if not callable(getattr(cls, "build", None)):
+        raise ConfigError(f"{label} {name!r}: {cls.__qualname__} has no build(options, ctx)")
+
+
+def _load_builtins(kind: str) -> None:
+    if kind in _LOADED:
+        return
+    _LOADED.add(kind)
+    for module in BUILTIN_MODULES[kind]:
+        importlib.import_module(module)
+
+
+def builtins(kind: str) -> dict[str, Entry]:
+    """The built-in plug-ins of ``kind`` by name."""
+    _load_builtins(kind)
+    return dict(_BUILTINS[kind])
+
+
+def _entry_points(kind: str) -> list:
+    try:
+        return list(metadata.entry_points(group=KINDS[kind]))
+    except Exception:  # a broken installed distribution must not stop fedhet
+        return []
+
+
+def installed(kind: str) -> dict[str, Entry]:
+    """Plug-ins of ``kind`` that installed packages declare as entry points (loaded now)."""
+    out = {}
+    for point in _entry_points(kind):
+        cls = _load_entry_point(kind, point)
+        dist = getattr(getattr(point, "dist", None), "name", None) or point.value
+        out[point.name] = Entry(kind, point.name, cls, f"entry point of {dist}")
+    return out
+
+
+def _load_entry_point(kind: str, point) -> type:
+    try:
+        cls = point.load()
+    except Exception as exc:
+        raise ConfigError(
+            f"{KIND_LABELS[kind]} {point.name!r}: its entry point {point.value!r} does not load "
+            f"({type(exc).__name__}: {exc})"
+        ) from None
+    check_plugin(kind, point.name, cls)
+    return cls
+
+
+def _import_path(kind: str, path: str, key: str) -> Entry:
+    module_name, _, attribute = path.partition(":")
+    if not module_name or not attribute:
+        raise ConfigError(f"{key} = {path!r}: expected 'package.module:ClassName'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"{key} = {path!r}: cannot import {module_name!r} ({exc})") from None
+    except Exception as exc:
+        raise ConfigError(
+            f"{key} = {path!r}: importing {module_name!r} failed ({type(exc).__name__}: {exc})"
+        ) from None
+    cls = module
+    for part in attribute.split("."):
+        cls = getattr(cls, part, None)
+        if cls is None:
+            raise ConfigError(f"{key} = {path!r}: {module_name!r} has no {attribute!r}")
+    check_plugin(kind, path, cls)
+    return Entry(kind, path, cls, f"module {module_name}")
+
+
+def resolve(kind: str, name: str, key: str) -> Entry:
+    """The plug-in of ``kind`` called ``name`` (``key``: the configuration key, for errors)."""
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{key} = {name!r}: expected a name")
+    if ":" in name:
+        return _import_path(kind, name, key)
+    known = builtins(kind)
+    if name in known:
+        return known[name]
+    for point in _entry_points(kind):
+        if point.name == name:
+            cls = _load_entry_point(kind, point)
+            dist = getattr(getattr(point, "dist", None), "name", None) or point.value
+            return Entry(kind, name, cls, f"entry point of {dist}")
+    names = sorted(set(known) | {p.name for p in _entry_points(kind)})
+    raise ConfigError(f"{key} = {name!r}: unknown (known: {', '.join(names)})")
+
+
+def names(kind: str) -> list[str]:
+    """Every name ``kind`` answers to (built-ins and installed entry points)."""
+    return sorted(set(builtins(kind)) | {p.name for p in _entry_points(kind)})
+
+
+def entries(kind: str) -> list[Entry]:
+    """Every plug-in of ``kind``: built-ins first, then installed ones, by name."""
+    found = builtins(kind)
+    extra = {n: e for n, e in installed(kind).items() if n not in found}
+    return [found[n] for n in sorted(found)] + [extra[n] for n in sorted(extra)]
+
+
+def option_fields(cls: type) -> dict[str, dataclasses.Field]:
+    """The configuration keys of a plug-in class: the fields of its ``Options``."""
+    return {f.name: f for f in dataclasses.fields(cls.Options)}

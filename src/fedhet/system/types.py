@@ -1,0 +1,68 @@
+"""The values a system model trades in: a round's :class:`Workload` (what the server asks),
+the sampled :class:`Outcomes` (who got how far by when) and their :class:`Marginals` (the
+probabilities the unbiased rules need)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class Workload:
+    """What the server asks of every client in one round: the deadline and, per client, the
+    batch size, the local steps K (default 1) and the planned first layer d0 (default 1)."""
+
+    deadline: float | None
+    batch_sizes: np.ndarray
+    local_steps: np.ndarray | None = None
+    depth: np.ndarray | None = None
+    start_time: float = 0.0  # when the round starts on the virtual clock (availability traces)
+    upload_bytes: np.ndarray | None = None  # per client: the update's size as it travels
+
+    def __post_init__(self) -> None:
+        self.batch_sizes = np.asarray(self.batch_sizes)
+        n = len(self.batch_sizes)
+        self.local_steps = np.ones(n, dtype=int) if self.local_steps is None else np.asarray(self.local_steps)
+        self.depth = np.ones(n, dtype=int) if self.depth is None else np.asarray(self.depth)
+
+    @property
+    def max_steps(self) -> int:
+        return int(self.local_steps.max()) if len(self.local_steps) else 1
+
+
+@dataclass
+class Outcomes:
+    """One round's sampled outcomes, arrays over clients.
+
+    ``depth``: first layer reached by K steps of partial back-propagation (1..L+1).
+    ``steps_done``: whole local steps finished by the deadline (0..K). ``full_time``: when
+    all the planned work would finish. ``finish_time``: when the delivered work is done (at
+    most the deadline).
+    """
+
+    participates: np.ndarray
+    depth: np.ndarray
+    full_time: np.ndarray
+    finish_time: np.ndarray
+    steps_done: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.steps_done is None:  # a model that only samples depths: one step
+            self.steps_done = (self.depth == 1).astype(int)
+
+
+@dataclass
+class Marginals:
+    """The probabilities unbiased rules need, for one round's workload.
+
+    ``reach_prob[u, l-1]`` = P[d_u <= l]; ``no_reach_prob[l-1]`` = p_l = P[no client reaches
+    layer l]; ``participation_prob[u]`` = p_u; ``step_prob[u, k-1]`` = P[u present and
+    steps_done_u >= k] for k = 1..max K.
+    """
+
+    reach_prob: np.ndarray
+    no_reach_prob: np.ndarray
+    participation_prob: np.ndarray
+    step_prob: np.ndarray | None = None
