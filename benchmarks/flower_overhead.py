@@ -97,6 +97,7 @@ class ClientTime:
 def embedded(workload: str, rounds: int, out: Path) -> tuple[float, float]:
     """Seconds per round, and of those the clients' work."""
     from fedhet.engine.clients import InProcessClients
+
     from fedhet.engine.loop import RunLoop
 
     timer, clients = RoundTimer(), ClientTime(InProcessClients)

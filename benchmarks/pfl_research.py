@@ -82,9 +82,7 @@ def run_fedhet(config, out: Path) -> tuple[float, list[tuple[int, float]]]:
     from fedhet.engine.loop import RunLoop
 
     stamps: list[float] = []
-    result = RunLoop(config, out, on_round=lambda row: stamps.append(time.perf_counter())).run(
-        overwrite=True
-    )
+    result = RunLoop(config, out, on_round=lambda row: stamps.append(time.perf_counter())).run(overwrite=True)
     accuracy = [
         (int(r["round"]), r["test_accuracy"]) for r in result.metrics if r.get("test_accuracy") is not None
     ]

@@ -12,8 +12,8 @@ import pytest
 
 from fedhet.config import ConfigError, from_dict
 from fedhet.engine.loop import RunLoop
-from fedhet.system.measured import MeasuredTimes
 from fedhet.system import Workload
+from fedhet.system.measured import MeasuredTimes
 
 TIMES = {"batch_size": 16, "threads": 1, "forward": [1.0, 1.0, 1.0], "backward": [1.0, 2.0, 3.0]}
 

@@ -160,7 +160,7 @@ def test_channels_last_run_learns_like_the_contiguous_one_and_refuses_heterofl(t
     from conftest import make_config
 
     from fedhet.engine.launch import run
-from fedhet.engine.loop import RunLoop
+    from fedhet.engine.loop import RunLoop
     from fedhet.world import build_world
 
     base = {"model.name": "cnn-fedstale", "run.rounds": 12, "run.eval_every": 12, "train.lr": 0.05}

@@ -10,6 +10,7 @@ Command-line overrides use ``section.key=value`` with TOML values (``0.5``, ``tr
 from __future__ import annotations
 
 import dataclasses
+import logging
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,8 @@ from fedhet.checks import (  # noqa: F401  (finite, number_list: used by callers
     typed_options,
 )
 from fedhet.errors import ConfigError
+
+log = logging.getLogger("fedhet")
 
 MAX_ROUNDS = 10_000_000
 MAX_THREADS = 1024
@@ -151,16 +154,21 @@ class PluginSection:
         raise AttributeError(f"{self.SECTION}.{name}: not a key of this section or of its plug-ins")
 
     def get(self, key: str, default: Any = None) -> Any:
-        """A key of the section or of its plug-ins' options (``default`` when neither)."""
+        """A key of the section or of its plug-ins' options, or as given for another choice
+        (``default`` when none of these)."""
         try:
             return getattr(self, key)
         except AttributeError:
-            return default
+            unused = self.__dict__.get("_unused", {})
+            return unused[key] if key in unused and key != "__options__" else default
 
     def to_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         for _, options in self.plugins.values():
             out.update(dataclasses.asdict(options))
+        for key, value in self.__dict__.get("_unused", {}).items():
+            if key != "__options__":
+                out.setdefault(key, value)
         return out
 
 
@@ -190,7 +198,7 @@ def _owner_elsewhere(section: type, key: str) -> tuple[str, str] | None:
 def parse_plugin_section(cls: type, values: Any) -> PluginSection:
     """Build section ``cls`` from its TOML table: its own keys typed and the rest handed to
     the options of the plug-ins its slots name."""
-    from fedhet.registry import KIND_LABELS, option_fields
+    from fedhet.registry import option_fields
 
     name = cls.SECTION
     if not isinstance(values, dict):
@@ -206,6 +214,7 @@ def parse_plugin_section(cls: type, values: Any) -> PluginSection:
     }
     fields_of = {slot: option_fields(entry.cls) for slot, entry in entries.items()}
     per_slot: dict[str, dict] = {slot: {} for slot in entries}
+    unused: dict[tuple[str, str], dict] = {}
     for key, value in values.items():
         if key in own:
             continue
@@ -214,17 +223,42 @@ def parse_plugin_section(cls: type, values: Any) -> PluginSection:
             per_slot[slot][key] = value
             continue
         owner = _owner_elsewhere(cls, key)
-        if owner is not None:
-            slot, other = owner
-            chosen = entries[slot].name
-            raise ConfigError(
-                f"{name}.{key}: an option of {KIND_LABELS[cls.SLOTS[slot]]} {other!r}, not of "
-                f"{name}.{slot} = {chosen!r}"
-            )
+        if owner is not None:  # another choice's option: checked there, kept, not used
+            unused.setdefault(owner, {})[key] = value
+            continue
         known = [*own, *(k for s in entries for k in fields_of[s])]
         raise ConfigError(f"{name}.{key}: unknown key (known: {', '.join(known)})")
     section.__dict__["_plugins"] = _plugin_options(section, per_slot)
+    section.__dict__["_unused"] = _unused_options(cls, entries, unused)
     return section
+
+
+_WARNED: set[tuple] = set()
+
+
+def _unused_options(cls: type, entries: dict, unused: dict) -> dict:
+    """Keys of plug-ins other than the chosen ones (a grid's base for several system models,
+    say): each checked by its owner's ``Options`` and kept for the resolved configuration,
+    with a warning that the chosen plug-in does not use it."""
+    from fedhet.registry import KIND_LABELS, builtins
+
+    kept = {}
+    for (slot, owner), values in sorted(unused.items()):
+        kind = cls.SLOTS[slot]
+        options = typed_options(
+            builtins(kind)[owner].cls.Options, values, cls.SECTION, f"{KIND_LABELS[kind]} {owner}"
+        )
+        kept.update(values)
+        kept.setdefault("__options__", []).append(options)
+        chosen = entries[slot].name
+        for key in values:
+            if (cls.SECTION, key, chosen) not in _WARNED:
+                _WARNED.add((cls.SECTION, key, chosen))
+                log.warning(
+                    "%s.%s is an option of %s %r; %s.%s = %r does not use it",
+                    cls.SECTION, key, KIND_LABELS[kind], owner, cls.SECTION, slot, chosen,
+                )  # fmt: skip
+    return kept
 
 
 def _listed_plugin(kind: str, key: str, item: Any):
@@ -491,7 +525,9 @@ def validate(config: Config) -> None:
             check()
     config.algorithm.options = build_options(config.algorithm_name, config.algorithm_options)
     for name in PLUGIN_SECTIONS:  # rules that need other sections (e.g. one value per client)
-        for _, options in getattr(config, name).plugins.values():
+        section = getattr(config, name)
+        unused = section.__dict__.get("_unused", {}).get("__options__", [])
+        for options in [options for _, options in section.plugins.values()] + unused:
             check = getattr(options, "validate_in", None)
             if check:
                 check(config)

@@ -297,6 +297,11 @@ class Algorithm:
         raise NotImplementedError
 
 
+def _defined_in(cls: type, attribute: str) -> type:
+    """The class of ``cls``'s method resolution order that defines ``attribute``."""
+    return next(c for c in cls.__mro__ if attribute in c.__dict__)
+
+
 ALGORITHMS: dict[str, type[Algorithm]] = {}
 
 

@@ -38,7 +38,7 @@ class FedAvg(Algorithm):
     Options = FedAvgOptions
     uses_deadline = False
 
-    def aggregator(self, params, buffers, tasks, state, context, layout):
+    def streaming_aggregator(self, params, buffers, tasks, state, context, layout):
         """Streams eq. (3): the weights are fixed by the tasks sent (1/|tasks| or n_u / sum
         of their examples), so each update is added as it arrives."""
         samples = self.options.weights == "samples"

@@ -59,11 +59,11 @@ class SALF(Algorithm):
     Options = SALFOptions
     partial_work = "layers"
 
-    def aggregator(self, params, buffers, tasks, state, context, layout):
+    def streaming_aggregator(self, params, buffers, tasks, state, context, layout):
         """Streams eq. (9) (and the authors' sum / U): per-layer sums and counts are
         accumulated as the updates arrive; the inverse-reach weighting takes the list."""
         if self.options.normalize == "inverse-reach":
-            return super().aggregator(params, buffers, tasks, state, context, layout)
+            return None
 
         def finish(param_sums, buffer_sums):
             slices = layout.param_slices

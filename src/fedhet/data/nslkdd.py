@@ -20,7 +20,7 @@ import torch
 
 from fedhet.checks import one_of
 from fedhet.data.dataset import Dataset, DatasetSource
-from fedhet.errors import DataError
+from fedhet.errors import ConfigError, DataError
 from fedhet.registry import register
 
 TRAIN_FILE, TEST_FILE = "KDDTrain+.txt", "KDDTest+.txt"
@@ -141,9 +141,15 @@ class NslKddOptions:
 
     data_dir: str = ""
     label_mode: str = "binary"
+    normalize: str = "dataset"  # the only one: tabular features are always min-max scaled
 
     def validate(self) -> None:
         one_of("data.label_mode", self.label_mode, LABEL_MODES)
+        if self.normalize != "dataset":
+            raise ConfigError(
+                f"data.normalize = {self.normalize!r}: nsl-kdd is tabular; its features are "
+                "always standardised (only 'dataset' applies)"
+            )
 
 
 @register("dataset")

@@ -51,7 +51,7 @@ def run_summary(config, world, state, notes: list[str]) -> dict:
         "dataset": config.data.dataset,
         "model": config.model.name,
         "system": config.system.model,
-        "straggler_ratio": config.system.straggler_ratio,
+        "straggler_ratio": config.system.get("straggler_ratio"),
         "num_clients": world.num_clients,
         "num_layers": world.flat.num_layers,
         "num_params": int(world.initial_params.numel()),

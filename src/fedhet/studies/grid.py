@@ -217,15 +217,13 @@ def _check_report_key(key: str, cells: list[Cell], path) -> None:
     if section == "algorithm":
         if not name or name == "name":
             return
-        from fedhet.algorithms import ALGORITHMS
-
-        options = {
-            f.name for c in cells for f in dataclasses.fields(ALGORITHMS[c.config.algorithm_name].Options)
-        }
+        options = {f.name for c in cells for f in dataclasses.fields(type(c.config.algorithm.options))}
         if name in options:
             return
     elif section in SECTIONS and name in {f.name for f in dataclasses.fields(SECTIONS[section])}:
         return
+    elif section in SECTIONS and any(name in getattr(c.config, section).to_dict() for c in cells):
+        return  # an option of a plug-in the section names (e.g. system.straggler_ratio)
     raise ConfigError(f"{path}: report key {key!r}: not a configuration key (section.key)")
 
 
@@ -252,7 +250,8 @@ def compare_cells(raw: dict, where: str | Path = "config") -> list[Cell]:
     cells = []
     for name in names:
         options = {k: v for k, v in given.items() if k != "name"} if given.get("name") == name else {}
-        cells.append(_cell(base, {"algorithm": {"name": name, **options}}, name, where))
+        label = name.rsplit(":", 1)[-1] if isinstance(name, str) else name  # a module path's class
+        cells.append(_cell(base, {"algorithm": {"name": name, **options}}, label, where))
     return cells
 
 
@@ -417,7 +416,9 @@ def _lookup(cell: Cell, key: str) -> Any:
     if not field and isinstance(part, dict):  # a whole [algorithm] table: name(options)
         options = ",".join(f"{k}={v}" for k, v in part.items() if k != "name")
         return f"{part.get('name')}({options})" if options else part.get("name")
-    return part.get(field) if isinstance(part, dict) else getattr(part, field)
+    if isinstance(part, dict) or hasattr(type(part), "SLOTS"):  # a table, or a plug-in section
+        return part.get(field)
+    return getattr(part, field)
 
 
 def report_table(experiment: Experiment, summaries: dict[str, dict], digits: int = 3) -> str:

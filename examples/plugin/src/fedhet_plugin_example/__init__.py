@@ -1,0 +1,2 @@
+"""A fedhet plug-in package: one algorithm (:mod:`.rules`) and one system model
+(:mod:`.markov`), each one file."""

@@ -1,0 +1,47 @@
+"""Coordinate-wise median aggregation (Yin et al., "Byzantine-robust distributed learning:
+towards optimal statistical rates", arXiv:1803.01498): robust to a minority of clients
+sending anything at all.
+
+A fedhet algorithm is a class with a ``name``, an ``Options`` dataclass (its ``[algorithm]``
+keys) and the pieces it changes; ``Algorithm.build(options, ctx)`` is inherited.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fedhet.algorithms import Algorithm
+from fedhet.errors import ConfigError
+
+
+@dataclass
+class CoordinateMedianOptions:
+    """``server_lr``: eta_s in w + eta_s median_u Delta_u."""
+
+    server_lr: float = 1.0
+
+    def validate(self) -> None:
+        if not self.server_lr > 0:
+            raise ConfigError(f"algorithm.server_lr = {self.server_lr}: must be > 0")
+
+
+class CoordinateMedian(Algorithm):
+    """Clients that would not finish by the deadline are not asked; the server steps by the
+    coordinate-wise median of the finishers' updates (kept when nobody finished)."""
+
+    name = "coordinate-median"
+    summary = "coordinate-wise median of the finishers' updates (Yin et al. 2018)"
+    Options = CoordinateMedianOptions
+    partial_work = "none"
+
+    def aggregate(self, params, buffers, updates, state, context, layout):
+        full = [u for u in updates if u.coverage.is_full()]
+        if not full:
+            return params, buffers
+        median = torch.stack([u.delta for u in full]).median(dim=0).values
+        new_buffers = buffers
+        if buffers.numel():
+            new_buffers = buffers + torch.stack([u.delta_buffers for u in full]).mean(dim=0)
+        return params + self.options.server_lr * median, new_buffers

@@ -1,0 +1,136 @@
+"""The package's declared seams hold: no import cycles, algorithms free of engine-side code,
+and every plug-in kind answers through the one registry."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from fedhet import registry
+from fedhet.errors import ConfigError
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "fedhet"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path, module_level_only: bool) -> set[str]:
+    """The fedhet modules ``path`` imports (``from a import b`` counts a.b when it is a
+    module), at module level only or anywhere."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rsplit(".", 1)[0]
+    nodes = tree.body if module_level_only else list(ast.walk(tree))
+    found: set[str] = set()
+    for node in nodes:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            continue
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
+            found.add(base)
+            found |= {f"{base}.{alias.name}" for alias in node.names}
+    return {name for name in found if name.startswith("fedhet")}
+
+
+def _graph(module_level_only: bool) -> dict[str, set[str]]:
+    files = {_module_name(p): p for p in SRC.rglob("*.py")}
+    graph = {}
+    for name, path in files.items():
+        targets = set()
+        for imported in _imports(path, module_level_only):
+            while imported and imported not in files:  # `from pkg import name` (not a module)
+                imported = imported.rsplit(".", 1)[0] if "." in imported else ""
+            parts = imported.split(".")
+            # importing a.b.c first runs a and a.b: their __init__ count as imported too
+            targets |= {".".join(parts[:i]) for i in range(1, len(parts) + 1)} - {name, ""}
+        graph[name] = {t for t in targets if t in files and not name.startswith(t + ".")}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycle_among_modules_even_through_lazy_imports():
+    assert _cycles(_graph(module_level_only=True)) == []
+    assert _cycles(_graph(module_level_only=False)) == []  # lazy imports count too
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+FORBIDDEN_FOR_ALGORITHMS = ("fedhet.client", "fedhet.engine", "fedhet.data", "fedhet.world", "fedhet.config")
+
+
+def test_algorithms_import_no_engine_side_code():
+    offenders = []
+    for path in (SRC / "algorithms").rglob("*.py"):
+        for imported in _imports(path, module_level_only=False):
+            if imported.startswith(FORBIDDEN_FOR_ALGORITHMS):
+                offenders.append(f"{path.name}: {imported}")
+    assert offenders == []
+
+
+def test_every_kind_has_built_ins_with_options_and_build():
+    for kind in registry.KINDS:
+        entries = registry.entries(kind)
+        assert entries, kind
+        for entry in entries:
+            registry.check_plugin(kind, entry.name, entry.cls)
+
+
+def test_a_module_path_resolves_and_a_bad_one_is_one_line():
+    entry = registry.resolve("algorithm", "fedhet.algorithms.salf:SALF", "algorithm.name")
+    assert entry.name == "fedhet.algorithms.salf:SALF" and entry.origin == "module fedhet.algorithms.salf"
+    for bad, words in [
+        ("no_such_pkg_xyz:Rule", "cannot import"),
+        ("fedhet.algorithms.salf:Nope", "has no 'Nope'"),
+        ("fedhet.algorithms.salf:", "expected 'package.module:ClassName'"),
+        ("fedhet.errors:ConfigError", "has no Options dataclass"),
+    ]:
+        with pytest.raises(ConfigError, match=words) as caught:
+            registry.resolve("algorithm", bad, "algorithm.name")
+        assert "\n" not in str(caught.value)
+
+
+def test_an_unknown_name_lists_the_known_ones():
+    with pytest.raises(ConfigError, match=r"system.model = 'nope': unknown \(known: exponential, full"):
+        registry.resolve("system_model", "nope", "system.model")
