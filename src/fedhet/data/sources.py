@@ -1,8 +1,9 @@
 """Dataset loaders: digits (bundled with scikit-learn), fmnist and mnist (IDX files).
 
 Every loader returns a :class:`Dataset` of in-memory tensors; clients are index arrays into
-it (DESIGN idea 5). Missing or corrupt files raise :class:`~fedhet.errors.DataError` with one
-line that names the file.
+it (data stays put: no per-client copies). Missing or corrupt files raise
+:class:`~fedhet.errors.DataError` with one line that names the file. Each source registers
+itself as a ``dataset`` plug-in with its options (``data_dir``, ``normalize``).
 """
 
 from __future__ import annotations

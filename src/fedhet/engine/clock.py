@@ -1,4 +1,4 @@
-"""The virtual clock (DESIGN idea 1): simulated time only, never the host's.
+"""The virtual clock: simulated time only, never the host's.
 
 A round lasts until its deadline, or until every asked client has reported if that comes
 first; without a deadline (wait-for-all) it lasts until the slowest client finishes. With a

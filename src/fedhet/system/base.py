@@ -2,7 +2,7 @@
 time; and their marginals P[client u reaches layer l], p_l = P[no client reaches layer l] and
 P[client u finishes k local steps].
 
-Depth convention (DESIGN idea 4): layers 1..L input to output; a client with depth d
+Depth convention: layers 1..L input to output; a client with depth d
 computed layers d..L of back-propagation; d = L + 1 means it computed nothing. "Reaches
 layer l" means d <= l.
 

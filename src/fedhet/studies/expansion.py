@@ -1,0 +1,92 @@
+"""Grid expansion: the cells of an experiment (the Cartesian product of its ``[grid]`` axes,
+crossed with its ``[[cases]]``) and of a configuration's ``[compare]``, each a validated
+configuration with a name."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedhet.config import (
+    AlgorithmConfig,
+    Config,
+    apply_overrides,
+    from_dict,
+    require_algorithm,
+)
+from fedhet.errors import ConfigError
+
+
+@dataclass
+class Cell:
+    """One run of a grid: its name, overrides and validated configuration."""
+
+    name: str
+    overrides: dict[str, Any]
+    config: Config
+
+
+def _label(value: Any) -> str:
+    return str(value).replace("/", "_").replace(" ", "")
+
+
+def _flatten(chosen: dict[str, Any]) -> dict[str, Any]:
+    """Expand grid values that are tables: ``algorithm = {name = "salf", normalize = "all"}``
+    becomes ``algorithm.name = "salf"``, ``algorithm.normalize = "all"``."""
+    out: dict[str, Any] = {}
+    for key, value in chosen.items():
+        if isinstance(value, dict):
+            if "." in key:
+                raise ConfigError(f"grid.{key}: a table of values needs a section name as key")
+            out.update({f"{key}.{k}": v for k, v in value.items()})
+        else:
+            out[key] = value
+    return out
+
+
+def _override_text(key: str, value: Any) -> str:
+    import tomli_w
+
+    return f"{key}={tomli_w.dumps({'v': value})[4:].strip()}"
+
+
+def _cell(base: dict, chosen: dict[str, Any], cell_name: str, where: str | Path) -> Cell:
+    """The validated configuration of one cell: ``base`` with ``chosen`` overrides."""
+    texts = [_override_text(k, v) for k, v in _flatten(chosen).items()]
+    texts.append(_override_text("run.name", cell_name))
+    try:
+        raw = apply_overrides(base, texts)
+        require_algorithm(raw, "configuration")
+        config = from_dict(raw)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: cell {cell_name}: {exc}") from None
+    return Cell(cell_name, chosen, config)
+
+
+def compare_cells(raw: dict, where: str | Path = "config") -> list[Cell]:
+    """The runs of a configuration's ``[compare] algorithms = [...]``: one cell per algorithm,
+    named after it, on the same setting. An ``[algorithm]`` table holds options of its named
+    algorithm only; the others run with their defaults."""
+    names = raw.get("compare", {}).get("algorithms", [])
+    base = {k: v for k, v in raw.items() if k not in ("compare", "algorithm")}
+    given = raw.get("algorithm", {})
+    cells = []
+    for name in names:
+        options = {k: v for k, v in given.items() if k != "name"} if given.get("name") == name else {}
+        label = name.rsplit(":", 1)[-1] if isinstance(name, str) else name  # a module path's class
+        cells.append(_cell(base, {"algorithm": {"name": name, **options}}, label, where))
+    return cells
+
+
+def _lookup(cell: Cell, key: str) -> Any:
+    section, _, field = key.partition(".")
+    part = getattr(cell.config, section)
+    if isinstance(part, AlgorithmConfig):
+        part = part.to_dict()
+    if not field and isinstance(part, dict):  # a whole [algorithm] table: name(options)
+        options = ",".join(f"{k}={v}" for k, v in part.items() if k != "name")
+        return f"{part.get('name')}({options})" if options else part.get("name")
+    if isinstance(part, dict) or hasattr(type(part), "SLOTS"):  # a table, or a plug-in section
+        return part.get(field)
+    return getattr(part, field)

@@ -1,0 +1,170 @@
+"""Running a grid's cells: in worker processes on this machine (each with its share of the
+cores) or on a Ray cluster; finished cells are skipped, half-finished ones resume."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+from fedhet.config import (
+    Config,
+)
+from fedhet.errors import FedhetError
+from fedhet.studies.expansion import Cell
+from fedhet.studies.spec import Experiment
+
+
+def _run_cell(config: Config, out_dir: str, core_budget: int | None = None) -> dict:
+    """Run one cell. Threads: ``run.threads = "auto"`` within ``core_budget`` cores (a
+    parallel grid's share of the free cores); 0 means one thread in a grid."""
+    from fedhet.engine.loop import RunLoop
+    from fedhet.threads import set_core_budget
+
+    set_core_budget(core_budget)
+    if config.run.threads == 0:
+        import torch
+
+        torch.set_num_threads(1)
+    sim = RunLoop(config, out_dir)
+    return sim.run(resume=True).summary
+
+
+def _watch_parent(parent_pid: int, interval: float = 0.5) -> None:
+    """Run in each worker: end the worker as soon as the process that started it is gone
+    (killed by any signal, kill -9 included), so no orphan keeps writing into a cell."""
+    import threading
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent_pid:
+                os._exit(1)
+            time.sleep(interval)
+
+    threading.Thread(target=watch, name="fedhet-parent-watch", daemon=True).start()
+
+
+def run_experiment(
+    experiment: Experiment,
+    out_dir: str | Path,
+    jobs: int | None = None,
+    on_cell: Callable[[Cell, dict], None] | None = None,
+    ray: str | None = None,
+) -> dict[str, dict]:
+    """Run every unfinished cell (in parallel processes, or as Ray tasks when ``ray`` is
+    ``"local"`` or a cluster address); return summaries by cell name."""
+    from fedhet.results import RunDirectory
+
+    out_dir = Path(out_dir)
+    summaries: dict[str, dict] = {}
+    todo = []
+    for cell in experiment.cells:
+        run_dir = RunDirectory(out_dir / cell.name)
+        summary = run_dir.read_summary() if run_dir.summary_path.exists() else {}
+        if summary.get("finished") or summary.get("stopped_by") == "non_finite":
+            summaries[cell.name] = summary
+            if on_cell:
+                on_cell(cell, summaries[cell.name])
+        else:
+            todo.append(cell)
+    workers = max(1, min(jobs or experiment.jobs, len(todo) or 1))
+    if ray is not None and todo:
+        summaries.update(_run_on_ray(todo, out_dir, ray, jobs or experiment.jobs, on_cell))
+    if ray is not None:
+        return summaries
+    if workers == 1:
+        for cell in todo:
+            summaries[cell.name] = _run_cell(cell.config, str(out_dir / cell.name))
+            if on_cell:
+                on_cell(cell, summaries[cell.name])
+    else:
+        from fedhet.threads import free_cores
+
+        budget = max(1, free_cores() // workers)  # the jobs' threads do not fight each other
+        _preload_datasets(todo)
+        with ProcessPoolExecutor(
+            max_workers=workers, initializer=_watch_parent, initargs=(os.getpid(),)
+        ) as pool:
+            futures = {pool.submit(_run_cell, c.config, str(out_dir / c.name), budget): c for c in todo}
+            for future in as_completed(futures):
+                cell = futures[future]
+                try:
+                    summaries[cell.name] = future.result()
+                except FedhetError as exc:
+                    raise FedhetError(f"cell {cell.name}: {exc}") from None
+                if on_cell:
+                    on_cell(cell, summaries[cell.name])
+    return summaries
+
+
+def _preload_datasets(cells: list[Cell]) -> None:
+    """Decode the cells' datasets once in this process before the workers start, so that
+    forked workers share them instead of each decoding its own copy (where processes start
+    by fork; elsewhere each worker loads what its cells need)."""
+    import multiprocessing
+
+    if multiprocessing.get_start_method(allow_none=False) != "fork":
+        return
+    import torch
+
+    from fedhet.data import open_dataset
+
+    # a process that forks must not have started OpenMP threads: a forked worker would wait
+    # on them forever; this process computes nothing heavy after the pool starts
+    torch.set_num_threads(1)
+    wanted = {}
+    for cell in cells:
+        data = cell.config.data
+        options = data.options("dataset")
+        wanted.setdefault((data.dataset, repr(options)), (data.entry("dataset").cls, options))
+    for key in sorted(wanted)[:2]:
+        try:
+            open_dataset(*wanted[key])
+        except FedhetError:
+            pass  # the cells report it, each in its own run
+
+
+def _run_on_ray(todo: list[Cell], out_dir: Path, address: str, jobs: int, on_cell) -> dict[str, dict]:
+    """Each cell a Ray task (one CPU each) on a local Ray (``address = "local"``, ``jobs``
+    CPUs) or the cluster at ``address``; cells write their run folders under ``out_dir``,
+    which on a cluster must be a folder every node sees (a shared file system)."""
+    try:
+        import ray
+    except ImportError:
+        raise FedhetError("--ray needs Ray: pip install 'fedhet[flower]' (it brings ray)") from None
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+    started = not ray.is_initialized()
+    if started:
+        options = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
+        if address == "local":
+            ray.init(num_cpus=max(1, jobs), **options)
+        else:
+            try:
+                ray.init(address=address, **options)
+            except (ConnectionError, ValueError, RuntimeError) as exc:
+                raise FedhetError(f"--ray {address}: cannot connect ({str(exc).splitlines()[0]})") from None
+    summaries: dict[str, dict] = {}
+    try:
+        task = ray.remote(num_cpus=1)(_run_cell)
+        refs = {task.remote(cell.config, str(out_dir.resolve() / cell.name), 1): cell for cell in todo}
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            for ref in done:
+                cell = refs[ref]
+                try:
+                    summaries[cell.name] = ray.get(ref)
+                except ray.exceptions.RayTaskError as exc:
+                    cause = exc.cause if isinstance(getattr(exc, "cause", None), FedhetError) else None
+                    if cause is None:
+                        raise
+                    raise FedhetError(f"cell {cell.name}: {cause}") from None
+                if on_cell:
+                    on_cell(cell, summaries[cell.name])
+    finally:
+        if started:
+            ray.shutdown()
+    return summaries

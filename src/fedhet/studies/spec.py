@@ -1,0 +1,164 @@
+"""Experiment files: parsing and checking ``[experiment]``, ``[grid]``, ``[[cases]]`` and
+``[report]`` (the format is described in :mod:`fedhet.studies.grid`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from fedhet.config import (
+    MAX_THREADS,
+    apply_overrides,
+    check_name,
+    read_toml,
+)
+from fedhet.errors import ConfigError
+from fedhet.studies.expansion import Cell, _cell, _flatten, _label, _lookup
+from fedhet.studies.stats import INTERVALS
+
+EXPERIMENT_SECTIONS = ("experiment", "grid", "cases", "report")
+
+
+@dataclass
+class Experiment:
+    name: str
+    jobs: int
+    cells: list[Cell]
+    rows: list[str]
+    columns: list[str]
+    value: str
+    interval: str = "std"
+    reference: str | None = None
+    alpha: float = 0.05
+
+
+REPORT_VALUES = (
+    "final_test_accuracy",
+    "best_test_accuracy",
+    "final_test_loss",
+    "best_round",
+    "rounds",
+    "sim_time",
+    "mean_round_time",
+    "wall_time",
+)
+
+
+def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Experiment:
+    """Read an experiment file into its validated cells."""
+    raw = read_toml(path)
+    meta = _table(raw, "experiment", path, ("name", "jobs"))
+    grid = _table(raw, "grid", path, None)
+    report = _table(raw, "report", path, ("rows", "columns", "value", "interval", "reference", "alpha"))
+    cases = raw.get("cases", [{}]) or [{}]
+    if not isinstance(cases, list) or not all(isinstance(c, dict) for c in cases):
+        raise ConfigError(f"{path}: [[cases]] must be a list of tables")
+    base = {k: v for k, v in raw.items() if k not in EXPERIMENT_SECTIONS}
+    base = apply_overrides(base, overrides or [])
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"{path}: grid.{key} must be a non-empty list")
+    name = meta.get("name", Path(path).stem)
+    if not isinstance(name, str):
+        raise ConfigError(f"{path}: experiment.name = {name!r}: expected a string")
+    check_name(f"{path}: experiment.name", name)
+    jobs = meta.get("jobs", 0)
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or not 0 <= jobs <= MAX_THREADS:
+        raise ConfigError(f"{path}: experiment.jobs = {jobs!r}: expected an integer in 0..{MAX_THREADS}")
+    jobs = jobs or (os.cpu_count() or 1)
+    keys = list(grid)
+    cells = []
+    for case in cases:
+        for combo in itertools.product(*(grid[k] for k in keys)):
+            chosen = {**case, **dict(zip(keys, combo, strict=True))}
+            cell_name = "-".join(_label(v) for v in _flatten(chosen).values()) or "base"
+            cells.append(_cell(base, chosen, cell_name, path))
+    names = [c.name for c in cells]
+    if len(set(names)) != len(names):
+        twice = next(n for n in names if names.count(n) > 1)
+        raise ConfigError(f"{path}: two cells are both named {twice!r} (repeated grid or case values)")
+    rows = _key_list(report, "rows", [], path)
+    columns = _key_list(report, "columns", keys, path)
+    for key in rows + columns:
+        _check_report_key(key, cells, path)
+    value = report.get("value", "final_test_accuracy")
+    if value not in REPORT_VALUES:
+        raise ConfigError(
+            f"{path}: report.value = {value!r}: not a summary number (known: {', '.join(REPORT_VALUES)})"
+        )
+    interval = report.get("interval", "std")
+    if interval not in INTERVALS:
+        raise ConfigError(f"{path}: report.interval = {interval!r}: one of {', '.join(INTERVALS)}")
+    reference = report.get("reference")
+    if reference is not None and not isinstance(reference, str):
+        raise ConfigError(f"{path}: report.reference = {reference!r}: expected a column label (a string)")
+    alpha = report.get("alpha", 0.05)
+    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 < alpha < 1:
+        raise ConfigError(f"{path}: report.alpha = {alpha!r}: expected a number in (0, 1)")
+    experiment = Experiment(
+        name=name, jobs=jobs, cells=cells, rows=rows, columns=columns, value=value,
+        interval=interval, reference=reference, alpha=float(alpha),
+    )  # fmt: skip
+    if reference is not None:
+        check_reference(experiment, reference, path)
+    return experiment
+
+
+def column_labels(experiment: Experiment) -> list[str]:
+    """The report table's column labels, in order."""
+    labels: list[str] = []
+    for cell in experiment.cells:
+        label = " ".join(str(_lookup(cell, k)) for k in experiment.columns)
+        if label not in labels:
+            labels.append(label)
+    return labels
+
+
+def check_reference(experiment: Experiment, reference: str, where) -> None:
+    """``reference`` must be one of the table's column labels."""
+    labels = column_labels(experiment)
+    if reference not in labels:
+        raise ConfigError(
+            f"{where}: report.reference = {reference!r}: not a column of the table "
+            f"(columns: {', '.join(labels)})"
+        )
+
+
+def _table(raw: dict, section: str, path, known: tuple[str, ...] | None) -> dict:
+    """An experiment section as a dict; unknown keys are refused when ``known`` is given."""
+    table = raw.get(section, {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: [{section}] must be a table")
+    for key in table if known is not None else ():
+        if key not in known:
+            raise ConfigError(f"{path}: {section}.{key}: unknown key (known: {', '.join(known)})")
+    return table
+
+
+def _key_list(report: dict, key: str, default: list, path) -> list[str]:
+    values = report.get(key, default)
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+        raise ConfigError(f"{path}: report.{key} = {values!r}: expected a list of dotted keys")
+    return list(values)
+
+
+def _check_report_key(key: str, cells: list[Cell], path) -> None:
+    """A ``[report]`` row or column key must name a configuration key (``section.key``, or
+    ``algorithm`` / ``algorithm.<option>`` of at least one cell's algorithm)."""
+    from fedhet.config import SECTIONS
+
+    section, _, name = key.partition(".")
+    if section == "algorithm":
+        if not name or name == "name":
+            return
+        options = {f.name for c in cells for f in dataclasses.fields(type(c.config.algorithm.options))}
+        if name in options:
+            return
+    elif section in SECTIONS and name in {f.name for f in dataclasses.fields(SECTIONS[section])}:
+        return
+    elif section in SECTIONS and any(name in getattr(c.config, section).to_dict() for c in cells):
+        return  # an option of a plug-in the section names (e.g. system.straggler_ratio)
+    raise ConfigError(f"{path}: report key {key!r}: not a configuration key (section.key)")

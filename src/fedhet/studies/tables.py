@@ -1,0 +1,72 @@
+"""A grid's table: one row per ``rows`` value, one column per ``columns`` value, seeds as
+mean ± interval with significance marks against a reference column."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedhet.studies.expansion import _lookup
+from fedhet.studies.spec import Experiment
+from fedhet.studies.stats import difference_p_value, estimate
+
+
+def report_table(experiment: Experiment, summaries: dict[str, dict], digits: int = 3) -> str:
+    """A Markdown pivot table: one row per ``rows`` value, one column per ``columns`` value.
+    Cells that share a row and column (e.g. seeds left out of both) show mean ± the
+    experiment's ``interval`` over them, marked ↑/↓ when significantly above/below the
+    ``reference`` column of their row; a note under the table says what the marks mean."""
+    row_keys, col_keys = experiment.rows, experiment.columns
+    rows: dict[tuple, dict[str, list[tuple]]] = {}
+    col_order: list[str] = []
+    for cell in experiment.cells:
+        if cell.name not in summaries:
+            continue
+        r = tuple(_lookup(cell, k) for k in row_keys)
+        c = " ".join(str(_lookup(cell, k)) for k in col_keys)
+        if c not in col_order:
+            col_order.append(c)
+        value = summaries[cell.name].get(experiment.value)
+        rows.setdefault(r, {}).setdefault(c, []).append((cell.config.run.seed, value))
+    head = [" / ".join(k.split(".")[-1] for k in row_keys) or "run", *col_order]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r, values in rows.items():
+        cells = [" ".join(str(v) for v in r) or "-"]
+        reference = _numbers(values.get(experiment.reference, [])) if experiment.reference else {}
+        for c in col_order:
+            text = _format_values(values.get(c, []), digits, experiment.interval)
+            if reference and c != experiment.reference and (mine := _numbers(values.get(c, []))):
+                p = difference_p_value(mine, reference)
+                if p is not None and p < experiment.alpha:
+                    above = np.mean(list(mine.values())) > np.mean(list(reference.values()))
+                    text += " ↑" if above else " ↓"
+            cells.append(text)
+        lines.append("| " + " | ".join(cells) + " |")
+    seeds = max((len(v) for by_col in rows.values() for v in by_col.values()), default=0)
+    notes = []
+    if seeds > 1:
+        what = "sample standard deviation" if experiment.interval == "std" else "95% confidence interval (t)"
+        notes.append(f"mean ± {what} over the runs of each cell (up to {seeds})")
+    if experiment.reference:
+        notes.append(
+            f"↑/↓: significantly above/below the {experiment.reference!r} column of the same row "
+            f"(two-sided paired t-test over seeds, p < {experiment.alpha:g}, uncorrected)"
+        )
+    text = "\n".join(lines) + "\n"
+    if notes:
+        text += "\n" + "; ".join(notes) + ".\n"
+    return text
+
+
+def _numbers(pairs: list[tuple]) -> dict:
+    """{seed: value} of the numeric values (a repeated seed keeps its last value)."""
+    return {seed: float(v) for seed, v in pairs if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
+def _format_values(pairs: list[tuple], digits: int, interval: str = "std") -> str:
+    numbers = [float(v) for _, v in pairs if isinstance(v, int | float) and not isinstance(v, bool)]
+    if len(numbers) > 1:
+        e = estimate(numbers, interval)
+        return f"{e.mean:.{digits}f} ± {e.spread:.{digits}f}"
+    if numbers:
+        return f"{numbers[0]:.{digits}f}"
+    return " ".join(str(v) for _, v in pairs if v is not None)
