@@ -76,6 +76,20 @@ def test_flower_metrics_equal_the_embedded_engine(tmp_path, name):
     assert (tmp_path / "flower" / "summary.json").exists() and (tmp_path / "flower" / "metrics.csv").exists()
 
 
+def test_a_resumed_flower_run_keeps_the_clients_state(tmp_path):
+    """Momentum kept between rounds is client state: the pool holds it on the server side,
+    where the checkpoint keeps it, so a Flower run stopped after round 2 and resumed (a new
+    simulation, new ClientApps) ends with the metrics of an uninterrupted run."""
+    case = CASES["salf"]
+    whole = RunLoop(_config(case, rounds=4), tmp_path / "embedded").run()
+    run_on_flower(_config(case, engine="flower", rounds=2), tmp_path / "flower")
+    resumed = run_on_flower(_config(case, engine="flower", rounds=4), tmp_path / "flower", resume=True)
+    assert len(resumed.metrics) == 4
+    for mine, theirs in zip(resumed.metrics, whole.metrics, strict=True):
+        assert mine["train_loss"] == pytest.approx(theirs["train_loss"], abs=1e-6)
+        assert mine["test_accuracy"] == pytest.approx(theirs["test_accuracy"], abs=1e-6)
+
+
 def test_a_failing_client_is_absent_and_the_run_goes_on(tmp_path, caplog):
     config = _config(CASES["fedavg"], engine="flower")
     embedded = RunLoop(_config(CASES["fedavg"]), tmp_path / "embedded").run()
@@ -107,14 +121,14 @@ def test_tasks_and_updates_survive_a_record_dict_round_trip():
 
     task = ClientTask(4, 2, 0.1, 8, 3, Coverage(2), 1.5, 3, payload={"control": torch.arange(5.0), "k": 2})
     params, buffers = torch.randn(7), torch.zeros(0)
-    back, p, b = decode_task(encode_task(task, params, buffers))
+    back, p, b, _ = decode_task(encode_task(task, params, buffers))
     assert back.to_dict().keys() == task.to_dict().keys() and back.round == 4 and back.coverage.depth == 2
     assert torch.equal(back.payload["control"], task.payload["control"]) and back.payload["k"] == 2
     assert torch.equal(p, params) and b.numel() == 0
     update = ClientUpdate(
         2, Coverage(2), 3, 40, 0.7, torch.randn(4), payload={"delta_control": torch.ones(3)}
     )
-    again = decode_update(encode_update(update))
+    again, _ = decode_update(encode_update(update))
     assert torch.equal(again.delta, update.delta) and again.steps == 3 and again.loss == pytest.approx(0.7)
     assert torch.equal(again.payload["delta_control"], torch.ones(3))
 

@@ -279,11 +279,21 @@ class Algorithm:
         layout: ModelLayout,
     ) -> Aggregator:
         """The round's aggregation, fed one update at a time (``tasks``: what was sent, in
-        client order). Default: collect the list and call :meth:`aggregate`; rules that
-        can sum as updates arrive return a streaming aggregator instead."""
+        client order): the rule's :meth:`streaming_aggregator` when it has one for the
+        ``aggregate`` in effect (a subclass that overrides ``aggregate`` alone gets the
+        list), else collect the list and call :meth:`aggregate`."""
+        if _defined_in(type(self), "streaming_aggregator") is _defined_in(type(self), "aggregate"):
+            streaming = self.streaming_aggregator(params, buffers, tasks, state, context, layout)
+            if streaming is not None:
+                return streaming
         return ListAggregator(
             lambda updates: self.aggregate(params, buffers, updates, state, context, layout)
         )
+
+    def streaming_aggregator(self, params, buffers, tasks, state, context, layout) -> Aggregator | None:
+        """A rule that can sum updates as they arrive returns its aggregator here (memory =
+        one update, not the cohort); None = it needs the list."""
+        return None
 
     def aggregate(
         self,
