@@ -82,9 +82,9 @@ class ClientTime:
 
         def run(clients, *args, **kwargs):
             start = time.perf_counter()
-            out = self.original(clients, *args, **kwargs)
+            out = list(self.original(clients, *args, **kwargs))  # a pool yields as it goes
             self.times.append(time.perf_counter() - start)
-            return out
+            return iter(out)
 
         cls.run = run
 
@@ -96,22 +96,21 @@ class ClientTime:
 
 def embedded(workload: str, rounds: int, out: Path) -> tuple[float, float]:
     """Seconds per round, and of those the clients' work."""
-    from fedhet.engine.clients import InProcessClients
-
     from fedhet.engine.loop import RunLoop
+    from fedhet.engine.pool import InProcessPool
 
-    timer, clients = RoundTimer(), ClientTime(InProcessClients)
+    timer, clients = RoundTimer(), ClientTime(InProcessPool)
     RunLoop(_config(workload, rounds, "embedded"), out, on_round=timer).run(overwrite=True)
     return timer.per_round(), clients.per_round()
 
 
 def on_flower(workload: str, rounds: int, out: Path, cpus: float) -> tuple[float, float]:
     """Seconds per round, and of those waiting for the clients' replies."""
-    from fedhet.engine.flower import FlowerClients, run_simulation
+    from fedhet.engine.flower import FlowerPool, run_simulation
 
     config = _config(workload, rounds, "flower")
     config.run.flower_cpus_per_client = cpus
-    timer, clients = RoundTimer(), ClientTime(FlowerClients)
+    timer, clients = RoundTimer(), ClientTime(FlowerPool)
     run_simulation(config, out, overwrite=True, on_round=timer)
     return timer.per_round(), clients.per_round()
 

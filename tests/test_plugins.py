@@ -129,3 +129,60 @@ def test_a_run_with_both_plugins_resumes_identically(tmp_path):
     RunLoop(config, tmp_path / "cut").run(stop_after=5)
     resumed = RunLoop(config, tmp_path / "cut").run(resume=True)
     assert resumed.metrics == whole.metrics
+
+
+class Recorder:
+    """A run callback given by module path: records the hooks it sees, in order."""
+
+    name = "recorder"
+    seen: list = []
+
+    from dataclasses import dataclass as _dataclass
+
+    @_dataclass
+    class Options:
+        tag: str = "x"
+
+    @classmethod
+    def build(cls, options, ctx=None):
+        recorder = cls()
+        recorder.tag = options.tag
+        return recorder
+
+    def on_start(self, run):
+        Recorder.seen.append((self.tag, "start", run.state.round))
+
+    def on_round_end(self, run, row):
+        # evaluation and the files ran first: the row is complete and already on disk
+        on_disk = (run.run_dir.path / "metrics.csv").read_text().splitlines()
+        Recorder.seen.append(
+            (self.tag, "round", row["round"], row["test_accuracy"] is not None, len(on_disk))
+        )
+
+    def on_budget_stop(self, run):
+        Recorder.seen.append((self.tag, "budget"))
+
+    def on_end(self, run, summary):
+        Recorder.seen.append((self.tag, "end", summary["rounds"]))
+
+
+def test_a_callback_plugin_sees_every_hook_after_the_built_ins(tmp_path):
+    Recorder.seen.clear()
+    config = from_dict({
+        "run": {"name": "cb", "rounds": 3, "eval_every": 2, "threads": 1,
+                "callbacks": [{"name": "test_plugins:Recorder", "tag": "t"}]},
+        "data": {"dataset": "digits", "num_clients": 3, "fraction": 0.3},
+        "model": {"name": "mlp", "hidden": [8]},
+        "algorithm": {"name": "fedavg"},
+    })  # fmt: skip
+    RunLoop(config, tmp_path / "r").run()
+    assert Recorder.seen == [
+        ("t", "start", 0),
+        ("t", "round", 1, False, 2),
+        ("t", "round", 2, True, 3),
+        ("t", "round", 3, True, 4),
+        ("t", "end", 3),
+    ]
+    with pytest.raises(Exception, match=r"run.callbacks\[0\].tags: unknown option for run callback"):
+        from_dict({"run": {"callbacks": [{"name": "test_plugins:Recorder", "tags": 1}]},
+                   "algorithm": {"name": "fedavg"}})  # fmt: skip

@@ -8,7 +8,8 @@ with one. So "auto" gives one thread to work below :data:`PARALLEL_STEP_FLOPS` p
 step, and otherwise as many threads as cores are free (idle when the run starts), capped by
 the core budget of a grid's job (:func:`set_core_budget`).
 
-``run.threads = 0`` keeps torch's own default (one thread per core); a positive number is
+``run.threads = 0`` keeps torch's own default (one thread per core, within the core budget
+when one is set); a positive number is
 used as given.
 """
 
@@ -84,13 +85,17 @@ def auto_threads(step_flops: float, cores: int | None = None) -> int:
 
 
 def choose_threads(setting: int | str, step_flops: float) -> int:
-    """The thread count for ``run.threads = setting`` (an int, 0 = torch's default, or
-    "auto") and work of ``step_flops`` FLOPs per step; sets torch's intra-op threads and
-    returns the count in use."""
+    """The thread count for ``run.threads = setting`` and work of ``step_flops`` FLOPs per
+    step; sets torch's intra-op threads and returns the count in use. ``"auto"``: see
+    :func:`auto_threads`; a positive count: that many; 0: torch's default (one per core),
+    capped at the process's core budget when it has one (a grid's worker, a Flower
+    client), everywhere the same."""
     import torch
 
     if setting == "auto":
         torch.set_num_threads(auto_threads(step_flops))
     elif int(setting) > 0:
         torch.set_num_threads(int(setting))
+    elif _core_budget is not None:
+        torch.set_num_threads(min(available_cores(), _core_budget))
     return torch.get_num_threads()

@@ -88,12 +88,7 @@ class SALF(Algorithm):
             sums, _ = layerwise_sum(updates, slices, params.numel(), weights=weights)
             new_buffers = layerwise_mean_buffers(buffers, updates, layout.buffer_slices)
             return params + sums, new_buffers
-        sums, counts = layerwise_sum(updates, slices, params.numel())
-        if self.options.normalize == "all":
-            factor = torch.full_like(counts, 1.0 / context.num_clients)
-        else:
-            p_l = torch.as_tensor(context.marginals.no_reach_prob, dtype=torch.float32)
-            factor = salf_layer_factor(counts, p_l, self.options.bias_correction)
-        new_params = params + sums * expand_per_layer(factor, slices, params.numel())
-        new_buffers = layerwise_mean_buffers(buffers, updates, layout.buffer_slices)
-        return new_params, new_buffers
+        aggregator = self.streaming_aggregator(params, buffers, [], state, context, layout)
+        for update in updates:  # the same sums as streaming, over the list
+            aggregator.add(update)
+        return aggregator.result()

@@ -52,6 +52,11 @@ class MemoryOptions(FedAvgOptions):
         if self.memory_storage not in STORAGES:
             raise ConfigError(f"algorithm.memory_storage = {self.memory_storage!r}: must be 'ram' or 'disk'")
 
+    @property
+    def estimates_participation(self) -> bool:
+        """Whether p_i is estimated online (FedAU) rather than known."""
+        return False
+
 
 @dataclass
 class UnbiasedOptions(MemoryOptions):
@@ -67,6 +72,10 @@ class UnbiasedOptions(MemoryOptions):
             raise ConfigError(f"algorithm.participation = {self.participation!r}: must be 'known' or 'fedau'")
         if self.fedau_cutoff < 1:
             raise ConfigError(f"algorithm.fedau_cutoff = {self.fedau_cutoff}: must be >= 1")
+
+    @property
+    def estimates_participation(self) -> bool:
+        return self.participation == "fedau"
 
 
 @dataclass
@@ -113,7 +122,7 @@ class MemoryAlgorithm(Algorithm):
             "rounds": 0,
             "known_prob": None,
         }
-        if getattr(self.options, "participation", "known") == "fedau":
+        if self.options.estimates_participation:
             state["fedau"] = FedAUEstimator(setting.num_clients, self.options.fedau_cutoff).state_dict()
             state["estimate_history"] = []
         return state

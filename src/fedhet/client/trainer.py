@@ -116,14 +116,15 @@ class LocalTrainer:
         depth, steps = task.coverage.depth, task.local_steps
         flat = self.flat
         n = len(data)
-        budget = self.budget_for(task)
-        first = None
-        if budget.timed and depth <= flat.num_layers and steps > 0:
+        budget, first = None, None
+        if task.time_limit and depth <= flat.num_layers and steps > 0:
             x, y = data.batch(rng, task.batch_size)
             self._warm_up(x, y)
             flat.load(params, buffers)  # after the warm-up, which may touch BatchNorm statistics
             flat.model.train()
+            budget = self.budget_for(task)  # the device's time starts now, warmed up
             depth, first = timed_first_step(flat.model, x, y, depth, budget)
+        budget = budget or self.budget_for(task)
         coverage = Coverage(depth, task.coverage.width) if budget.timed else task.coverage
         if depth > flat.num_layers or steps <= 0:
             return ClientUpdate(

@@ -74,7 +74,7 @@ _WORKERS_LOCK = threading.Lock()
 def bootstrap_worker(config_toml: str, cores: int | None = None) -> WorkerSide:
     """The worker side of the run configured by ``config_toml`` (a resolved configuration),
     built once per process and configuration; ``cores``: the CPUs this worker may use
-    (``run.threads = "auto"`` chooses within them; 0 threads then means one)."""
+    (``run.threads``, "auto" or 0, chooses within them)."""
     with _WORKERS_LOCK:
         if config_toml not in _WORKERS:
             import tomllib
@@ -86,8 +86,6 @@ def bootstrap_worker(config_toml: str, cores: int | None = None) -> WorkerSide:
             config = from_dict(tomllib.loads(config_toml))
             if cores is not None:
                 set_core_budget(max(1, int(cores)))
-                if config.run.threads == 0:
-                    config.run.threads = 1
             _WORKERS[config_toml] = WorkerSide(build_world(config), config.run.seed)
         return _WORKERS[config_toml]
 

@@ -18,16 +18,12 @@ from fedhet.studies.spec import Experiment
 
 
 def _run_cell(config: Config, out_dir: str, core_budget: int | None = None) -> dict:
-    """Run one cell. Threads: ``run.threads = "auto"`` within ``core_budget`` cores (a
-    parallel grid's share of the free cores); 0 means one thread in a grid."""
+    """Run one cell. Threads: ``run.threads`` (``"auto"`` or 0) within ``core_budget``
+    cores, a parallel grid's share of the free cores (:func:`fedhet.threads.choose_threads`)."""
     from fedhet.engine.loop import RunLoop
     from fedhet.threads import set_core_budget
 
     set_core_budget(core_budget)
-    if config.run.threads == 0:
-        import torch
-
-        torch.set_num_threads(1)
     sim = RunLoop(config, out_dir)
     return sim.run(resume=True).summary
 
