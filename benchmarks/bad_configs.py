@@ -154,6 +154,32 @@ EXTRA: list[tuple[str, dict]] = [
     ("compare a string", {"compare": {"algorithms": "salf"}}),
     ("compare a number", {"compare": {"algorithms": [1]}}),
     ("compare unknown key", {"compare": {"algos": ["salf"]}}),
+    # plug-ins: registry names, module paths, listed plug-ins and their options
+    ("unknown local optimizer", {"train": {"optimizer": "lion"}}),
+    ("adam beta1 = 1", {"train": {"optimizer": "adam", "beta1": 1.0}}),
+    ("adam eps = 0", {"train": {"optimizer": "adam", "eps": 0.0}}),
+    ("adam with keep_momentum", {"train": {"optimizer": "adam", "keep_momentum": "yes"}}),
+    ("postprocess not a list of tables", {"train": {"postprocess": ["clip-noise"]}}),
+    ("unknown postprocessor", {"train": {"postprocess": [{"name": "gzip"}]}}),
+    ("clip-noise max_norm 0", {"train": {"postprocess": [{"name": "clip-noise", "max_norm": 0.0}]}}),
+    (
+        "clip-noise negative noise",
+        {"train": {"postprocess": [{"name": "clip-noise", "noise_multiplier": -1}]}},
+    ),
+    ("compress unknown method", {"train": {"postprocess": [{"name": "compress", "method": "zip"}]}}),
+    (
+        "compress fraction 0",
+        {"train": {"postprocess": [{"name": "compress", "method": "topk", "fraction": 0}]}},
+    ),
+    ("negative upload bandwidth", {"system": {"model": "per-step", "upload_bandwidth": -1.0}}),
+    ("unknown callback", {"run": {"callbacks": [{"name": "tensorboard"}]}}),
+    ("callback without a name", {"run": {"callbacks": [{"every": 2}]}}),
+    ("algorithm module path not importable", {"algorithm": {"name": "no_such_pkg_xyz.rules:Rule"}}),
+    ("algorithm module path without a class", {"algorithm": {"name": "fedhet.algorithms.salf:Nope"}}),
+    ("algorithm module path to a non-plug-in", {"algorithm": {"name": "fedhet.errors:ConfigError"}}),
+    ("system model module path malformed", {"system": {"model": "fedhet.system:"}}),
+    ("unknown dataset", {"data": {"dataset": "imagenet"}}),
+    ("unknown model", {"model": {"name": "resnet50"}}),
 ]
 
 ALGORITHM_BAD: list[dict] = [
