@@ -209,12 +209,12 @@ def test_the_clock_charges_the_compressed_payload():
     small_world = build_world(from_dict(_per_step(compressed, 1e4)))
     n = plain_world.initial_params.numel()
     plan = plain_world.algorithm.plan(0, {}, plain_world.system, 1.0)
-    assert (upload_bytes(plain_world, plan) == 4 * n).all()
-    assert (upload_bytes(small_world, plan) == n + 4).all()
+    assert (upload_bytes(plain_world, plan.workload().depth) == 4 * n).all()
+    assert (upload_bytes(small_world, plan.workload().depth) == n + 4).all()
     work = plan.workload()
-    work.upload_bytes = upload_bytes(plain_world, plan)
+    work.upload_bytes = upload_bytes(plain_world, plan.workload().depth)
     slow = plain_world.system.sample(work, np.random.default_rng(0)).full_time
-    work.upload_bytes = upload_bytes(small_world, plan)
+    work.upload_bytes = upload_bytes(small_world, plan.workload().depth)
     fast = small_world.system.sample(work, np.random.default_rng(0)).full_time
     assert np.allclose(slow - fast, (4 * n - (n + 4)) / 1e4)
 

@@ -107,14 +107,7 @@ class RunConfig:
     @property
     def callback_plugins(self) -> list:
         """The configured run callbacks: (registry entry, typed options) in order."""
-        found = self.__dict__.get("_callbacks")
-        if found is None:
-            found = [
-                _listed_plugin("callback", f"run.callbacks[{i}]", item)
-                for i, item in enumerate(self.callbacks)
-            ]
-            self.__dict__["_callbacks"] = found
-        return found
+        return _listed_plugins(self, "callback", "run.callbacks", self.callbacks)
 
 
 class PluginSection:
@@ -261,6 +254,14 @@ def _unused_options(cls: type, entries: dict, unused: dict) -> dict:
     return kept
 
 
+def _listed_plugins(section: Any, kind: str, key: str, items: list) -> list:
+    """A list of plug-in tables parsed once and kept on ``section``."""
+    cache = section.__dict__.setdefault("_listed", {})
+    if key not in cache:
+        cache[key] = [_listed_plugin(kind, f"{key}[{i}]", item) for i, item in enumerate(items)]
+    return cache[key]
+
+
 def _listed_plugin(kind: str, key: str, item: Any):
     """A plug-in given as a table in a list: ``{ name = "...", ...options }``."""
     from fedhet.registry import KIND_LABELS, resolve
@@ -360,14 +361,7 @@ class TrainConfig(PluginSection):
     @property
     def postprocessors(self) -> list:
         """The postprocessor chain: (registry entry, typed options) in order."""
-        found = self.__dict__.get("_postprocessors")
-        if found is None:
-            found = [
-                _listed_plugin("postprocessor", f"train.postprocess[{i}]", item)
-                for i, item in enumerate(self.postprocess)
-            ]
-            self.__dict__["_postprocessors"] = found
-        return found
+        return _listed_plugins(self, "postprocessor", "train.postprocess", self.postprocess)
 
 
 @dataclass

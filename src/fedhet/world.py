@@ -5,6 +5,7 @@ tasks). Shared by every engine."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -44,7 +45,7 @@ class World:
     def num_clients(self) -> int:
         return len(self.client_indices)
 
-    @property
+    @cached_property
     def client_sizes(self) -> np.ndarray:
         """Every client's number of training examples."""
         return np.array([len(c) for c in self.client_indices])

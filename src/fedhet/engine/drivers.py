@@ -29,16 +29,12 @@ from fedhet.errors import FedhetError
 from fedhet.system import Workload
 
 
-def upload_bytes(world, plan) -> np.ndarray:
-    """Per client, the bytes of its update as it travels (the planned coverage, after the
-    trainer's postprocessors): what system models with an upload bandwidth charge."""
-    cache: dict[int, int] = {}
-    out = np.empty(len(plan.assignments))
-    for client, assignment in enumerate(plan.assignments):
-        if assignment.depth not in cache:
-            cache[assignment.depth] = world.worker.payload_bytes(assignment.depth)
-        out[client] = cache[assignment.depth]
-    return out
+def upload_bytes(world, depths: np.ndarray) -> np.ndarray:
+    """Per client, the bytes of its update as it travels (its planned coverage ``depths``,
+    after the trainer's postprocessors): what system models with an upload bandwidth charge."""
+    levels, where = np.unique(depths, return_inverse=True)
+    sizes = np.array([world.worker.payload_bytes(int(depth)) for depth in levels], dtype=float)
+    return sizes[where]
 
 
 class RoundDriver:
@@ -52,7 +48,7 @@ class RoundDriver:
         plan = algorithm.plan(t, state.algorithm, system, config.round_deadline)
         work = plan.workload()
         work.start_time = state.sim_time
-        work.upload_bytes = upload_bytes(world, plan)
+        work.upload_bytes = upload_bytes(world, work.depth)
         outcomes = system.sample(work, seeding.round_stream(config.run.seed, "system", t))
         context = RoundContext(
             plan,

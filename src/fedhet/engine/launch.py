@@ -18,16 +18,25 @@ class NoOptions:
     """Engines without options (theirs live in ``[run]``)."""
 
 
+class Engine:
+    """Base of engine plug-ins: ``run(config, out_dir, resume, overwrite, **kwargs)``."""
+
+    name = "base"
+    Options: type = NoOptions
+
+    @classmethod
+    def build(cls, options, ctx=None) -> Engine:
+        return cls()
+
+    def run(self, config: Config, out_dir, resume=False, overwrite=False, **kwargs) -> RunResult:
+        raise NotImplementedError
+
+
 @register("engine")
-class EmbeddedEngine:
+class EmbeddedEngine(Engine):
     """One process, one virtual clock, one reused working model."""
 
     name = "embedded"
-    Options = NoOptions
-
-    @classmethod
-    def build(cls, options, ctx=None) -> EmbeddedEngine:
-        return cls()
 
     def run(self, config: Config, out_dir, resume=False, overwrite=False, **kwargs) -> RunResult:
         loop_kwargs = {k: kwargs.pop(k) for k in ("on_round", "client_order") if k in kwargs}
@@ -35,15 +44,10 @@ class EmbeddedEngine:
 
 
 @register("engine")
-class FlowerEngine:
+class FlowerEngine(Engine):
     """Flower's simulation runtime (Ray): one virtual SuperNode per client."""
 
     name = "flower"
-    Options = NoOptions
-
-    @classmethod
-    def build(cls, options, ctx=None) -> FlowerEngine:
-        return cls()
 
     def run(self, config: Config, out_dir, resume=False, overwrite=False, **kwargs) -> RunResult:
         from fedhet.engine.flower import run_simulation
