@@ -88,6 +88,32 @@ def test_an_unknown_plugin_name_is_one_line():
     assert done.stderr.strip().count("\n") == 0 and "system.model = 'markov': unknown" in done.stderr
 
 
+def test_a_dataset_plugin_reads_its_files_by_entry_point(tmp_path):
+    rng = np.random.default_rng(0)
+    for split, rows in (("train", 120), ("test", 40)):
+        x = rng.normal(size=(rows, 3))
+        y = (x[:, 0] + x[:, 1] > 0).astype(int)  # a learnable rule
+        lines = ["a,b,label,c"] + [f"{r[0]},{r[1]},{t},{r[2]}" for r, t in zip(x, y, strict=True)]
+        (tmp_path / f"{split}.csv").write_text("\n".join(lines) + "\n")
+    _install_metadata(tmp_path / "site")
+    config = tmp_path / "csv.toml"
+    config.write_text(
+        '[run]\nname = "csv"\nrounds = 30\nthreads = 1\n'
+        f'[data]\ndataset = "csv"\nnum_clients = 4\ntrain_file = "{tmp_path / "train.csv"}"\n'
+        f'test_file = "{tmp_path / "test.csv"}"\n'
+        '[model]\nname = "mlp"\nhidden = [8]\n[train]\nlr = 0.3\n'
+        '[system]\nmodel = "full"\n[algorithm]\nname = "fedavg"\n'
+    )
+    env = _env(tmp_path / "site", PLUGIN / "src")
+    done = _fedhet(["run", str(config), "--out", str(tmp_path / "r"), "--quiet"], env)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["dataset"] == "csv" and summary["final_test_accuracy"] > 0.8  # it learns the rule
+    (tmp_path / "test.csv").write_text("a,b,c\n1,2,3\n")
+    bad = _fedhet(["run", str(config), "--out", str(tmp_path / "bad"), "--quiet"], env)
+    assert bad.returncode != 0 and "no column 'label'" in bad.stderr and bad.stderr.count("\n") == 1
+
+
 def test_median_is_the_coordinate_wise_median_of_the_finishers():
     rule = CoordinateMedian(CoordinateMedianOptions(server_lr=0.5), None)
     deltas = torch.randn(5, 7, generator=torch.Generator().manual_seed(0))

@@ -1,2 +1,2 @@
-"""A fedhet plug-in package: one algorithm (:mod:`.rules`) and one system model
-(:mod:`.markov`), each one file."""
+"""A fedhet plug-in package: one algorithm (:mod:`.rules`), one system model
+(:mod:`.markov`) and one dataset (:mod:`.csv_data`), each one file."""
