@@ -41,6 +41,9 @@ def test_the_resolved_tree_reads_back_to_the_same_configuration():
 
 
 def test_an_option_of_another_choice_is_checked_kept_and_reported(caplog):
+    import fedhet.config
+
+    fedhet.config._WARNED.clear()  # said once per process: forget what earlier tests triggered
     with caplog.at_level(logging.WARNING, logger="fedhet"):
         config = from_dict({**BASE, "system": {"model": "exponential", "straggler_ratio": 0.25}})
     assert "system.straggler_ratio is an option of system model 'straggler-ratio'" in caplog.text
