@@ -69,6 +69,11 @@ KIND_LABELS = {
 }
 
 
+@dataclass
+class NoOptions:
+    """The ``Options`` of a plug-in that has none."""
+
+
 @dataclass(frozen=True)
 class Entry:
     """One plug-in: its kind, the name it is asked by, its class and where it comes from

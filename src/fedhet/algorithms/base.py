@@ -45,6 +45,7 @@ from fedhet import registry
 from fedhet.algorithms.streaming import Aggregator, ListAggregator
 from fedhet.messages import ClientTask, ClientUpdate, Coverage, Payload
 from fedhet.models.layers import ModelLayout
+from fedhet.registry import NoOptions
 from fedhet.schedules import train_learning_rate
 from fedhet.system.base import SystemModel
 from fedhet.system.types import Marginals, Outcomes, Workload
@@ -115,11 +116,6 @@ class RunSetting:
     buffers: torch.Tensor
     probes: list[ClientUpdate] = field(default_factory=list)
     work_dir: Path | None = None  # the run's folder, for server state kept in files
-
-
-@dataclass
-class NoOptions:
-    """Algorithms without options."""
 
 
 @dataclass

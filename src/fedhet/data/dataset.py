@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from fedhet.registry import NoOptions
+
 
 @dataclass
 class Dataset:
@@ -29,11 +31,6 @@ class Dataset:
     @property
     def num_train(self) -> int:
         return int(self.x_train.shape[0])
-
-
-@dataclass
-class NoOptions:
-    """Datasets without options."""
 
 
 class DatasetSource:

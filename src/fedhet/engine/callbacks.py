@@ -18,15 +18,9 @@ kind ``callback`` (:mod:`fedhet.registry`) after them.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from fedhet.engine.state import to_checkpoint
-from fedhet.registry import register
-
-
-@dataclass
-class NoOptions:
-    """Callbacks without options."""
+from fedhet.registry import NoOptions, register
 
 
 class Callback:

@@ -5,17 +5,11 @@ when used)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from fedhet.config import Config
 from fedhet.engine.loop import RunLoop, RunResult
-from fedhet.registry import register, resolve
-
-
-@dataclass
-class NoOptions:
-    """Engines without options (theirs live in ``[run]``)."""
+from fedhet.registry import NoOptions, register, resolve
 
 
 class Engine:

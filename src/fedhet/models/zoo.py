@@ -18,7 +18,7 @@ from torch import nn
 from fedhet.errors import ConfigError
 from fedhet.models.layers import LayeredModel
 from fedhet.models.pooling import MaxPool2x2
-from fedhet.registry import register
+from fedhet.registry import NoOptions, register
 
 VGG_STAGES = {
     "vgg11": [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"],
@@ -141,11 +141,6 @@ class ModelContext:
 
     input_shape: tuple[int, ...]
     num_classes: int
-
-
-@dataclass
-class NoOptions:
-    """Models without options."""
 
 
 @dataclass

@@ -31,12 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedhet import seeding
+from fedhet.registry import NoOptions
 from fedhet.system.types import Marginals, Outcomes, Workload
-
-
-@dataclass
-class NoOptions:
-    """Plug-ins without options."""
 
 
 @dataclass
