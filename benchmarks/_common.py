@@ -79,3 +79,53 @@ def run_in_child(src: Path, code: str, env: dict | None = None, timeout: float =
 
 def scratch() -> tempfile.TemporaryDirectory:
     return tempfile.TemporaryDirectory(prefix="fedhet-bench-")
+
+
+def load_average() -> float:
+    """The machine's one-minute load average (NaN where the OS does not tell)."""
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+
+
+def alternate(first, second, pairs: int = 5) -> dict:
+    """Time two sides in short alternating blocks and compare them robustly on a noisy machine.
+
+    ``first`` and ``second`` are functions that run one block and return its time (seconds,
+    or any cost where lower is better). The blocks run A B, B A, A B, ... (``pairs`` pairs, at
+    least 5 for a reported figure), so a neighbour's load or a slow drift touches both sides
+    alike. Returns both sides' times, the per-pair ratios first/second, their median with its
+    min-max, and the machine's load average before and after."""
+    before = load_average()
+    a, b = [], []
+    for pair in range(pairs):
+        if pair % 2 == 0:
+            a.append(first())
+            b.append(second())
+        else:
+            b.append(second())
+            a.append(first())
+    after = load_average()
+    ratios = sorted(x / y for x, y in zip(a, b, strict=True))
+    middle = len(ratios) // 2
+    median = ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] + ratios[middle]) / 2
+    return {
+        "first": a,
+        "second": b,
+        "ratios": ratios,
+        "median": median,
+        "min": ratios[0],
+        "max": ratios[-1],
+        "load_before": before,
+        "load_after": after,
+    }
+
+
+def describe_ratio(label: str, figures: dict, unit: str = "s") -> str:
+    """One line: the median ratio, its min-max over the pairs, both sides' medians, the load."""
+    import statistics
+
+    return (
+        f"{label}: {figures['median']:.2f}x (pairs {figures['min']:.2f}-{figures['max']:.2f}, "
+        f"n={len(figures['ratios'])}); medians {statistics.median(figures['first']):.4g} vs "
+        f"{statistics.median(figures['second']):.4g} {unit}; load {figures['load_before']:.2f} -> "
+        f"{figures['load_after']:.2f}"
+    )

@@ -65,6 +65,7 @@ class RunConfig:
     time_budget: float = 0.0  # simulated seconds; 0 = no budget (stop after `rounds`)
     eval_every: int = 1
     threads: Any = "auto"  # torch threads: "auto" (work size, free cores), 0 = torch default, or a count
+    workers: Any = 1  # processes running client tasks: a count, or "auto" (the free cores)
     memory_format: str = "contiguous"  # conv weights, images: contiguous | channels_last (faster)
     client_eval: bool = False  # also evaluate on each client's held-out part of its data
     client_eval_fraction: float = 0.2  # share of each client's data held out for it
@@ -85,13 +86,23 @@ class RunConfig:
                 raise ConfigError(f'run.threads = {self.threads!r}: expected "auto" or an integer')
             at_least("run.threads", self.threads, 0)
             at_most("run.threads", self.threads, MAX_THREADS)
+        if self.workers != "auto":
+            if isinstance(self.workers, bool) or not isinstance(self.workers, int):
+                raise ConfigError(f'run.workers = {self.workers!r}: expected "auto" or a count of processes')
+            at_least("run.workers", self.workers, 1)
+            at_most("run.workers", self.workers, MAX_THREADS)
         if self.time_budget < 0:
             raise ConfigError(f"run.time_budget = {self.time_budget}: must be >= 0 (0 = none)")
         check_name("run.name", self.name)
         one_of("run.on_non_finite", self.on_non_finite, NON_FINITE_POLICIES)
         from fedhet.registry import resolve
 
-        resolve("engine", self.engine, "run.engine")
+        engine = resolve("engine", self.engine, "run.engine")
+        if self.workers != 1 and not engine.cls.runs_workers:
+            raise ConfigError(
+                f"run.workers = {self.workers!r}: the {self.engine} engine places clients itself; "
+                "run.workers applies to the embedded engine (set run.workers = 1)"
+            )
         self.callback_plugins  # noqa: B018  (parse the callbacks now: their errors are configuration errors
         one_of("run.memory_format", self.memory_format, ("contiguous", "channels_last"))
         if self.round_timeout < 0:

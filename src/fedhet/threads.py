@@ -99,3 +99,13 @@ def choose_threads(setting: int | str, step_flops: float) -> int:
     elif _core_budget is not None:
         torch.set_num_threads(min(available_cores(), _core_budget))
     return torch.get_num_threads()
+
+
+def pool_workers(setting: int | str) -> int:
+    """The worker processes for ``run.workers = setting``: ``"auto"``: the free cores; a
+    count: that many. Both within the core budget (a grid's job gets its share of the cores,
+    so jobs x workers never exceeds them)."""
+    workers = free_cores() if setting == "auto" else max(1, int(setting))
+    if _core_budget is not None:
+        workers = min(workers, _core_budget)
+    return workers

@@ -37,7 +37,7 @@ class World:
     flat: FlatModel
     initial_params: torch.Tensor
     initial_buffers: torch.Tensor
-    system: SystemModel
+    system: SystemModel | None  # None in a worker process (client_side)
     algorithm: Algorithm
     worker: LocalTrainer
 
@@ -129,8 +129,11 @@ def build_trainer(config: Config, flat: FlatModel) -> LocalTrainer:
     return LocalTrainer(flat, optimizer, chain)
 
 
-def build_world(config: Config) -> World:
-    """Load data, split it, build the model, system model, algorithm and the local worker."""
+def build_world(config: Config, client_side: bool = False) -> World:
+    """Load data, split it, build the model, system model, algorithm and the local worker.
+
+    ``client_side``: only what answers client tasks (a worker process of a pool): no system
+    model (nothing calibrated or timed) and torch's threads left as the caller set them."""
     dataset = open_dataset(config.data.entry("dataset").cls, config.data.options("dataset"))
     dataset = subsample(dataset, config.data.fraction, seeding.stream(config.run.seed, "data-fraction"))
     parts, train_labels = build_partition(config, dataset)
@@ -150,14 +153,15 @@ def build_world(config: Config) -> World:
         )
     flat = FlatModel(model, channels_last=channels_last)
     step_flops = training_step_flops(multiply_adds(model, dataset.input_shape), config.train.batch_size)
-    choose_threads(config.run.threads, step_flops)
+    if not client_side:
+        choose_threads(config.run.threads, step_flops)
 
     def measure():
         from fedhet.system.measured import calibrate
 
         return calibrate(config, flat, dataset.x_train, train_labels)
 
-    system = build_system(config, len(parts), flat.num_layers, measure)
+    system = None if client_side else build_system(config, len(parts), flat.num_layers, measure)
     t = config.train
     algorithm = algorithm_entry.cls.build(config.algorithm.options, AlgorithmContext(t))
     worker = build_trainer(config, flat)

@@ -2,17 +2,21 @@
 being part of them. The run loop calls, in order, every callback's
 
 - ``on_start(run)`` once the run's state is ready (fresh or resumed);
-- ``on_round_end(run, row)`` after each round, with its metrics row (a callback may fill
-  it: evaluation writes the test columns before the files are written);
+- ``on_round_end(run, row)`` with each round's metrics row once it is complete (evaluated
+  when due: right after its round, or one round later when the evaluation runs in a pool
+  worker while the next round trains), in round order;
+- ``on_round_saved(run)`` once after every round, the rows done: ``run.state`` is the state
+  after that round (the checkpoint is written here);
 - ``on_budget_stop(run)`` when the next round would pass the time budget;
 - ``on_end(run, summary)`` when the run stops (finished, or stopped by a fault).
 
 Built-ins, in the order they run: ``evaluation`` (test accuracy when due, static
-BatchNorm statistics, per-client evaluation), ``reports`` (the algorithm's and system
-model's JSON documents), ``metrics`` (metrics.csv, client_metrics.csv, config.toml),
-``checkpoint`` (an atomic checkpoint after every round), ``progress`` (the ``on_round``
-function a caller passes). ``[run] callbacks = [{ name = "...", ... }]`` adds plug-ins of
-kind ``callback`` (:mod:`fedhet.registry`) after them.
+BatchNorm statistics, per-client evaluation; asked first which rows are complete),
+``reports`` (the algorithm's and system model's JSON documents), ``metrics``
+(metrics.csv, client_metrics.csv, config.toml), ``checkpoint`` (an atomic checkpoint after
+every round), ``progress`` (the ``on_round`` function a caller passes).
+``[run] callbacks = [{ name = "...", ... }]`` adds plug-ins of kind ``callback``
+(:mod:`fedhet.registry`) after them.
 """
 
 from __future__ import annotations
@@ -39,6 +43,9 @@ class Callback:
     def on_round_end(self, run, row: dict) -> None:
         pass
 
+    def on_round_saved(self, run) -> None:
+        pass
+
     def on_budget_stop(self, run) -> None:
         pass
 
@@ -49,13 +56,57 @@ class Callback:
 @register("callback")
 class Evaluation(Callback):
     """Test loss and accuracy every ``run.eval_every`` rounds and at the last; with
-    ``run.client_eval`` each client's held-out examples too."""
+    ``run.client_eval`` each client's held-out examples too.
+
+    The run loop asks it first, after each round (:meth:`after_round`), which rows are
+    complete. Where the pool evaluates elsewhere (worker processes), round ``t``'s model is
+    evaluated while round ``t + 1`` trains and its row completes one round later; the run's
+    state records the round whose evaluation is under way (``RunState.evaluating``), so a
+    resume evaluates it from the checkpoint's model: none is lost or done twice. Static
+    BatchNorm statistics are recomputed here first, since the next round trains with them."""
 
     name = "evaluation"
 
-    def on_round_end(self, run, row: dict) -> None:
-        if run.evaluator.due(int(row["round"])):
+    def __init__(self) -> None:
+        self.pending: list[tuple[dict, object]] = []  # (row, the pool's handle)
+
+    def after_round(self, run, row: dict) -> list[dict]:
+        """The rows complete after ``row``'s round, in round order."""
+        ready = self.wait(run)
+        round_number = int(row["round"])
+        if not run.evaluator.due(round_number):
+            return [*ready, row]
+        state = run.state
+        state.buffers = run.evaluator.refresh_buffers(state.params, state.buffers, round_number)
+        handle = (
+            None if run.config.run.client_eval else run.pool.submit_evaluation(state.params, state.buffers)
+        )
+        if handle is None:
             self.evaluate(run, row)
+            return [*ready, row]
+        self.pending.append((row, handle))
+        state.evaluating = round_number
+        return ready
+
+    def wait(self, run) -> list[dict]:
+        """The rows whose evaluation was under way, now complete."""
+        done = []
+        for row, handle in self.pending:
+            row["test_loss"], row["test_accuracy"] = handle.result()
+            done.append(row)
+        self.pending = []
+        run.state.evaluating = None
+        return done
+
+    def finish_interrupted(self, run) -> None:
+        """A resumed run whose last round was being evaluated when it stopped: evaluate it
+        now, from the checkpoint's model (that round's)."""
+        state = run.state
+        if state.evaluating is None:
+            return
+        row = next(r for r in state.metrics if int(r["round"]) == state.evaluating)
+        row["test_loss"], row["test_accuracy"] = run.evaluator(state.params, state.buffers)
+        state.evaluating = None
 
     def on_budget_stop(self, run) -> None:
         last = run.state.metrics[-1] if run.state.metrics else None
@@ -66,6 +117,7 @@ class Evaluation(Callback):
 
     @staticmethod
     def evaluate(run, row: dict) -> None:
+        """Evaluate the run's current model into ``row``, here and now."""
         state, world, evaluator = run.state, run.world, run.evaluator
         state.buffers = evaluator.refresh_buffers(state.params, state.buffers, int(row["round"]))
         row["test_loss"], row["test_accuracy"] = evaluator(state.params, state.buffers)
@@ -127,7 +179,7 @@ class Checkpoint(Callback):
         with run.run_dir.writing(rounds_done):
             run.run_dir.save_checkpoint(to_checkpoint(run.state, run.config.to_dict()))
 
-    def on_round_end(self, run, row: dict) -> None:
+    def on_round_saved(self, run) -> None:
         self.save(run, run.state.round - 1)
 
     def on_budget_stop(self, run) -> None:

@@ -127,20 +127,22 @@ class EventDriver:
         engine["dispatches"] += 1
         batch = np.full(world.num_clients, config.train.batch_size)
         steps = np.full(world.num_clients, config.train.local_steps)
-        for client in algorithm.choose(idle, free, rng):
+        chosen = [int(c) for c in algorithm.choose(idle, free, rng)]
+        tasks = [algorithm.start_task(c, engine["starts"][c], version) for c in chosen]
+        # the chosen clients train at once (in parallel where the pool has workers)
+        updates = {u.client: u for u in run.pool.run(tasks, state.params, state.buffers)}
+        for client in chosen:
             start = engine["starts"][client]
-            task = algorithm.start_task(client, start, version)
-            updates = list(run.pool.run([task], state.params, state.buffers))
             timing = world.system.sample(
                 Workload(None, batch, steps, start_time=now),
                 seeding.client_stream(config.run.seed, start, client, "duration"),
             )
             engine["starts"][client] = start + 1
-            if not updates or not timing.participates[client]:
+            if client not in updates or not timing.participates[client]:
                 continue  # absent (or failed): idle again, tried at the next start
             engine["in_flight"].append(
                 {"client": client, "time": now + float(timing.full_time[client]), "version": version,
-                 "update": updates[0]}
+                 "update": updates[client]}
             )  # fmt: skip
 
     def step(self, run, t: int):

@@ -84,3 +84,23 @@ def target_times(metrics: list[dict], targets: list[float]) -> dict[str, dict | 
             None if hit is None else {"round": int(hit["round"]), "sim_time": hit["sim_time"]}
         )
     return out
+
+
+def make_evaluator(world) -> Evaluator:
+    """The run's evaluator: the test set, ``run.eval_every``, and the clients' training
+    examples when the algorithm asks for static BatchNorm statistics."""
+    config, algorithm = world.config, world.algorithm
+    examples = algorithm.static_batchnorm_examples
+    statistics_from = None
+    if examples is not None and world.flat.buffers.numel():
+        statistics_from = world.dataset.x_train[np.sort(np.concatenate(world.client_indices))]
+    return Evaluator(
+        world.flat,
+        world.dataset.x_test,
+        world.dataset.y_test,
+        config.run.eval_every,
+        config.run.rounds,
+        statistics_from=statistics_from,
+        statistics_examples=examples or 0,
+        seed=config.run.seed,
+    )

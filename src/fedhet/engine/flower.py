@@ -250,11 +250,17 @@ class FlowerPool:
             if task.client in updates:
                 yield updates.pop(task.client)
 
+    def submit_evaluation(self, params, buffers) -> None:
+        return None  # the server evaluates the global model itself
+
     def state_dict(self) -> dict:
         return self.states.state_dict()
 
     def load_state_dict(self, saved: dict) -> None:
         self.states.load_state_dict(saved)
+
+    def close(self) -> None:
+        pass  # Flower's runtime owns the nodes
 
     def _client_of(self, node_id: int) -> int:
         return next(c for c, n in self.nodes.items() if n == node_id)

@@ -17,6 +17,7 @@ class Engine:
 
     name = "base"
     Options: type = NoOptions
+    runs_workers = False  # whether it honours run.workers (processes on this machine)
 
     @classmethod
     def build(cls, options, ctx=None) -> Engine:
@@ -31,6 +32,7 @@ class EmbeddedEngine(Engine):
     """One process, one virtual clock, one reused working model."""
 
     name = "embedded"
+    runs_workers = True
 
     def run(self, config: Config, out_dir, resume=False, overwrite=False, **kwargs) -> RunResult:
         loop_kwargs = {k: kwargs.pop(k) for k in ("on_round", "client_order") if k in kwargs}

@@ -4,8 +4,8 @@
 algorithm's probe tasks, then its server state), asks the algorithm's driver
 (:mod:`fedhet.engine.drivers`) for one metrics row at a time and hands each to the callbacks
 (:mod:`fedhet.engine.callbacks`: evaluation, files, checkpoint, progress, plug-ins). The
-pool (:mod:`fedhet.engine.pool`) is the in-process one unless the caller gives another
-(Flower's).
+pool (:mod:`fedhet.engine.pool`) is the in-process one, worker processes with
+``run.workers`` > 1 (:mod:`fedhet.engine.processes`), or the caller's (Flower's).
 """
 
 from __future__ import annotations
@@ -16,19 +16,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
+import torch
 
 from fedhet.config import Config
-from fedhet.engine.callbacks import BUILT_IN, Progress
+from fedhet.engine.callbacks import BUILT_IN, Evaluation, Progress
 from fedhet.engine.clock import VirtualClock
 from fedhet.engine.drivers import DRIVERS
-from fedhet.engine.evaluation import Evaluator
+from fedhet.engine.evaluation import make_evaluator
 from fedhet.engine.faults import NonFinite
 from fedhet.engine.pool import ClientPool, InProcessPool, TaskOrder, WorkerSide
 from fedhet.engine.records import run_summary
 from fedhet.engine.state import RunState, from_checkpoint
 from fedhet.errors import FedhetError
 from fedhet.results import RunDirectory
+from fedhet.threads import pool_workers
 from fedhet.world import World, build_world
 
 log = logging.getLogger("fedhet")
@@ -92,10 +93,28 @@ class RunLoop:
                 f"rounds; --resume needs run.rounds >= {saved['round']}"
             )
         self.world = world = build_world(config)
+        self.pool = self._make_pool(world)
+        try:
+            return self._run_with_pool(world, saved, stop_after)
+        finally:
+            self.pool.close()
+
+    def _make_pool(self, world: World) -> ClientPool:
+        """The caller's pool (Flower's), worker processes (``run.workers`` > 1), or this
+        process."""
         if self.pool_factory is not None:
-            self.pool = self.pool_factory(world)
-        else:
-            self.pool = InProcessPool(WorkerSide(world, config.run.seed), order=self.client_order)
+            return self.pool_factory(world)
+        workers = pool_workers(self.config.run.workers)
+        if workers > 1:
+            from fedhet.engine.processes import ProcessPool
+
+            torch.set_num_threads(1)  # this process aggregates; the workers train
+            flat = world.flat
+            return ProcessPool(self.config.to_toml(), flat.params.numel(), flat.buffers.numel(), workers)
+        return InProcessPool(WorkerSide(world, self.config.run.seed), order=self.client_order)
+
+    def _run_with_pool(self, world: World, saved: dict | None, stop_after: int | None) -> RunResult:
+        config, run_dir = self.config, self.run_dir
         if saved is not None:
             self.state = from_checkpoint(saved, config.to_dict(), str(run_dir.checkpoint_path))
             world.system.load_state_dict(self.state.system)
@@ -106,7 +125,9 @@ class RunLoop:
             self.state = self._fresh_state(world)
         state = self.state
         callbacks = self.callbacks()
+        evaluation = next(c for c in callbacks if isinstance(c, Evaluation))
         self.evaluator = make_evaluator(world)
+        evaluation.finish_interrupted(self)
         self.clock = VirtualClock(state.sim_time, config.run.time_budget)
         for callback in callbacks:
             callback.on_start(self)
@@ -122,6 +143,9 @@ class RunLoop:
             result = driver.step(self, t)
             if result is None:  # the next round would exceed the time budget
                 state.stopped_by = "time_budget"
+                for row in evaluation.wait(self):
+                    for callback in callbacks:
+                        callback.on_round_end(self, row)
                 for callback in callbacks:
                     callback.on_budget_stop(self)
                 break
@@ -131,8 +155,20 @@ class RunLoop:
             state.metrics.append(result)
             state.round = t + 1
             state.wall_time = wall_before + time.perf_counter() - started
+            # rows are complete once evaluated: at once, or (in a pool worker) during the
+            # next round; the state is saved after every round either way
+            for row in evaluation.after_round(self, result):
+                for callback in callbacks:
+                    callback.on_round_end(self, row)
             for callback in callbacks:
-                callback.on_round_end(self, result)
+                callback.on_round_saved(self)
+        finished = evaluation.wait(self)  # the last round's evaluation, when under way
+        for row in finished:
+            for callback in callbacks:
+                callback.on_round_end(self, row)
+        if finished and fault is None:
+            for callback in callbacks:
+                callback.on_round_saved(self)  # the checkpoint no longer waits for it
         notes = world.algorithm.warnings(state.algorithm)
         summary = run_summary(config, world, state, notes)
         if fault is not None:
@@ -166,23 +202,3 @@ class RunLoop:
             setting.probes = list(self.pool.run(probes, state.params, state.buffers))
         state.algorithm = world.algorithm.init_state(setting)
         return state
-
-
-def make_evaluator(world: World) -> Evaluator:
-    """The run's evaluator: the test set, ``run.eval_every``, and the clients' training
-    examples when the algorithm asks for static BatchNorm statistics."""
-    config, algorithm = world.config, world.algorithm
-    examples = algorithm.static_batchnorm_examples
-    statistics_from = None
-    if examples is not None and world.flat.buffers.numel():
-        statistics_from = world.dataset.x_train[np.sort(np.concatenate(world.client_indices))]
-    return Evaluator(
-        world.flat,
-        world.dataset.x_test,
-        world.dataset.y_test,
-        config.run.eval_every,
-        config.run.rounds,
-        statistics_from=statistics_from,
-        statistics_examples=examples or 0,
-        seed=config.run.seed,
-    )

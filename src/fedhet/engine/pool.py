@@ -10,8 +10,9 @@ the run checkpoints through :meth:`ClientPool.state_dict`.
 Every pool's workers start the same way (:func:`bootstrap_worker`): they build the run's
 world once per process and configuration and answer tasks with :class:`WorkerSide`.
 
-Implementations: :class:`InProcessPool` (this process, the embedded engine) and
-:class:`~fedhet.engine.flower.FlowerPool` (one Flower message per task).
+Implementations: :class:`InProcessPool` (this process, the embedded engine),
+:class:`~fedhet.engine.processes.ProcessPool` (worker processes on this machine,
+``run.workers``) and :class:`~fedhet.engine.flower.FlowerPool` (one Flower message per task).
 """
 
 from __future__ import annotations
@@ -42,9 +43,19 @@ class ClientPool(Protocol):
         """The updates of ``tasks``, in task order (a client that failed yields nothing)."""
         ...
 
+    def submit_evaluation(self, params: torch.Tensor, buffers: torch.Tensor):
+        """Start evaluating the global model ``(params, buffers)`` on the test set elsewhere
+        and return a handle whose ``result()`` gives (loss, accuracy); or None: the run
+        evaluates it itself, now."""
+        ...
+
     def state_dict(self) -> dict: ...
 
     def load_state_dict(self, saved: dict) -> None: ...
+
+    def close(self) -> None:
+        """Release what the pool holds (worker processes, shared memory)."""
+        ...
 
 
 @dataclass
@@ -71,10 +82,11 @@ _WORKERS: dict[str, WorkerSide] = {}
 _WORKERS_LOCK = threading.Lock()
 
 
-def bootstrap_worker(config_toml: str, cores: int | None = None) -> WorkerSide:
+def bootstrap_worker(config_toml: str, cores: int | None = None, client_side: bool = False) -> WorkerSide:
     """The worker side of the run configured by ``config_toml`` (a resolved configuration),
     built once per process and configuration; ``cores``: the CPUs this worker may use
-    (``run.threads``, "auto" or 0, chooses within them)."""
+    (``run.threads``, "auto" or 0, chooses within them); ``client_side``: without the system
+    model, torch's threads as the caller set them (:func:`fedhet.world.build_world`)."""
     with _WORKERS_LOCK:
         if config_toml not in _WORKERS:
             import tomllib
@@ -86,7 +98,8 @@ def bootstrap_worker(config_toml: str, cores: int | None = None) -> WorkerSide:
             config = from_dict(tomllib.loads(config_toml))
             if cores is not None:
                 set_core_budget(max(1, int(cores)))
-            _WORKERS[config_toml] = WorkerSide(build_world(config), config.run.seed)
+            world = build_world(config, client_side=client_side)
+            _WORKERS[config_toml] = WorkerSide(world, config.run.seed)
         return _WORKERS[config_toml]
 
 
@@ -117,8 +130,14 @@ class InProcessPool:
                 yield done.pop(following)
                 following += 1
 
+    def submit_evaluation(self, params: torch.Tensor, buffers: torch.Tensor) -> None:
+        return None  # evaluated by the run, in this process
+
     def state_dict(self) -> dict:
         return self.states.state_dict()
 
     def load_state_dict(self, saved: dict) -> None:
         self.states.load_state_dict(saved)
+
+    def close(self) -> None:
+        pass

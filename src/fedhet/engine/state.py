@@ -34,6 +34,7 @@ class RunState:
     stopped_by: str | None = None
     system: dict = field(default_factory=dict)  # what the system model learned (wall-clock)
     engine: dict = field(default_factory=dict)  # the event-driven driver's clients in flight
+    evaluating: int | None = None  # the round whose model is being evaluated (its row not yet complete)
 
 
 def comparable(config_dict: dict) -> dict:
@@ -52,6 +53,7 @@ RESUMABLE_CHANGES = (
     "round_timeout",
     "flower_cpus_per_client",
     "callbacks",
+    "workers",
 )
 
 
@@ -113,6 +115,7 @@ def to_checkpoint(state: RunState, config_dict: dict) -> dict:
         "stopped_by": state.stopped_by,
         "system": state.system,
         "engine": state.engine,
+        "evaluating": state.evaluating,
     }
 
 
@@ -144,4 +147,5 @@ def from_checkpoint(saved: dict, config_dict: dict, where: str) -> RunState:
         stopped_by=saved["stopped_by"],
         system=saved.get("system", {}),
         engine=saved.get("engine", {}),
+        evaluating=saved.get("evaluating"),
     )
