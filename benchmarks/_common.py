@@ -86,37 +86,46 @@ def load_average() -> float:
     return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
 
 
-def alternate(first, second, pairs: int = 5) -> dict:
-    """Time two sides in short alternating blocks and compare them robustly on a noisy machine.
-
-    ``first`` and ``second`` are functions that run one block and return its time (seconds,
-    or any cost where lower is better). The blocks run A B, B A, A B, ... (``pairs`` pairs, at
-    least 5 for a reported figure), so a neighbour's load or a slow drift touches both sides
-    alike. Returns both sides' times, the per-pair ratios first/second, their median with its
-    min-max, and the machine's load average before and after."""
+def rotate(sides: dict, pairs: int = 5) -> tuple[dict[str, list[float]], float, float]:
+    """Run every side once per pass, ``pairs`` passes, in an order that rotates (A B C,
+    B C A, ...; two sides: A B, B A, ...), so that a neighbour's load or a slow drift touches
+    every side alike. ``sides`` maps names to functions that run one short block and return
+    its time (or any cost, lower is better). Returns each side's times, in pass order, and
+    the machine's load average before and after."""
     before = load_average()
-    a, b = [], []
-    for pair in range(pairs):
-        if pair % 2 == 0:
-            a.append(first())
-            b.append(second())
-        else:
-            b.append(second())
-            a.append(first())
-    after = load_average()
-    ratios = sorted(x / y for x, y in zip(a, b, strict=True))
+    names = list(sides)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for turn in range(pairs):
+        shift = turn % len(names)
+        for name in names[shift:] + names[:shift]:
+            times[name].append(sides[name]())
+    return times, before, load_average()
+
+
+def ratio(first: list[float], second: list[float], load: tuple[float, float] = (float("nan"),) * 2) -> dict:
+    """first/second per pass (same pass = neighbouring blocks): their median, min and max."""
+    ratios = sorted(x / y for x, y in zip(first, second, strict=True))
     middle = len(ratios) // 2
     median = ratios[middle] if len(ratios) % 2 else (ratios[middle - 1] + ratios[middle]) / 2
     return {
-        "first": a,
-        "second": b,
+        "first": first,
+        "second": second,
         "ratios": ratios,
         "median": median,
         "min": ratios[0],
         "max": ratios[-1],
-        "load_before": before,
-        "load_after": after,
+        "load_before": load[0],
+        "load_after": load[1],
     }
+
+
+def alternate(first, second, pairs: int = 5) -> dict:
+    """Time two sides in alternating short blocks (A B, B A, ...; at least 5 pairs for a
+    reported figure) and compare them robustly on a noisy machine: the per-pair ratios
+    first/second, their median with its min-max, both sides' times and the load average
+    before and after (:func:`rotate`, :func:`ratio`)."""
+    times, before, after = rotate({"first": first, "second": second}, pairs)
+    return ratio(times["first"], times["second"], (before, after))
 
 
 def describe_ratio(label: str, figures: dict, unit: str = "s") -> str:

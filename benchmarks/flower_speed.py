@@ -7,10 +7,12 @@ writes: a ClientApp that loads the model's arrays into a PyTorch cnn2, takes one
 batch of its partition and sends the arrays back, and Flower's own FedAvg strategy
 (``flwr.serverapp.strategy.FedAvg``) on the Ray simulation runtime, 1 CPU per client. The
 embedded engine runs the same configuration (and, for reference, SALF with 90% stragglers,
-whose stragglers compute less). Both: one torch thread per client process; time per round
-over rounds 2..R, no evaluation.
+whose stragglers compute less), with ``run.workers`` 1 and 2. Both: one torch thread per
+client process; time per round over rounds 2..R, no evaluation. Each block is one run in a
+fresh child process; the blocks rotate (A B C ..., B C ... A, ...) for ``--pairs`` passes and
+each ratio is the median of the per-pass ratios.
 
-    python benchmarks/flower_speed.py [--rounds 10]
+    python benchmarks/flower_speed.py [--rounds 10] [--pairs 5]
 """
 
 from __future__ import annotations
@@ -57,14 +59,14 @@ def config(rounds: int, salf: bool = False, memory_format: str = "contiguous"):
     )
 
 
-def embedded(rounds: int, salf: bool, memory_format: str = "contiguous") -> float:
+def embedded(rounds: int, salf: bool, memory_format: str = "contiguous", workers: int = 1) -> float:
     from fedhet.engine.loop import RunLoop
 
     stamps: list[float] = []
+    run_config = config(rounds, salf, memory_format)
+    run_config.run.workers = workers
     with tempfile.TemporaryDirectory() as out:
-        RunLoop(
-            config(rounds, salf, memory_format), out, on_round=lambda row: stamps.append(time.perf_counter())
-        ).run()
+        RunLoop(run_config, out, on_round=lambda row: stamps.append(time.perf_counter())).run()
     return (stamps[-2] - stamps[0]) / (len(stamps) - 2)  # the last round also evaluates
 
 
@@ -139,27 +141,64 @@ def plain_flower(rounds: int) -> float:
     return (stamps[-1] - stamps[0]) / (len(stamps) - 1)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=10)
-    args = parser.parse_args()
+SIDES = {
+    # name: (what, run.workers, salf, memory_format)
+    "plain Flower app (Ray), FedAvg": ("flower", 1, False, "contiguous"),
+    "embedded FedAvg, workers 1": ("embedded", 1, False, "contiguous"),
+    "embedded FedAvg, workers 2": ("embedded", 2, False, "contiguous"),
+    "embedded FedAvg, workers 2, channels_last": ("embedded", 2, False, "channels_last"),
+    "embedded SALF 90%, workers 2": ("embedded", 2, True, "contiguous"),
+}
+
+
+def child_block(args) -> int:
+    """One block in this (child) process; prints its seconds per round as JSON."""
+    import json
+
     import torch
 
     torch.set_num_threads(1)
+    what, workers, salf, memory_format = SIDES[args.side]
     with tempfile.TemporaryDirectory() as home:
         os.environ.setdefault("FLWR_HOME", home)
-        print(machine_header(f"{args.rounds} rounds; Flower: 1 CPU per client on Ray"))
-        fedavg = embedded(args.rounds, salf=False)
-        fedavg_cl = embedded(args.rounds, salf=False, memory_format="channels_last")
-        salf = embedded(args.rounds, salf=True)
-        flower = plain_flower(args.rounds)
-    print(f"embedded fedhet, FedAvg:        {fedavg:.4f} s/round")
-    print(f"embedded fedhet, FedAvg, channels_last: {fedavg_cl:.4f} s/round")
-    print(f"embedded fedhet, SALF 90%:      {salf:.4f} s/round")
-    print(f"plain Flower app (Ray), FedAvg: {flower:.4f} s/round")
-    print(f"embedded / plain Flower: {flower / fedavg:.1f}x on the same training (goal >= 20x); "
-          f"{flower / fedavg_cl:.1f}x with run.memory_format = channels_last; "
-          f"{flower / salf:.1f}x with SALF's stragglers")  # fmt: skip
+        if what == "flower":
+            per_round = plain_flower(args.rounds)
+        else:
+            per_round = embedded(args.rounds, salf, memory_format, workers)
+    print(json.dumps({"per_round": per_round}))
+    return 0
+
+
+def block(side: str, rounds: int) -> float:
+    import json
+    import subprocess
+
+    command = [sys.executable, str(Path(__file__).resolve()), "--side", side, "--rounds", str(rounds)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise RuntimeError(f"{side} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])["per_round"]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--pairs", type=int, default=5)
+    parser.add_argument("--side", choices=list(SIDES), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.side:
+        return child_block(args)
+    from _common import describe_ratio, ratio, rotate
+
+    print(machine_header(f"{args.rounds} rounds per block; Flower: 1 CPU per client on Ray"))
+    times, before, after = rotate(
+        {name: (lambda n=name: block(n, args.rounds)) for name in SIDES}, args.pairs
+    )
+    flower = next(iter(SIDES))
+    for name in list(SIDES)[1:]:
+        print(describe_ratio(f"{name} vs {flower} (Flower s/round / embedded)",
+                             ratio(times[flower], times[name], (before, after))))  # fmt: skip
+    print("goal: >= 20x on the same training (FedAvg)")
     return 0
 
 

@@ -71,6 +71,12 @@ class World:
         )
 
 
+def open_configured_dataset(config: Config) -> Dataset:
+    """The dataset ``data.dataset`` names, as its plug-in loads it (kept in memory per
+    process: a second call reads nothing)."""
+    return open_dataset(config.data.entry("dataset").cls, config.data.options("dataset"))
+
+
 def build_partition(config: Config, dataset: Dataset) -> tuple[list[np.ndarray], torch.Tensor]:
     """Client index arrays and the (possibly label-swapped) training labels."""
     d = config.data
@@ -129,12 +135,15 @@ def build_trainer(config: Config, flat: FlatModel) -> LocalTrainer:
     return LocalTrainer(flat, optimizer, chain)
 
 
-def build_world(config: Config, client_side: bool = False) -> World:
+def build_world(config: Config, client_side: bool = False, dataset: Dataset | None = None) -> World:
     """Load data, split it, build the model, system model, algorithm and the local worker.
 
     ``client_side``: only what answers client tasks (a worker process of a pool): no system
-    model (nothing calibrated or timed) and torch's threads left as the caller set them."""
-    dataset = open_dataset(config.data.entry("dataset").cls, config.data.options("dataset"))
+    model (nothing calibrated or timed) and torch's threads left as the caller set them.
+    ``dataset``: the configured dataset already opened (:func:`open_dataset`), e.g. shared
+    by the run with its worker processes."""
+    if dataset is None:
+        dataset = open_configured_dataset(config)
     dataset = subsample(dataset, config.data.fraction, seeding.stream(config.run.seed, "data-fraction"))
     parts, train_labels = build_partition(config, dataset)
     parts, holdout = hold_out(

@@ -30,7 +30,7 @@ from fedhet.engine.state import RunState, from_checkpoint
 from fedhet.errors import FedhetError
 from fedhet.results import RunDirectory
 from fedhet.threads import pool_workers
-from fedhet.world import World, build_world
+from fedhet.world import World, build_world, open_configured_dataset
 
 log = logging.getLogger("fedhet")
 
@@ -92,26 +92,30 @@ class RunLoop:
                 f"run.rounds = {config.run.rounds}: {run_dir.path} already holds {saved['round']} "
                 f"rounds; --resume needs run.rounds >= {saved['round']}"
             )
-        self.world = world = build_world(config)
-        self.pool = self._make_pool(world)
-        try:
-            return self._run_with_pool(world, saved, stop_after)
-        finally:
-            self.pool.close()
-
-    def _make_pool(self, world: World) -> ClientPool:
-        """The caller's pool (Flower's), worker processes (``run.workers`` > 1), or this
-        process."""
-        if self.pool_factory is not None:
-            return self.pool_factory(world)
-        workers = pool_workers(self.config.run.workers)
-        if workers > 1:
+        workers = 1 if self.pool_factory is not None else pool_workers(config.run.workers)
+        processes = self.pool = None
+        if workers > 1:  # they start while this process builds the world
             from fedhet.engine.processes import ProcessPool
 
-            torch.set_num_threads(1)  # this process aggregates; the workers train
-            flat = world.flat
-            return ProcessPool(self.config.to_toml(), flat.params.numel(), flat.buffers.numel(), workers)
-        return InProcessPool(WorkerSide(world, self.config.run.seed), order=self.client_order)
+            processes = ProcessPool(workers)
+        try:
+            self.world = world = build_world(config)
+            if processes is not None:
+                torch.set_num_threads(1)  # this process plans and aggregates; the workers train
+                flat = world.flat
+                dataset = open_configured_dataset(config)
+                processes.start(config.to_toml(), dataset, flat.params.numel(), flat.buffers.numel())
+                self.pool = processes
+            elif self.pool_factory is not None:
+                self.pool = self.pool_factory(world)
+            else:
+                self.pool = InProcessPool(WorkerSide(world, config.run.seed), order=self.client_order)
+            return self._run_with_pool(world, saved, stop_after)
+        finally:
+            if processes is not None:
+                processes.close()
+            elif self.pool is not None:
+                self.pool.close()
 
     def _run_with_pool(self, world: World, saved: dict | None, stop_after: int | None) -> RunResult:
         config, run_dir = self.config, self.run_dir
@@ -129,8 +133,7 @@ class RunLoop:
         self.evaluator = make_evaluator(world)
         evaluation.finish_interrupted(self)
         self.clock = VirtualClock(state.sim_time, config.run.time_budget)
-        for callback in callbacks:
-            callback.on_start(self)
+        notify(callbacks, "on_start", self)
         for note in world.algorithm.warnings(state.algorithm):
             log.warning("%s: %s", config.run.name, note)
         started, wall_before = time.perf_counter(), state.wall_time
@@ -144,10 +147,8 @@ class RunLoop:
             if result is None:  # the next round would exceed the time budget
                 state.stopped_by = "time_budget"
                 for row in evaluation.wait(self):
-                    for callback in callbacks:
-                        callback.on_round_end(self, row)
-                for callback in callbacks:
-                    callback.on_budget_stop(self)
+                    notify(callbacks, "on_round_end", self, row)
+                notify(callbacks, "on_budget_stop", self)
                 break
             if isinstance(result, NonFinite):
                 fault = result
@@ -158,17 +159,13 @@ class RunLoop:
             # rows are complete once evaluated: at once, or (in a pool worker) during the
             # next round; the state is saved after every round either way
             for row in evaluation.after_round(self, result):
-                for callback in callbacks:
-                    callback.on_round_end(self, row)
-            for callback in callbacks:
-                callback.on_round_saved(self)
+                notify(callbacks, "on_round_end", self, row)
+            notify(callbacks, "on_round_saved", self)
         finished = evaluation.wait(self)  # the last round's evaluation, when under way
         for row in finished:
-            for callback in callbacks:
-                callback.on_round_end(self, row)
+            notify(callbacks, "on_round_end", self, row)
         if finished and fault is None:
-            for callback in callbacks:
-                callback.on_round_saved(self)  # the checkpoint no longer waits for it
+            notify(callbacks, "on_round_saved", self)  # the checkpoint no longer waits for it
         notes = world.algorithm.warnings(state.algorithm)
         summary = run_summary(config, world, state, notes)
         if fault is not None:
@@ -183,8 +180,7 @@ class RunLoop:
                 fault.describe(),
                 state.round,
             )
-        for callback in callbacks:
-            callback.on_end(self, summary)
+        notify(callbacks, "on_end", self, summary)
         if summary["finished"] or fault is not None:
             with run_dir.writing(state.round):
                 run_dir.write_summary(summary)
@@ -202,3 +198,11 @@ class RunLoop:
             setting.probes = list(self.pool.run(probes, state.params, state.buffers))
         state.algorithm = world.algorithm.init_state(setting)
         return state
+
+
+def notify(callbacks: list, hook: str, *args) -> None:
+    """Call ``hook`` on every callback that has it (a plug-in defines only the hooks it needs)."""
+    for callback in callbacks:
+        method = getattr(callback, hook, None)
+        if method is not None:
+            method(*args)

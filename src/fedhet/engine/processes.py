@@ -30,13 +30,16 @@ workers end with the run, and on their own when the run's process is gone.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import pickle
 import signal
 import socket
 import subprocess
 import sys
+import tomllib
 import traceback
+import warnings
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -135,11 +138,16 @@ def serve(fd: int) -> None:
     conn = connection.Connection(fd)
     blocks = []
     try:
-        _, config_toml, names, sizes = _receive(conn)
+        from fedhet.config import from_dict
         from fedhet.engine.evaluation import make_evaluator
-        from fedhet.engine.pool import bootstrap_worker
+        from fedhet.engine.pool import WorkerSide
+        from fedhet.world import build_world
 
-        side = bootstrap_worker(config_toml, cores=1, client_side=True)
+        _, config_toml, shared_dataset, names, sizes = _receive(conn)
+        dataset, dataset_blocks = _attach_dataset(shared_dataset)
+        blocks.extend(dataset_blocks)
+        config = from_dict(tomllib.loads(config_toml))
+        side = WorkerSide(build_world(config, client_side=True, dataset=dataset), config.run.seed)
         evaluator = make_evaluator(side.world)
         num_params, num_buffers = sizes
         models = []
@@ -178,6 +186,45 @@ def serve(fd: int) -> None:
             return
 
 
+def _share_dataset(dataset) -> tuple[dict, list[SharedMemory]]:
+    """``dataset``'s tensors copied into shared-memory blocks: (a description the workers
+    rebuild it from, the blocks)."""
+    description, blocks = {}, []
+    for field in dataclasses.fields(dataset):
+        value = getattr(dataset, field.name)
+        if isinstance(value, torch.Tensor):
+            array = value.detach().cpu().contiguous().numpy()
+            block = SharedMemory(create=True, size=max(array.nbytes, 1))
+            np.ndarray(array.shape, array.dtype, buffer=block.buf)[...] = array
+            blocks.append(block)
+            value = _SharedArray(block.name, array.shape, array.dtype.str)
+        description[field.name] = value
+    return {"class": type(dataset), "fields": description}, blocks
+
+
+def _attach_dataset(description: dict):
+    """The dataset described by :func:`_share_dataset`, its tensors reading the shared blocks."""
+    fields, blocks = {}, []
+    for name, value in description["fields"].items():
+        if isinstance(value, _SharedArray):
+            block = _attach(value.name)
+            blocks.append(block)
+            array = np.ndarray(value.shape, np.dtype(value.dtype), buffer=block.buf)
+            array.flags.writeable = False  # shared by every worker: nobody writes it
+            with warnings.catch_warnings():  # torch warns about read-only arrays
+                warnings.simplefilter("ignore")
+                value = torch.from_numpy(array)
+        fields[name] = value
+    return description["class"](**fields), blocks
+
+
+@dataclass
+class _SharedArray:
+    name: str
+    shape: tuple
+    dtype: str
+
+
 def _describe(exc: BaseException):
     """The exception itself when it pickles (a FedhetError keeps its one line), else its text."""
     try:
@@ -213,15 +260,12 @@ class EvaluationHandle:
 class ProcessPool:
     """``workers`` processes running one run's client tasks (see the module's docstring)."""
 
-    def __init__(self, config_toml: str, num_params: int, num_buffers: int, workers: int):
+    def __init__(self, workers: int):
+        """Start ``workers`` processes; they import what they need while this process builds
+        the run's world, then wait for :meth:`start`."""
         self.states = ClientStates()
-        self.sizes = (int(num_params), int(num_buffers))
-        size = max(4 * (self.sizes[0] + self.sizes[1]), 4)
-        self.blocks = [SharedMemory(create=True, size=size) for _ in range(2)]
-        views = [
-            torch.frombuffer(block.buf, dtype=torch.float32, count=sum(self.sizes)) for block in self.blocks
-        ]
-        self.model, self.eval_model = views
+        self.blocks: list[SharedMemory] = []
+        self.model = self.eval_model = None
         self.processes: list[subprocess.Popen] = []
         self.conns: list[connection.Connection] = []
         self.round = 0  # the round being run, for messages
@@ -248,10 +292,27 @@ class ProcessPool:
                 theirs.close()
                 self.processes.append(process)
                 self.conns.append(connection.Connection(mine.detach()))
-            names = tuple(block.name for block in self.blocks)
+        except BaseException:
+            self.close()
+            raise
+
+    def start(self, config_toml: str, dataset, num_params: int, num_buffers: int) -> None:
+        """Hand the workers the run: its configuration, its dataset as opened (before any
+        subsampling; by shared memory, one copy for all) and the model's size; wait until
+        every worker has built its clients."""
+        try:
+            self.sizes = (int(num_params), int(num_buffers))
+            shared_dataset, self.blocks = _share_dataset(dataset)
+            size = max(4 * sum(self.sizes), 4)
+            models = [SharedMemory(create=True, size=size) for _ in range(2)]
+            self.blocks += models
+            self.model, self.eval_model = (
+                torch.frombuffer(block.buf, dtype=torch.float32, count=sum(self.sizes)) for block in models
+            )
+            names = tuple(block.name for block in models)
             for conn in self.conns:
-                _send(conn, ("start", config_toml, names, self.sizes))
-            for index in range(workers):
+                _send(conn, ("start", config_toml, shared_dataset, names, self.sizes))
+            for index in range(len(self.conns)):
                 self._wait_ready(index)
         except BaseException:
             self.close()
