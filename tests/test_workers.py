@@ -174,7 +174,7 @@ def test_a_checkpoint_taken_while_a_round_is_evaluated_resumes_with_that_evaluat
     (tmp_path / "again" / "summary.json").unlink()
     (tmp_path / "again" / "checkpoint.pt").write_bytes(copies["checkpoint"])
     interrupted = torch.load(tmp_path / "again" / "checkpoint.pt", weights_only=False)
-    assert interrupted["evaluating"] == interrupted["round"] == 4
+    assert interrupted["evaluating"]["round"] == interrupted["round"] == 4
     assert interrupted["metrics"][-1]["test_accuracy"] is None
     resumed = fedhet.run(_config(2, **overrides), tmp_path / "again", resume=True)
     assert _metrics(resumed.path) == _metrics(whole.path)
@@ -200,3 +200,40 @@ def test_a_grid_job_gets_at_most_its_share_of_the_cores_as_workers():
         assert pool_workers(2) == 2 and pool_workers(8) == 4
     finally:
         set_core_budget(None)
+
+
+def test_rows_held_behind_a_slow_evaluation_resume_from_the_model_it_evaluates(tmp_path, monkeypatch):
+    """An evaluation that outlasts the next rounds (forced here: its result is taken only
+    when the next one is due) holds its row and the rows after it; a checkpoint written
+    meanwhile keeps that round's model, and a resume from it ends with the metrics of an
+    uninterrupted run."""
+    import shutil
+
+    import torch
+
+    from fedhet.engine.processes import EvaluationHandle
+
+    monkeypatch.setattr(EvaluationHandle, "done", lambda self: False)
+    overrides = {**CASES["salf-momentum"], "run.eval_every": 3}
+    whole = fedhet.run(_config(1, **overrides), tmp_path / "whole")
+    copies = {}
+    loop = RunLoop(_config(2, **overrides), tmp_path / "live")
+    order = []
+
+    def copy_checkpoint(row):
+        order.append(row["round"])
+        if row["round"] == 3 and not copies:  # emitted once round 6 is due: round 5's checkpoint
+            copies["checkpoint"] = (tmp_path / "live" / "checkpoint.pt").read_bytes()
+
+    loop.on_round = copy_checkpoint
+    loop.run()
+    assert order == list(range(1, 9))
+    assert _metrics(tmp_path / "live") == _metrics(whole.path)
+    shutil.copytree(tmp_path / "live", tmp_path / "again")
+    (tmp_path / "again" / "summary.json").unlink()
+    (tmp_path / "again" / "checkpoint.pt").write_bytes(copies["checkpoint"])
+    held = torch.load(tmp_path / "again" / "checkpoint.pt", weights_only=False)
+    assert held["round"] == 5 and held["evaluating"]["round"] == 3
+    assert not torch.equal(held["evaluating"]["params"], held["params"])
+    resumed = fedhet.run(_config(2, **overrides), tmp_path / "again", resume=True)
+    assert _metrics(resumed.path) == _metrics(whole.path)

@@ -3,8 +3,8 @@ being part of them. The run loop calls, in order, every callback's
 
 - ``on_start(run)`` once the run's state is ready (fresh or resumed);
 - ``on_round_end(run, row)`` with each round's metrics row once it is complete (evaluated
-  when due: right after its round, or one round later when the evaluation runs in a pool
-  worker while the next round trains), in round order;
+  when due: right after its round, or a few rounds later when the evaluation runs in a pool
+  worker while the next rounds train), in round order;
 - ``on_round_saved(run)`` once after every round, the rows done: ``run.state`` is the state
   after that round (the checkpoint is written here);
 - ``on_budget_stop(run)`` when the next round would pass the time budget;
@@ -60,52 +60,69 @@ class Evaluation(Callback):
 
     The run loop asks it first, after each round (:meth:`after_round`), which rows are
     complete. Where the pool evaluates elsewhere (worker processes), round ``t``'s model is
-    evaluated while round ``t + 1`` trains and its row completes one round later; the run's
-    state records the round whose evaluation is under way (``RunState.evaluating``), so a
-    resume evaluates it from the checkpoint's model: none is lost or done twice. Static
-    BatchNorm statistics are recomputed here first, since the next round trains with them."""
+    evaluated while the next rounds train: its row, and the rows after it, complete when the
+    result arrives (at the latest when the next evaluation is due, one at a time, or when the
+    run stops). The run's state keeps the model under evaluation (``RunState.evaluating``:
+    its round, parameters and buffers), so a resume evaluates it from the checkpoint: none
+    is lost or done twice. Static BatchNorm statistics are recomputed here first, since the
+    next round trains with them."""
 
     name = "evaluation"
 
     def __init__(self) -> None:
-        self.pending: list[tuple[dict, object]] = []  # (row, the pool's handle)
+        self.current: tuple[dict, object] | None = None  # (row, the pool's handle)
+        self.waiting: list[dict] = []  # rows after it, complete but held to keep the order
 
     def after_round(self, run, row: dict) -> list[dict]:
         """The rows complete after ``row``'s round, in round order."""
-        ready = self.wait(run)
+        ready = self._collect(run, block=False)
         round_number = int(row["round"])
         if not run.evaluator.due(round_number):
-            return [*ready, row]
+            if self.current is None:
+                return [*ready, row]
+            self.waiting.append(row)
+            return ready
+        ready += self._collect(run, block=True)  # one evaluation at a time
         state = run.state
         state.buffers = run.evaluator.refresh_buffers(state.params, state.buffers, round_number)
-        handle = (
-            None if run.config.run.client_eval else run.pool.submit_evaluation(state.params, state.buffers)
-        )
+        handle = None
+        if not run.config.run.client_eval:  # per-client evaluation stays in this process
+            handle = run.pool.submit_evaluation(state.params, state.buffers)
         if handle is None:
             self.evaluate(run, row)
             return [*ready, row]
-        self.pending.append((row, handle))
-        state.evaluating = round_number
+        self.current = (row, handle)
+        state.evaluating = {
+            "round": round_number,
+            "params": state.params.detach().clone(),
+            "buffers": state.buffers.detach().clone(),
+        }
         return ready
 
     def wait(self, run) -> list[dict]:
-        """The rows whose evaluation was under way, now complete."""
-        done = []
-        for row, handle in self.pending:
-            row["test_loss"], row["test_accuracy"] = handle.result()
-            done.append(row)
-        self.pending = []
+        """Every row held back, complete once the evaluation under way has finished."""
+        return self._collect(run, block=True)
+
+    def _collect(self, run, block: bool) -> list[dict]:
+        if self.current is None:
+            return []
+        row, handle = self.current
+        if not block and not handle.done():
+            return []
+        row["test_loss"], row["test_accuracy"] = handle.result()
+        done, self.waiting, self.current = [row, *self.waiting], [], None
         run.state.evaluating = None
         return done
 
     def finish_interrupted(self, run) -> None:
-        """A resumed run whose last round was being evaluated when it stopped: evaluate it
-        now, from the checkpoint's model (that round's)."""
+        """A resumed run that stopped while a round's model was being evaluated: evaluate
+        that model (kept in the checkpoint) now."""
         state = run.state
-        if state.evaluating is None:
+        if not state.evaluating:
             return
-        row = next(r for r in state.metrics if int(r["round"]) == state.evaluating)
-        row["test_loss"], row["test_accuracy"] = run.evaluator(state.params, state.buffers)
+        pending = state.evaluating
+        row = next(r for r in state.metrics if int(r["round"]) == pending["round"])
+        row["test_loss"], row["test_accuracy"] = run.evaluator(pending["params"], pending["buffers"])
         state.evaluating = None
 
     def on_budget_stop(self, run) -> None:

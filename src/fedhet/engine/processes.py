@@ -18,7 +18,8 @@ What travels:
   the pool (:attr:`ProcessPool.states`), and is checkpointed as with one process.
 
 Tasks go to whichever worker is free (at most :data:`IN_FLIGHT` per worker, so a worker
-never waits for its next task); updates come out in task order, so a streaming aggregation
+never waits for its next task; none to a worker that is evaluating, so that no task of the
+round waits behind an evaluation); updates come out in task order, so a streaming aggregation
 adds them in the same order as one process does and the run's results are bit-identical to
 ``run.workers = 1`` (each task has its own random stream: :mod:`fedhet.seeding`).
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
 import os
 import pickle
 import signal
@@ -53,61 +55,33 @@ from fedhet.client import ClientStates
 from fedhet.errors import FedhetError
 from fedhet.messages import ClientTask, ClientUpdate
 
-IN_FLIGHT = 2  # tasks sent ahead to each worker: it starts the next one as it sends a reply
+IN_FLIGHT = 4  # tasks sent ahead to each worker: it never waits for this process to hand it one
 START_TIMEOUT = 600.0  # seconds a worker may take to build the run's clients
 
 
+class _Pickler(pickle.Pickler):
+    """Pickles tensors as NumPy arrays: torch's own reduction serialises a storage the slow
+    way (0.4 ms for a 6,000-element update), and multiprocessing's pickler would move every
+    tensor into a new shared-memory segment."""
+
+    def reducer_override(self, obj):
+        if type(obj) is torch.Tensor and obj.dtype in _NUMPY_DTYPES:
+            return torch.from_numpy, (obj.detach().cpu().numpy(),)
+        return NotImplemented
+
+
+_NUMPY_DTYPES = {torch.float32, torch.float64, torch.float16, torch.int64, torch.int32, torch.int8,
+                 torch.uint8, torch.bool}  # fmt: skip
+
+
 def _send(conn, message) -> None:
-    # plain pickle of NumPy arrays: pickling a torch tensor serialises its storage the slow
-    # way (0.4 ms for a 6,000-element update), and multiprocessing's pickler would move
-    # every tensor into a new shared-memory segment
-    conn.send_bytes(pickle.dumps(_to_numpy(message), protocol=pickle.HIGHEST_PROTOCOL))
+    buffer = io.BytesIO()
+    _Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(message)
+    conn.send_bytes(buffer.getbuffer())
 
 
 def _receive(conn):
-    return _to_torch(pickle.loads(conn.recv_bytes()))
-
-
-def _to_numpy(value):
-    """Tensors (also inside messages, tuples, lists and dicts) as NumPy arrays."""
-    if isinstance(value, torch.Tensor):
-        return _Array(value.detach().cpu().numpy())
-    if isinstance(value, ClientTask | ClientUpdate):
-        return _Message(type(value).__name__, _to_numpy(value.to_dict()))
-    if isinstance(value, tuple | list):
-        return type(value)(_to_numpy(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _to_numpy(v) for k, v in value.items()}
-    return value
-
-
-def _to_torch(value):
-    """Undo :func:`_to_numpy`."""
-    if isinstance(value, _Array):
-        return torch.from_numpy(value.array)
-    if isinstance(value, _Message):
-        cls = ClientTask if value.kind == "ClientTask" else ClientUpdate
-        return cls.from_dict(_to_torch(value.data))
-    if isinstance(value, tuple | list):
-        return type(value)(_to_torch(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _to_torch(v) for k, v in value.items()}
-    return value
-
-
-@dataclass
-class _Array:
-    """A tensor on its way (a NumPy array, which pickles fast)."""
-
-    array: np.ndarray
-
-
-@dataclass
-class _Message:
-    """A task or an update on its way, as its plain dict (:meth:`ClientTask.to_dict`)."""
-
-    kind: str
-    data: dict
+    return pickle.loads(conn.recv_bytes())
 
 
 def _die_with_parent() -> None:
@@ -253,6 +227,10 @@ class EvaluationHandle:
         self.pool = pool
         self.job = job
 
+    def done(self) -> bool:
+        """Whether the result has arrived (takes the replies already there, waits for none)."""
+        return self.pool._arrived(self.job)  # noqa: SLF001
+
     def result(self) -> tuple[float, float]:
         return self.pool._wait_for(self.job)  # noqa: SLF001
 
@@ -273,6 +251,7 @@ class ProcessPool:
         self._job = 0
         self._results: dict[int, tuple] = {}
         self._load = [0] * workers
+        self._weight: dict[int, int] = {}  # job -> its share of its worker's load
         env = {
             **os.environ,
             "OMP_NUM_THREADS": "1",
@@ -282,7 +261,8 @@ class ProcessPool:
         try:
             for _ in range(workers):
                 mine, theirs = socket.socketpair()
-                code = f"from fedhet.engine.processes import serve; serve({theirs.fileno()})"
+                # os._exit: nothing to flush, and no interpreter teardown to wait for
+                code = f"import os, fedhet.engine.processes as p; p.serve({theirs.fileno()}); os._exit(0)"
                 process = subprocess.Popen(
                     [sys.executable, "-c", code],
                     pass_fds=(theirs.fileno(),),
@@ -376,7 +356,7 @@ class ProcessPool:
         num_params = self.sizes[0]
         self.eval_model[:num_params].copy_(params)
         self.eval_model[num_params:].copy_(buffers)
-        return EvaluationHandle(self, self._send_job(("evaluate",)))
+        return EvaluationHandle(self, self._send_job(("evaluate",), weight=IN_FLIGHT))
 
     def state_dict(self) -> dict:
         return self.states.state_dict()
@@ -385,7 +365,9 @@ class ProcessPool:
         self.states.load_state_dict(saved)
 
     # -- messages ------------------------------------------------------------------------
-    def _send_job(self, message: tuple) -> int:
+    def _send_job(self, message: tuple, weight: int = 1) -> int:
+        """Send a job to the least loaded worker; ``weight``: how much of that worker's
+        :data:`IN_FLIGHT` it takes (an evaluation takes all: no task waits behind it)."""
         worker = min(range(len(self._load)), key=self._load.__getitem__)
         self._job += 1
         job = self._job
@@ -393,7 +375,8 @@ class ProcessPool:
             _send(self.conns[worker], (message[0], job, *message[1:]))
         except (BrokenPipeError, OSError):
             self._raise_death(worker)
-        self._load[worker] += 1
+        self._load[worker] += weight
+        self._weight[job] = weight
         return job
 
     def _wait_for(self, job: int):
@@ -402,9 +385,17 @@ class ProcessPool:
         reply = self._results.pop(job)
         return reply[0] if len(reply) == 1 else reply
 
-    def _receive_one(self) -> None:
-        """Take one reply (waiting for it); a dead worker (its pipe closed) raises."""
-        ready = connection.wait(self.conns)
+    def _arrived(self, job: int) -> bool:
+        while job not in self._results and self._receive_one(timeout=0.0):
+            pass
+        return job in self._results
+
+    def _receive_one(self, timeout: float | None = None) -> bool:
+        """Take one reply (waiting up to ``timeout`` seconds, None = as long as it takes);
+        whether one came. A dead worker (its pipe closed) raises."""
+        ready = connection.wait(self.conns, timeout)
+        if not ready:
+            return False
         for worker, conn in enumerate(self.conns):
             if conn not in ready:
                 continue
@@ -413,11 +404,12 @@ class ProcessPool:
             except (EOFError, OSError):
                 self._raise_death(worker)
             kind, job = message[0], message[1]
-            self._load[worker] -= 1
+            self._load[worker] -= self._weight.pop(job, 1)
             if kind == "failed":
                 raise message[2]
             self._results[job] = (message[2],) if kind == "evaluated" else message[1:]
-            return
+            return True
+        return False
 
     def _raise_death(self, worker: int) -> None:
         process = self.processes[worker]

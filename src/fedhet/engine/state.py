@@ -34,7 +34,7 @@ class RunState:
     stopped_by: str | None = None
     system: dict = field(default_factory=dict)  # what the system model learned (wall-clock)
     engine: dict = field(default_factory=dict)  # the event-driven driver's clients in flight
-    evaluating: int | None = None  # the round whose model is being evaluated (its row not yet complete)
+    evaluating: dict | None = None  # the model under evaluation: {"round", "params", "buffers"}
 
 
 def comparable(config_dict: dict) -> dict:
