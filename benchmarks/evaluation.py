@@ -7,8 +7,11 @@ evaluated after every round (as the SALF authors' code does). Both trees run the
 in a child process with the same thread count; the figure is the whole run's wall time
 (data loading included), and the time per evaluation is timed separately on the same model.
 
-    python benchmarks/evaluation.py                  # 150 rounds, 1 thread
-    python benchmarks/evaluation.py --rounds 30 --threads 2
+Both trees alternate (A B, B A, ...) for ``--pairs`` pairs of whole runs of ``--rounds``
+rounds; the ratio is the median of the per-pair ratios.
+
+    python benchmarks/evaluation.py                  # 5 pairs of 30-round runs, 1 thread
+    python benchmarks/evaluation.py --rounds 150 --pairs 3
 """
 
 from __future__ import annotations
@@ -65,32 +68,43 @@ CHILD = textwrap.dedent(
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=150)
+    parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--release", default=RELEASE)
+    parser.add_argument("--pairs", type=int, default=5)
     args = parser.parse_args()
+    from _common import alternate, describe_ratio
+
     note = f"both runs: run.threads = {args.threads}, {args.rounds} rounds, evaluation every round"
     print(machine_header(note))
     with scratch() as tmp:
         tmp = Path(tmp)
         config = tmp / "config.toml"
         config.write_text(CONFIG.format(rounds=args.rounds, threads=args.threads, table2=TABLE2_CNN))
-        figures = {}
+        figures: dict[str, list] = {}
         trees = (("release " + args.release, release_tree(args.release, tmp)), ("this tree", REPO / "src"))
-        for label, src in trees:
-            code = CHILD.format(config=str(config), out=str(tmp / label.replace(" ", "-")))
-            figures[label] = run_in_child(src, code)
-            f = figures[label]
-            per_round, per_eval = f["wall"] / f["rounds"], 1000 * f["per_eval"]
-            print(
-                f"{label:<16} {f['wall']:7.1f} s for {f['rounds']} rounds ({per_round:.3f} s/round), "
-                f"final accuracy {f['accuracy']:.4f}; one evaluation of 10,000 images {per_eval:.0f} ms"
-            )
-        old, new = figures.values()
-        print(
-            f"speed-up: {old['wall'] / new['wall']:.2f}x for the run (goal >= 3x), "
-            f"{old['per_eval'] / new['per_eval']:.2f}x per evaluation"
-        )
+
+        def block(label: str, src: Path):
+            def run() -> float:
+                figures.setdefault(label, [])
+                out = tmp / f"{label.replace(' ', '-')}-{len(figures[label])}"
+                f = run_in_child(src, CHILD.format(config=str(config), out=str(out)))
+                figures[label].append(f)
+                per_round, per_eval = f["wall"] / f["rounds"], 1000 * f["per_eval"]
+                print(f"  {label:<16} {f['wall']:7.1f} s for {f['rounds']} rounds ({per_round:.3f} s/round), "
+                      f"final accuracy {f['accuracy']:.4f}; one evaluation of 10k images {per_eval:.0f} ms",
+                      flush=True)  # fmt: skip
+                return f["wall"]
+
+            return run
+
+        (old_label, old_src), (new_label, new_src) = trees
+        whole = alternate(block(old_label, old_src), block(new_label, new_src), args.pairs)
+        print(describe_ratio(f"run time, {old_label} / this tree (goal >= 3x)", whole))
+        evals = [f["per_eval"] for f in figures[old_label]], [f["per_eval"] for f in figures[new_label]]
+        from _common import ratio
+
+        print(describe_ratio("one evaluation, release / this tree", ratio(*evals)))
     return 0
 
 

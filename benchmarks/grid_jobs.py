@@ -8,7 +8,11 @@ and SALF at 50% and 90% stragglers, seeds 1-2: 8 cells of about 4 s each, thread
 with ``fedhet reproduce`` in a fresh process; the wall time includes starting Python, loading
 the data and starting the worker processes.
 
-    python benchmarks/grid_jobs.py [--jobs 2] [--rounds 150] [--seeds 2]
+Blocks rotate (jobs 1; jobs 2; jobs 2 with run.workers = 2, which a job's share of the
+cores caps at one worker each) for ``--pairs`` passes; each ratio is the median of the
+per-pass ratios.
+
+    python benchmarks/grid_jobs.py [--jobs 2] [--rounds 150] [--seeds 2] [--pairs 5]
 """
 
 from __future__ import annotations
@@ -52,28 +56,51 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=150)
     parser.add_argument("--seeds", type=int, default=2, help="seeds per setting (4 cells each)")
+    parser.add_argument("--pairs", type=int, default=5)
     args = parser.parse_args()
-    print(machine_header("each setting: `fedhet reproduce` in a fresh process, from an empty folder"))
+    print(machine_header("each block: `fedhet reproduce` in a fresh process, from an empty folder"))
+    from _common import describe_ratio, ratio, rotate
+
     with scratch() as tmp:
-        path = Path(tmp) / "grid.toml"
-        path.write_text(
-            GRID.format(rounds=args.rounds, seeds=list(range(1, args.seeds + 1)), table2=TABLE2_CNN)
-        )
-        times = {}
-        for jobs in (1, args.jobs):
-            out = Path(tmp) / f"jobs-{jobs}"
-            started = time.perf_counter()
-            subprocess.run(
-                [sys.executable, "-m", "fedhet", "reproduce", str(path), "--out", str(out),
-                 "--jobs", str(jobs), "--quiet"],
-                check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            )  # fmt: skip
-            times[jobs] = time.perf_counter() - started
-            walls = [json.loads(p.read_text())["wall_time"] for p in out.glob("*/summary.json")]
-            print(f"--jobs {jobs}: {len(walls)} cells in {times[jobs]:.1f} s "
-                  f"(the cells' own run times add up to {sum(walls):.1f} s)")  # fmt: skip
-            sys.stdout.flush()
-        print(f"speed-up --jobs {args.jobs} over --jobs 1: {times[1] / times[args.jobs]:.2f}x (goal >= 1.8x)")
+        blocks = {"n": 0}
+
+        def grid(jobs: int, workers: int):
+            def block() -> float:
+                blocks["n"] += 1
+                path = Path(tmp) / f"grid-{blocks['n']}.toml"
+                text = GRID.format(
+                    rounds=args.rounds, seeds=list(range(1, args.seeds + 1)), table2=TABLE2_CNN
+                )
+                path.write_text(text.replace("[run]\n", f"[run]\nworkers = {workers}\n", 1))
+                out = Path(tmp) / f"out-{blocks['n']}"
+                started = time.perf_counter()
+                subprocess.run(
+                    [sys.executable, "-m", "fedhet", "reproduce", str(path), "--out", str(out),
+                     "--jobs", str(jobs), "--quiet"],
+                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                )  # fmt: skip
+                wall = time.perf_counter() - started
+                cells = [json.loads(p.read_text())["wall_time"] for p in out.glob("*/summary.json")]
+                print(f"  --jobs {jobs}, run.workers = {workers}: {len(cells)} cells in {wall:.1f} s "
+                      f"(cells' own run times add up to {sum(cells):.1f} s)", flush=True)  # fmt: skip
+                return wall
+
+            return block
+
+        sides = {
+            "jobs 1": grid(1, 1),
+            f"jobs {args.jobs}": grid(args.jobs, 1),
+            f"jobs {args.jobs}, workers {args.jobs} (capped to the cores)": grid(args.jobs, args.jobs),
+        }
+        times, before, after = rotate(sides, args.pairs)
+        names = list(sides)
+        for name in names[1:]:
+            print(
+                describe_ratio(
+                    f"{name} vs jobs 1 (grid wall time)", ratio(times[names[0]], times[name], (before, after))
+                )
+            )
+        print("goal: >= 1.8x for --jobs 2")
     return 0
 
 

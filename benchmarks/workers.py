@@ -32,7 +32,7 @@ import tomllib
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import TABLE2_CNN, alternate, describe_ratio, machine_header  # noqa: E402
+from _common import TABLE2_CNN, alternate, describe_ratio, machine_header, ratio, rotate  # noqa: E402
 
 TABLE2 = """
 [run]
@@ -56,11 +56,11 @@ def table2_config(rounds: int, workers: int, eval_every: int = 10):
     return from_dict(tomllib.loads(text))
 
 
-def cifar_config(rounds: int, workers: int, data_dir: str):
+def cifar_config(rounds: int, workers: int, data_dir: str, threads="auto"):
     from pfl_research import fedhet_config
 
     config = fedhet_config("cifar10", data_dir, rounds, 0, seed=1)
-    config.run.threads = "auto"
+    config.run.threads = threads
     config.run.workers = workers
     config.run.validate()
     return config
@@ -70,6 +70,8 @@ class Block:
     """One run of a configuration; records its steady-state time per round, its start-up
     (construction to first round) and this process's CPU time per round (the serial part:
     planning, transfers, aggregation)."""
+
+    count = 0  # runs of every block, for fresh folder names
 
     def __init__(self, make_config, scratch: Path):
         self.make_config = make_config
@@ -82,7 +84,8 @@ class Block:
         from fedhet.engine.loop import RunLoop
 
         self.runs += 1
-        out = self.scratch / f"run-{id(self)}-{self.runs}"
+        Block.count += 1
+        out = self.scratch / f"run-{Block.count}"
         stamps: list[tuple[float, float]] = []
         started = time.perf_counter()
         RunLoop(
@@ -103,6 +106,8 @@ def scaling_model(t1: float, t2: float, serial: float, tasks: int) -> str:
     makes a round shorter than that)."""
     b = 2 * (t1 - t2)
     a = t1 - b
+    if b <= 0:
+        return "  model: no gain from a second worker to fit (the one-worker side already uses both cores)"
     lines = [
         f"  model: T(W) = {a * 1e3:.1f} ms + {b * 1e3:.1f} ms / W, floored at the run process's "
         f"{serial * 1e3:.1f} ms of CPU per round ({serial / tasks * 1e3:.2f} ms per task)"
@@ -145,14 +150,22 @@ def main() -> int:
             from pfl_research import synthetic_cifar
 
             data_dir = str(synthetic_cifar(scratch / "cifar"))
-            one = Block(lambda: cifar_config(args.cifar_rounds, 1, data_dir), scratch)
-            two = Block(lambda: cifar_config(args.cifar_rounds, 2, data_dir), scratch)
-            figures = alternate(one, two, args.pairs)
-            print(
-                describe_ratio("cifar-shape (simple-cnn, cohort 50, 5 steps of 10): workers 2 vs 1", figures)
-            )
-            t1, t2 = statistics.median(figures["first"]), statistics.median(figures["second"])
-            print(scaling_model(t1, t2, statistics.median(two.serial), tasks=50))
+            sides = {
+                "workers 1, threads auto": Block(
+                    lambda: cifar_config(args.cifar_rounds, 1, data_dir), scratch
+                ),
+                "workers 1, 1 thread": Block(
+                    lambda: cifar_config(args.cifar_rounds, 1, data_dir, 1), scratch
+                ),
+                "workers 2": Block(lambda: cifar_config(args.cifar_rounds, 2, data_dir), scratch),
+            }
+            times, before, after = rotate(sides, args.pairs)
+            shape = "cifar-shape (simple-cnn, cohort 50, 5 steps of 10)"
+            for base in list(sides)[:2]:
+                figures = ratio(times[base], times["workers 2"], (before, after))
+                print(describe_ratio(f"{shape}: workers 2 vs {base}, s/round", figures))
+            t1, t2 = statistics.median(times["workers 1, 1 thread"]), statistics.median(times["workers 2"])
+            print(scaling_model(t1, t2, statistics.median(sides["workers 2"].serial), tasks=50))
     return 0
 
 

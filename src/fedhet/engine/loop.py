@@ -24,7 +24,7 @@ from fedhet.engine.clock import VirtualClock
 from fedhet.engine.drivers import DRIVERS
 from fedhet.engine.evaluation import make_evaluator
 from fedhet.engine.faults import NonFinite
-from fedhet.engine.pool import ClientPool, InProcessPool, TaskOrder, WorkerSide
+from fedhet.engine.pool import ClientPool, InProcessPool, TaskOrder, WorkerDied, WorkerSide
 from fedhet.engine.records import run_summary
 from fedhet.engine.state import RunState, from_checkpoint
 from fedhet.errors import FedhetError
@@ -143,7 +143,13 @@ class RunLoop:
         for t in range(state.round, last):
             if state.stopped_by:
                 break
-            result = driver.step(self, t)
+            try:
+                result = driver.step(self, t)
+            except WorkerDied as died:
+                raise FedhetError(
+                    f"{died}; the run stops at round {t + 1}, resume with --resume (the checkpoint of "
+                    f"round {state.round} is kept)"
+                ) from None
             if result is None:  # the next round would exceed the time budget
                 state.stopped_by = "time_budget"
                 for row in evaluation.wait(self):

@@ -27,9 +27,15 @@ import torch
 from fedhet import seeding
 from fedhet.client import ClientStates
 from fedhet.client.state import ClientState
+from fedhet.errors import FedhetError
 from fedhet.messages import ClientTask, ClientUpdate
 
 TaskOrder = Callable[[list[ClientTask]], Sequence[ClientTask]]
+
+
+class WorkerDied(FedhetError):
+    """A process running client tasks ended while the run needed it (killed, out of memory):
+    the run stops with one line naming it and the round."""
 
 
 class ClientPool(Protocol):

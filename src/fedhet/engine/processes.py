@@ -4,17 +4,18 @@
 (``python -c``), so a worker never inherits a parent's OpenMP thread pool (a forked one would
 wait on it forever) and the caller's script is never imported again (no ``if __name__ ==
 "__main__"`` needed). Each worker builds the run's clients once
-(:func:`~fedhet.engine.pool.bootstrap_worker`, without the system model: a worker only
+(:func:`~fedhet.world.build_world` with ``client_side=True``: no system model, a worker only
 trains) with one torch thread, then answers tasks until told to stop.
 
 What travels:
 
+- the dataset by shared memory, once per run (one copy for every worker);
 - the global model by shared memory: one block of ``P + B`` float32 values that the run
   writes once per round (:meth:`ProcessPool.run`) and the workers read in place; a second
-  block holds a model to evaluate, so that round ``t``'s model is evaluated while round
-  ``t + 1`` trains (:meth:`ProcessPool.submit_evaluation`);
+  block holds a model to evaluate, so that round ``t``'s model is evaluated while the next
+  rounds train (:meth:`ProcessPool.submit_evaluation`);
 - tasks, updates and the client's own state (momentum, SCAFFOLD's c_i, ...) as the existing
-  message types, pickled through a pipe per worker. The client-state store stays here, in
+  message types, pickled (tensors as NumPy arrays) through a socket per worker. The client-state store stays here, in
   the pool (:attr:`ProcessPool.states`), and is checkpointed as with one process.
 
 Tasks go to whichever worker is free (at most :data:`IN_FLIGHT` per worker, so a worker
@@ -52,6 +53,7 @@ import numpy as np
 import torch
 
 from fedhet.client import ClientStates
+from fedhet.engine.pool import WorkerDied
 from fedhet.errors import FedhetError
 from fedhet.messages import ClientTask, ClientUpdate
 
@@ -246,7 +248,6 @@ class ProcessPool:
         self.model = self.eval_model = None
         self.processes: list[subprocess.Popen] = []
         self.conns: list[connection.Connection] = []
-        self.round = 0  # the round being run, for messages
         self._closed = False
         self._job = 0
         self._results: dict[int, tuple] = {}
@@ -322,7 +323,6 @@ class ProcessPool:
         tasks = list(tasks)
         if not tasks:
             return
-        self.round = tasks[0].round
         num_params = self.sizes[0]
         self.model[:num_params].copy_(params)
         self.model[num_params:].copy_(buffers)
@@ -415,10 +415,7 @@ class ProcessPool:
         process = self.processes[worker]
         how = _death(process)
         self.close()
-        raise FedhetError(
-            f"worker {worker} (pid {process.pid}) died ({how}); the run stops at round "
-            f"{self.round + 1}, resume with --resume"
-        )
+        raise WorkerDied(f"worker {worker} (pid {process.pid}) died ({how})")
 
     def close(self) -> None:
         """Stop the workers (politely, then by force) and free the shared memory."""
