@@ -52,6 +52,7 @@ RANGES: dict[str, list] = {
     "run.time_budget": [-1.0, *NUMBERS_BAD],
     "run.eval_every": [0, -1, *INTS_BAD],
     "run.threads": [-1, 10**6, *INTS_BAD],
+    "run.workers": [0, -1, 10**6, "many", *INTS_BAD],
     "run.client_eval": [1, "yes"],
     "run.client_eval_fraction": [0.0, 1.0, -0.1, 1.5, *NUMBERS_BAD],
     "run.targets": [[0], [1.5], ["a"], [NAN], 0.5, [True]],
