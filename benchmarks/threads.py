@@ -9,7 +9,10 @@ with "auto":
 - ``cnn-fedstale``: 6 rounds of FedAvg with FedStale's CNN on Fashion-MNIST (10 clients,
   batch 128, 5 local steps): work large enough that "auto" uses every free core.
 
-    python benchmarks/threads.py
+The four settings rotate (each block a fresh run) for ``--pairs`` passes; each ratio is the
+median of the per-pass ratios.
+
+    python benchmarks/threads.py [--pairs 5]
 """
 
 from __future__ import annotations
@@ -66,40 +69,50 @@ def timed_run(workload: str, threads, out: Path) -> tuple[float, int]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    parser.add_argument("--pairs", type=int, default=5)
     args = parser.parse_args()
     import torch
+    from _common import describe_ratio, ratio, rotate
 
     default_threads = torch.get_num_threads()
     print(machine_header("busy: one child process spinning a pure-Python loop"))
-    ratios = {}
     with scratch() as tmp:
         for workload in args.workloads:
-            figures = {}
-            for busy in (False, True):
-                stop = multiprocessing.Event()
-                spinner = multiprocessing.Process(target=_spin, args=(stop,), daemon=True) if busy else None
-                if spinner:
-                    spinner.start()
-                    time.sleep(1.0)
-                try:
-                    for threads in (0, "auto"):
+
+            def side(busy: bool, threads, workload=workload):
+                def block() -> float:
+                    stop = multiprocessing.Event()
+                    spinner = (
+                        multiprocessing.Process(target=_spin, args=(stop,), daemon=True) if busy else None
+                    )
+                    if spinner:
+                        spinner.start()
+                        time.sleep(1.0)
+                    try:
                         torch.set_num_threads(default_threads)  # every run starts from torch's default
                         wall, used = timed_run(workload, threads, Path(tmp) / workload)
-                        figures[busy, threads] = wall
-                        label = "torch default" if threads == 0 else '"auto"'
-                        print(f"{workload:<13} {'busy' if busy else 'idle'}  {label:<14} {used} threads  "
-                              f"{wall:7.2f} s")  # fmt: skip
-                        sys.stdout.flush()
-                finally:
-                    if spinner:
-                        stop.set()
-                        spinner.join()
-            ratios[workload] = figures[True, "auto"] / figures[False, "auto"]
-            print(
-                f'{workload}: busy/idle with "auto" {ratios[workload]:.2f}x (goal <= 1.5x); with torch\'s '
-                f"default {figures[True, 0] / figures[False, 0]:.2f}x; busy, default/auto "
-                f"{figures[True, 0] / figures[True, 'auto']:.1f}x"
-            )
+                    finally:
+                        if spinner:
+                            stop.set()
+                            spinner.join()
+                    label = "torch default" if threads == 0 else '"auto"'
+                    print(f"  {workload:<13} {'busy' if busy else 'idle'}  {label:<14} {used} threads  "
+                          f"{wall:7.2f} s", flush=True)  # fmt: skip
+                    return wall
+
+                return block
+
+            sides = {
+                (busy, threads): side(busy, threads) for busy in (False, True) for threads in (0, "auto")
+            }
+            times, before, after = rotate(sides, args.pairs)
+            load = (before, after)
+            print(describe_ratio(f'{workload}: busy/idle with "auto" (goal <= 1.5x)',
+                                 ratio(times[True, "auto"], times[False, "auto"], load)))  # fmt: skip
+            print(describe_ratio(f"{workload}: busy/idle with torch's default",
+                                 ratio(times[True, 0], times[False, 0], load)))  # fmt: skip
+            print(describe_ratio(f'{workload}: busy, torch\'s default / "auto"',
+                                 ratio(times[True, 0], times[True, "auto"], load)))  # fmt: skip
     return 0
 
 

@@ -15,8 +15,9 @@ What travels:
   block holds a model to evaluate, so that round ``t``'s model is evaluated while the next
   rounds train (:meth:`ProcessPool.submit_evaluation`);
 - tasks, updates and the client's own state (momentum, SCAFFOLD's c_i, ...) as the existing
-  message types, pickled (tensors as NumPy arrays) through a socket per worker. The client-state store stays here, in
-  the pool (:attr:`ProcessPool.states`), and is checkpointed as with one process.
+  message types, pickled (tensors as NumPy arrays) through a socket per worker. The
+  client-state store stays here, in the pool (:attr:`ProcessPool.states`), and is
+  checkpointed as with one process.
 
 Tasks go to whichever worker is free (at most :data:`IN_FLIGHT` per worker, so a worker
 never waits for its next task; none to a worker that is evaluating, so that no task of the
