@@ -7,8 +7,10 @@ them in an order that does not depend on the pool. A pool owns the client-state 
 (:class:`~fedhet.client.ClientStates`: momentum, Adam's moments, SCAFFOLD's c_i, ...), which
 the run checkpoints through :meth:`ClientPool.state_dict`.
 
-Every pool's workers start the same way (:func:`bootstrap_worker`): they build the run's
-world once per process and configuration and answer tasks with :class:`WorkerSide`.
+Every pool's workers answer tasks with :class:`WorkerSide` over a world built once per
+process: Flower's nodes by :func:`bootstrap_worker` from the configuration, the process
+pool's workers from the configuration and the run's shared dataset
+(:mod:`fedhet.engine.processes`).
 
 Implementations: :class:`InProcessPool` (this process, the embedded engine),
 :class:`~fedhet.engine.processes.ProcessPool` (worker processes on this machine,
@@ -88,11 +90,10 @@ _WORKERS: dict[str, WorkerSide] = {}
 _WORKERS_LOCK = threading.Lock()
 
 
-def bootstrap_worker(config_toml: str, cores: int | None = None, client_side: bool = False) -> WorkerSide:
+def bootstrap_worker(config_toml: str, cores: int | None = None) -> WorkerSide:
     """The worker side of the run configured by ``config_toml`` (a resolved configuration),
     built once per process and configuration; ``cores``: the CPUs this worker may use
-    (``run.threads``, "auto" or 0, chooses within them); ``client_side``: without the system
-    model, torch's threads as the caller set them (:func:`fedhet.world.build_world`)."""
+    (``run.threads``, "auto" or 0, chooses within them)."""
     with _WORKERS_LOCK:
         if config_toml not in _WORKERS:
             import tomllib
@@ -104,8 +105,7 @@ def bootstrap_worker(config_toml: str, cores: int | None = None, client_side: bo
             config = from_dict(tomllib.loads(config_toml))
             if cores is not None:
                 set_core_budget(max(1, int(cores)))
-            world = build_world(config, client_side=client_side)
-            _WORKERS[config_toml] = WorkerSide(world, config.run.seed)
+            _WORKERS[config_toml] = WorkerSide(build_world(config), config.run.seed)
         return _WORKERS[config_toml]
 
 
