@@ -10,6 +10,13 @@ server side (planning, system model, aggregation, checkpoint and metrics: the ro
 outside waiting for replies) and the clients' round trip beyond the echo (their training,
 bigger messages, client state); the clients' training alone is timed on the embedded engine.
 fedhet evaluates only at the last round, which is not timed.
+
+Each block is one run in a fresh child process; per workload the three runs rotate
+(embedded, fedhet on Flower, bare Flower; then fedhet on Flower, bare Flower, embedded; ...)
+for --pairs passes, and every share of bare Flower's round is the median of the per-pass
+shares, with min-max and the machine's load before and after (benchmarks/_common.py).
+
+    python benchmarks/flower_overhead.py --rounds 12 --pairs 5
 """
 
 from __future__ import annotations
@@ -17,20 +24,17 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-for _key, _value in {
-    "FLWR_TELEMETRY_ENABLED": "0",
-    "FLWR_DISABLE_UPDATE_CHECK": "1",
-    "RAY_USAGE_STATS_ENABLED": "0",
-    "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
-}.items():
-    os.environ.setdefault(_key, _value)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import QUIET_FLOWER, machine_header, ratio, rotate  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+for _key, _value in QUIET_FLOWER.items():
+    os.environ.setdefault(_key, _value)
 
 WORKLOADS = {
     "quickstart": {
@@ -159,36 +163,85 @@ def bare_flower(workload: str, rounds: int, cpus: float) -> float:
     return (stamps[-2] - stamps[0]) / (len(stamps) - 2)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
-    parser.add_argument("--cpus-per-client", type=float, default=1.0)
-    args = parser.parse_args()
+def child_block(args) -> int:
+    """One run in this (child) process; prints its figures as JSON."""
+    import json
+
     import torch
 
     torch.set_num_threads(1)
-    print(f"cores: {os.cpu_count()}, torch threads: {torch.get_num_threads()}, "
-          f"flower: {args.cpus_per_client} CPU per client, {args.rounds} rounds")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        for workload in args.workloads:
-            emb, emb_clients = embedded(workload, args.rounds, tmp / f"{workload}-embedded")
-            fl, fl_clients = on_flower(
-                workload, args.rounds, tmp / f"{workload}-flower", args.cpus_per_client
-            )
-            bare = bare_flower(workload, args.rounds, args.cpus_per_client)
-            server = fl - fl_clients  # fedhet's server side: plan, aggregate, checkpoint, metrics
-            exchange = fl_clients - bare  # the clients' round trip beyond bare Flower's echo
-            print(
-                f"{workload}: embedded {emb:.3f} s/round (clients' training {emb_clients:.3f}) | "
-                f"fedhet on Flower {fl:.3f} s/round | bare Flower {bare:.3f} s/round\n"
-                f"  fedhet adds {fl - bare:+.3f} s/round ({100 * (fl - bare) / bare:+.0f}% of bare Flower): "
-                f"server side {server:.3f} s ({100 * server / bare:.0f}%), clients' round trip beyond "
-                f"the echo {exchange:+.3f} s ({100 * exchange / bare:+.0f}%; their training alone takes "
-                f"{emb_clients:.3f} s in one process)"
-            )
-            sys.stdout.flush()
+        os.environ.setdefault("FLWR_HOME", tmp)
+        out = Path(tmp) / "run"
+        if args.side == "embedded":
+            per_round, clients = embedded(args.workload, args.rounds, out)
+        elif args.side == "flower":
+            per_round, clients = on_flower(args.workload, args.rounds, out, args.cpus_per_client)
+        else:
+            per_round, clients = bare_flower(args.workload, args.rounds, args.cpus_per_client), 0.0
+    print(json.dumps({"per_round": per_round, "clients": clients}))
+    return 0
+
+
+def block(side: str, workload: str, args, figures: dict):
+    def run_once() -> float:
+        import json
+        import subprocess
+
+        command = [sys.executable, str(Path(__file__).resolve()), "--side", side, "--workloads", workload,
+                   "--rounds", str(args.rounds), "--cpus-per-client", str(args.cpus_per_client)]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+        if done.returncode != 0:
+            raise RuntimeError(f"{side} {workload} failed:\n{done.stderr[-3000:]}")
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+        figures.setdefault(side, []).append(result)
+        return result["per_round"]
+
+    return run_once
+
+
+def _spread(values: list[float]) -> str:
+    """median (min-max) of per-pass percentages."""
+    return f"{statistics.median(values):+.0f}% ({min(values):+.0f} to {max(values):+.0f})"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--pairs", type=int, default=5, help="passes over the three runs (>= 5 for a figure)")
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    parser.add_argument("--cpus-per-client", type=float, default=1.0)
+    parser.add_argument("--side", choices=["embedded", "flower", "bare"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.side:
+        args.workload = args.workloads[0]
+        return child_block(args)
+    print(machine_header(f"torch threads 1; Flower: {args.cpus_per_client} CPU per client; "
+                         f"{args.rounds} rounds per run, {args.pairs} rotated passes"))  # fmt: skip
+    for workload in args.workloads:
+        figures: dict[str, list[dict]] = {}
+        sides = {side: block(side, workload, args, figures) for side in ("embedded", "flower", "bare")}
+        times, before, after = rotate(sides, args.pairs)
+        emb, fl, bare = times["embedded"], times["flower"], times["bare"]
+        fl_clients = [f["clients"] for f in figures["flower"]]
+        emb_clients = [f["clients"] for f in figures["embedded"]]
+        adds = [100 * (f - b) / b for f, b in zip(fl, bare, strict=True)]
+        server = [100 * (f - c) / b for f, c, b in zip(fl, fl_clients, bare, strict=True)]
+        exchange = [100 * (c - b) / b for c, b in zip(fl_clients, bare, strict=True)]
+        training = [100 * e / b for e, b in zip(emb_clients, bare, strict=True)]
+        on_flower_vs_embedded = ratio(fl, emb)
+        med = statistics.median
+        print(
+            f"{workload}: embedded {med(emb):.3f} s/round (clients' training {med(emb_clients):.3f}) | "
+            f"fedhet on Flower {med(fl):.3f} s/round | bare Flower {med(bare):.3f} s/round (medians)\n"
+            f"  fedhet on Flower adds {_spread(adds)} of bare Flower's round; its server side "
+            f"{_spread(server)}; the clients' round trip beyond the echo {_spread(exchange)} (their "
+            f"training alone, in one process: {_spread(training)})\n"
+            f"  fedhet on Flower / embedded: {on_flower_vs_embedded['median']:.1f}x "
+            f"(pairs {on_flower_vs_embedded['min']:.1f}-{on_flower_vs_embedded['max']:.1f}); "
+            f"load {before:.2f} -> {after:.2f}"
+        )
+        sys.stdout.flush()
     return 0
 
 

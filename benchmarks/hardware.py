@@ -2,15 +2,19 @@
 machine's fp32 matmul peak, measured in the same run with the same threads; truncated
 back-propagation saves >= 80% of the ideal (FLOP-proportional) host time at every depth.
 
-Part 1 times whole rounds on the embedded engine (FedAvg, 10 clients, every client 5 steps of
-128 Fashion-MNIST images, checkpoints included, no evaluation until the last round) and
-divides the FLOPs of the clients' steps (fedhet.models.cost: forward, weight and input
-gradients of every Conv2d and Linear, 2 FLOPs per multiply-add) by the time. The peak is the
-best of several 2048 x 2048 fp32 matrix products.
+Part 1 alternates two kinds of short block in one process: a second of 2048 x 2048 fp32
+matrix products (the block's best product is the peak) and a fresh run of cnn-fedstale
+rounds on the embedded engine (FedAvg, 10 clients, every client 5 steps of 128
+Fashion-MNIST images, checkpoints included, no evaluation until the last round, which is not
+timed), whose FLOPs (fedhet.models.cost: forward, weight and input gradients of every Conv2d
+and Linear, 2 FLOPs per multiply-add) over its time per round give its GFLOP/s. The share of
+the peak is taken per pair of neighbouring blocks; the median and min-max over the pairs are
+reported (A B, B A, ...; benchmarks/_common.py).
 
-Part 2 times one SGD step at every depth d (layers d..L trained) and compares the time saved
-against depth 1 with the saving the FLOP count predicts:
-achieved share = (t_1 - t_d) / (t_1 - t_1 * flops_d / flops_1).
+Part 2 times one SGD step at every depth d (layers d..L trained) in blocks that rotate over
+the depths (1 2 .. L, 2 .. L 1, ...), and compares the time saved against depth 1 in the same
+pass with the saving the FLOP count predicts:
+achieved share = (1 - t_d / t_1) / (1 - flops_d / flops_1); median and min-max over passes.
 
     python benchmarks/hardware.py [--threads N] [--models cnn2 cnn-fedstale vgg11]
     python benchmarks/hardware.py --memory-format channels_last
@@ -19,6 +23,7 @@ achieved share = (t_1 - t_d) / (t_1 - t_1 * flops_d / flops_1).
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 import time
@@ -28,10 +33,10 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine_header  # noqa: E402
+from _common import alternate, load_average, machine_header, ratio, rotate  # noqa: E402
 
 
-def matmul_peak(seconds: float = 3.0, size: int = 2048) -> float:
+def matmul_peak(seconds: float = 1.0, size: int = 2048) -> float:
     """Best fp32 GFLOP/s of size x size matrix products over ``seconds``."""
     a, b = torch.randn(size, size), torch.randn(size, size)
     out = torch.empty(size, size)
@@ -45,7 +50,9 @@ def matmul_peak(seconds: float = 3.0, size: int = 2048) -> float:
 
 
 def round_throughput(rounds: int, threads: int, memory_format: str) -> tuple[float, float, float]:
-    """(GFLOP/s, seconds per round, GFLOP per round) of cnn-fedstale FedAvg rounds."""
+    """(GFLOP/s, seconds per round, GFLOP per round) of cnn-fedstale FedAvg rounds: one fresh
+    run of ``rounds + 2`` rounds in this process: the ``rounds`` between the first (warm-up)
+    and the last (which evaluates) are timed."""
     from fedhet.config import from_dict
     from fedhet.engine.loop import RunLoop
     from fedhet.models import build_model
@@ -57,7 +64,7 @@ def round_throughput(rounds: int, threads: int, memory_format: str) -> tuple[flo
             "name": "hw",
             "seed": 1,
             "threads": threads,
-            "rounds": rounds + 1,
+            "rounds": rounds + 2,
             "eval_every": 10_000,
             "memory_format": memory_format,
         },  # fmt: skip
@@ -76,10 +83,24 @@ def round_throughput(rounds: int, threads: int, memory_format: str) -> tuple[flo
     return flops / per_round / 1e9, per_round, flops / 1e9
 
 
-def truncation(
-    name: str, batch: int, repeats: int, memory_format: str
-) -> list[tuple[int, float, float, float]]:
-    """Per depth: (depth, ms per step, FLOP share of depth 1, achieved share of the ideal saving)."""
+def share_of_peak(rounds: int, threads: int, memory_format: str, pairs: int) -> tuple[dict, float]:
+    """Alternated blocks of matmul peak and cnn-fedstale rounds: per pair, the rounds' GFLOP/s
+    over the neighbouring block's peak (as :func:`ratio` of seconds per GFLOP). Also returns
+    the GFLOP of one round."""
+    round_throughput(1, threads, memory_format)  # decode the dataset, warm the kernels
+    work = [0.0]
+
+    def rounds_block() -> float:
+        gflops, _, work[0] = round_throughput(rounds, threads, memory_format)
+        return 1 / gflops
+
+    figures = alternate(lambda: 1 / matmul_peak(), rounds_block, pairs)
+    return figures, work[0]
+
+
+def truncation(name: str, batch: int, repeats: int, memory_format: str, pairs: int) -> list[tuple]:
+    """Per depth: (depth, median ms per step, FLOP share of depth 1, achieved share of the
+    ideal saving: median, min, max over passes). Blocks rotate over the depths."""
     from fedhet.client import ClientData, LocalTrainer
     from fedhet.messages import ClientTask, Coverage
     from fedhet.models import FlatModel, build_model
@@ -93,24 +114,33 @@ def truncation(
     n = 1024
     data = ClientData(torch.randn(n, 1, 28, 28), torch.randint(0, 10, (n,)), np.arange(n))
     params, buffers = flat.params.clone(), flat.buffers.clone()
-    rows = []
-    for depth in range(1, flat.num_layers + 1):
-        rng = np.random.default_rng(0)
-        worker.train(ClientTask(0, 0, 0.01, batch, 3, Coverage(depth)), params, buffers, data, {}, rng)
-        best = float("inf")
-        for _ in range(3):  # best of three: the least disturbed measurement
+    rng = np.random.default_rng(0)
+
+    def block(depth: int):
+        def timed() -> float:
+            task = ClientTask(0, 0, 0.01, batch, repeats, Coverage(depth))
             start = time.perf_counter()
-            worker.train(
-                ClientTask(0, 0, 0.01, batch, repeats, Coverage(depth)), params, buffers, data, {}, rng
-            )
-            best = min(best, (time.perf_counter() - start) / repeats)
-        share = training_step_flops(layers, batch, depth) / training_step_flops(layers, batch, 1)
-        rows.append((depth, 1000 * best, share, float("nan")))
-    full = rows[0][1]
-    return [
-        (d, ms, share, (full - ms) / (full - full * share) if d > 1 else float("nan"))
-        for d, ms, share, _ in rows
-    ]
+            worker.train(task, params, buffers, data, {}, rng)
+            return (time.perf_counter() - start) / repeats
+
+        return timed
+
+    depths = range(1, flat.num_layers + 1)
+    for depth in depths:  # warm-up
+        worker.train(ClientTask(0, 0, 0.01, batch, 3, Coverage(depth)), params, buffers, data, {}, rng)
+    times, _, _ = rotate({depth: block(depth) for depth in depths}, pairs)
+    full = training_step_flops(layers, batch, 1)
+    rows = []
+    for depth in depths:
+        share = training_step_flops(layers, batch, depth) / full
+        ms = 1000 * statistics.median(times[depth])
+        if depth == 1:
+            rows.append((depth, ms, share, None))
+            continue
+        r = ratio(times[depth], times[1])
+        saving = [(1 - r[key]) / (1 - share) for key in ("median", "max", "min")]  # max t -> min saving
+        rows.append((depth, ms, share, saving))
+    return rows
 
 
 def main() -> int:
@@ -118,7 +148,8 @@ def main() -> int:
     parser.add_argument(
         "--threads", type=int, default=0, help="0: as run.threads = 'auto' picks (free cores)"
     )
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds per block")
+    parser.add_argument("--pairs", type=int, default=5, help="passes over the sides (>= 5 for a figure)")
     parser.add_argument("--memory-format", choices=["contiguous", "channels_last"], default="contiguous")
     parser.add_argument("--models", nargs="+", default=["cnn2", "cnn-fedstale", "vgg11"])
     args = parser.parse_args()
@@ -127,24 +158,32 @@ def main() -> int:
     threads = args.threads or free_cores()
     torch.set_num_threads(threads)
     print(machine_header(f"{threads} threads for both parts; run.memory_format = {args.memory_format}"))
-    peak = matmul_peak()
-    gflops, per_round, work = round_throughput(args.rounds, threads, args.memory_format)
-    print(f"fp32 matmul peak: {peak:.1f} GFLOP/s")
-    print(f"cnn-fedstale rounds: {work:.1f} GFLOP in {per_round:.3f} s per round = {gflops:.1f} GFLOP/s, "
-          f"{100 * gflops / peak:.0f}% of peak (goal >= 50%)")  # fmt: skip
+    figures, work = share_of_peak(args.rounds, threads, args.memory_format, args.pairs)
+    peak = statistics.median(1 / x for x in figures["first"])
+    achieved = statistics.median(1 / x for x in figures["second"])
+    print(f"fp32 matmul peak: {peak:.1f} GFLOP/s (median of {len(figures['first'])} one-second blocks)")
+    print(f"cnn-fedstale rounds: {work:.1f} GFLOP per round, {achieved:.1f} GFLOP/s (median of blocks); "
+          f"share of the neighbouring peak {100 * figures['median']:.0f}% "
+          f"(pairs {100 * figures['min']:.0f}-{100 * figures['max']:.0f}%; goal >= 50%); "
+          f"load {figures['load_before']:.2f} -> {figures['load_after']:.2f}")  # fmt: skip
+    sys.stdout.flush()
     torch.set_num_threads(threads)
     for name in args.models:
         batch = 16 if name != "cnn-fedstale" else 128
         repeats = {"cnn2": 200, "cnn-fedstale": 10, "vgg11": 5}.get(name, 20)
-        rows = truncation(name, batch, repeats, args.memory_format)
-        worst = min(r[3] for r in rows[1:])
+        before = load_average()
+        rows = truncation(name, batch, repeats, args.memory_format, args.pairs)
+        worst = min(rows[1:], key=lambda row: row[3][0])
         print(
-            f"{name}, batch {batch}: worst share of the ideal saving achieved {100 * worst:.0f}% (goal 80%)"
+            f"{name}, batch {batch}: worst share of the ideal saving achieved {100 * worst[3][0]:.0f}% "
+            f"at depth {worst[0]} (pairs {100 * worst[3][1]:.0f}-{100 * worst[3][2]:.0f}%; goal 80%); "
+            f"load {before:.2f} -> {load_average():.2f}"
         )
-        print(f"  {'depth':>5} {'ms/step':>9} {'FLOPs vs d=1':>13} {'saving achieved':>16}")
-        for depth, ms, share, achieved in rows:
-            shown = "-" if depth == 1 else f"{100 * achieved:.0f}%"
-            print(f"  {depth:>5} {ms:>9.3f} {100 * share:>12.0f}% {shown:>16}")
+        print(f"  {'depth':>5} {'ms/step':>9} {'FLOPs vs d=1':>13} {'saving achieved':>16} {'pairs':>11}")
+        for depth, ms, share, saving in rows:
+            shown = "-" if saving is None else f"{100 * saving[0]:.0f}%"
+            spread = "" if saving is None else f"{100 * saving[1]:.0f}-{100 * saving[2]:.0f}%"
+            print(f"  {depth:>5} {ms:>9.3f} {100 * share:>12.0f}% {shown:>16} {spread:>11}")
         sys.stdout.flush()
     return 0
 

@@ -8,19 +8,23 @@ the participants, and FedVARP (FedStale beta = 1), whose server keeps every clie
 update (N x P numbers): float32 in RAM, float16 in RAM, and float16 memory-mapped on disk.
 Each run is a fresh child process: time per round (rounds 2-20, checkpoints included),
 seconds per participating client, peak resident memory, and the bytes the run folder holds.
+For each setting the populations' runs rotate (100 10000, 10000 100, ...; --pairs passes):
+the ratios against the first population are medians of the per-pass ratios, with min-max,
+and the machine's load before and after (benchmarks/_common.py).
 
-    python benchmarks/scale.py [--clients 100 1000 10000] [--rounds 20]
+    python benchmarks/scale.py [--clients 100 10000] [--rounds 20] [--pairs 5]
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import textwrap
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, machine_header, run_in_child, scratch  # noqa: E402
+from _common import REPO, machine_header, ratio, rotate, run_in_child, scratch  # noqa: E402
 
 CHILD = textwrap.dedent(
     """
@@ -64,30 +68,49 @@ SETTINGS = {
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--clients", type=int, nargs="+", default=[100, 1000, 10000])
+    parser.add_argument("--clients", type=int, nargs="+", default=[100, 10000])
     parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--pairs", type=int, default=5, help="passes (>= 5 for a figure)")
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     args = parser.parse_args()
-    print(machine_header("each run: a fresh child process, 1 thread"))
+    print(machine_header(f"each run: a fresh child process, 1 thread; {args.pairs} rotated passes"))
     print(f"{'setting':<22}{'clients':>8}{'start s':>8}{'s/round':>9}{'ms/participant':>16}"
-          f"{'peak RSS MB':>13}{'run folder MB':>15}")  # fmt: skip
+          f"{'peak RSS MB':>13}{'run folder MB':>15}   (medians over passes)")  # fmt: skip
     with scratch() as tmp:
         for setting in args.settings:
-            first = None
+            results: dict[int, list[dict]] = {n: [] for n in args.clients}
+
+            def block(n: int, setting: str = setting, results: dict = results):
+                def run() -> float:
+                    out = Path(tmp) / f"{setting.replace(' ', '-')}-{n}"
+                    code = CHILD.format(
+                        clients=n, out=str(out), rounds=args.rounds, algorithm=SETTINGS[setting]
+                    )
+                    results[n].append(run_in_child(REPO / "src", code))
+                    return results[n][-1]["per_round"]
+
+                return run
+
+            times, before, after = rotate({n: block(n) for n in args.clients}, args.pairs)
+            base = args.clients[0]
             for n in args.clients:
-                out = Path(tmp) / f"{setting.replace(' ', '-')}-{n}"
-                code = CHILD.format(clients=n, out=str(out), rounds=args.rounds, algorithm=SETTINGS[setting])
-                f = run_in_child(REPO / "src", code)
-                first = first or f
-                print(
+                runs = results[n]
+                f = {key: statistics.median(one[key] for one in runs) for key in runs[0]}
+                line = (
                     f"{setting:<22}{n:>8}{f['start_up']:>8.1f}{f['per_round']:>9.3f}"
                     f"{1000 * f['per_round'] / f['participants']:>16.2f}"
                     f"{f['peak_rss'] / 2**20:>13.0f}{f['disk'] / 2**20:>15.1f}"
-                    + (f"   x{f['per_round'] / first['per_round']:.2f} time, "
-                       f"x{f['peak_rss'] / first['peak_rss']:.2f} memory of N = {args.clients[0]}"
-                       if f is not first else "")
-                )  # fmt: skip
-                sys.stdout.flush()
+                )
+                if n != base:
+                    t = ratio(times[n], times[base])
+                    m = ratio([r["peak_rss"] for r in runs], [r["peak_rss"] for r in results[base]])
+                    line += (
+                        f"   x{t['median']:.2f} time (pairs {t['min']:.2f}-{t['max']:.2f}), "
+                        f"x{m['median']:.2f} memory ({m['min']:.2f}-{m['max']:.2f}) of N = {base}"
+                    )
+                print(line)
+            print(f"{'':<22}load {before:.2f} -> {after:.2f}")
+            sys.stdout.flush()
     return 0
 
 

@@ -9,21 +9,25 @@ peak minus the memory held at the start, i.e. what the round itself added (the f
 round of a fresh process: memory freed by an earlier round could stay with the allocator
 and hide the next one's). "list" runs the same rule as a subclass
 that overrides ``aggregate`` only, which fedhet aggregates from the list of updates.
+The four runs (streaming and list, cohort 1 and 200) rotate over --pairs passes; each ratio
+is the median of the per-pass ratios, with min-max, and the load before and after
+(benchmarks/_common.py).
 
-    python benchmarks/streaming_memory.py [--clients 200]
+    python benchmarks/streaming_memory.py [--clients 200] [--pairs 5]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import REPO, machine_header  # noqa: E402
+from _common import REPO, describe_ratio, machine_header, ratio, rotate  # noqa: E402
 
 from fedhet.algorithms.fedavg import FedAvg  # noqa: E402
 from fedhet.engine.callbacks import Callback  # noqa: E402
@@ -105,32 +109,41 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=200)
     parser.add_argument("--out", default="runs/benchmarks/streaming_memory")
+    parser.add_argument("--pairs", type=int, default=5, help="passes over the four runs (>= 5 for a figure)")
     parser.add_argument("--child", nargs=3, metavar=("COHORT", "ALGORITHM", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         cohort, algorithm, out = args.child
         print(json.dumps(measure(args.clients, int(cohort), algorithm, out)))
         return
-    print(machine_header("each figure from a fresh process, torch threads 1"))
+    print(machine_header(f"each figure from a fresh process, torch threads 1; {args.pairs} rotated passes"))
     rules = {"streaming": "fedavg", "list": "streaming_memory:ListFedAvg"}
-    figures = {}
-    for label, algorithm in rules.items():
-        for cohort in (1, args.clients):
+    results: dict[tuple[str, int], list[dict]] = {}
+
+    def block(label: str, cohort: int):
+        def measure_once() -> float:
             command = [sys.executable, __file__, "--clients", str(args.clients), "--child", str(cohort),
-                       algorithm, f"{args.out}/{label}-{cohort}"]  # fmt: skip
+                       rules[label], f"{args.out}/{label}-{cohort}"]  # fmt: skip
             env_path = f"{Path(__file__).resolve().parent}:{REPO / 'src'}"
             done = subprocess.run(command, capture_output=True, text=True, env={"PYTHONPATH": env_path})
             if done.returncode:
                 sys.exit(done.stderr.strip().splitlines()[-1])
             result = json.loads(done.stdout.strip().splitlines()[-1])
-            added = (result["peak"] - result["before"]) / 2**20
-            figures[label, cohort] = added
-            trained = result["participants"]
-            print(f"{label:9} cohort {cohort:4}: {trained:4} trained, the round added {added:8.1f} MiB")
+            result["added"] = max(result["peak"] - result["before"], 0.1 * 2**20) / 2**20
+            results.setdefault((label, cohort), []).append(result)
+            return result["added"]
+
+        return measure_once
+
+    sides = {(label, cohort): block(label, cohort) for label in rules for cohort in (1, args.clients)}
+    added, before, after = rotate(sides, args.pairs)
+    for (label, cohort), runs in results.items():
+        trained = runs[0]["participants"]
+        print(f"{label:9} cohort {cohort:4}: {trained:4} trained, the round added "
+              f"{statistics.median(added[label, cohort]):8.1f} MiB (median of {len(runs)})")  # fmt: skip
     for label in rules:
-        one, many = figures[label, 1], figures[label, args.clients]
-        ratio = many / max(one, 0.1)
-        print(f"{label}: cohort {args.clients} / cohort 1 = {many:.1f} / {one:.1f} MiB = {ratio:.2f}x")
+        r = ratio(added[label, args.clients], added[label, 1], (before, after))
+        print(describe_ratio(f"{label}: cohort {args.clients} / cohort 1", r, unit="MiB"))
 
 
 if __name__ == "__main__":
