@@ -170,7 +170,7 @@ def main() -> int:
     torch.set_num_threads(threads)
     for name in args.models:
         batch = 16 if name != "cnn-fedstale" else 128
-        repeats = {"cnn2": 200, "cnn-fedstale": 10, "vgg11": 5}.get(name, 20)
+        repeats = {"cnn2": 200, "cnn-fedstale": 10, "vgg11": 15}.get(name, 20)
         before = load_average()
         rows = truncation(name, batch, repeats, args.memory_format, args.pairs)
         worst = min(rows[1:], key=lambda row: row[3][0])

@@ -157,9 +157,13 @@ def _comparison_plot(runs: list[Path], prefix: Path, config) -> None:
         print(f"figure: {path}")
 
 
+STOPPED = {"non_finite": "non-finite values", "no_participants": "no participants"}
+
+
 def _exit_status(summaries: list[dict]) -> int:
-    """1 when a run stopped on a non-finite value (the warning said where), else 0."""
-    return 1 if any(s.get("stopped_by") == "non_finite" for s in summaries) else 0
+    """1 when a run stopped on a non-finite value or for want of participants (a warning
+    said where), else 0."""
+    return 1 if any(s.get("stopped_by") in STOPPED for s in summaries) else 0
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
@@ -189,7 +193,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         if args.quiet:
             return
         acc = summary.get("final_test_accuracy")
-        stopped = " (stopped: non-finite values)" if summary.get("stopped_by") == "non_finite" else ""
+        why = STOPPED.get(summary.get("stopped_by"))
+        stopped = f" (stopped: {why})" if why else ""
         console.print(
             f"[{done['n']}/{len(experiment.cells)}] {cell.name}: final_test_accuracy "
             f"{acc if acc is None else round(acc, 4)}{stopped}",

@@ -71,6 +71,7 @@ class RunConfig:
     client_eval_fraction: float = 0.2  # share of each client's data held out for it
     targets: list = field(default_factory=list)  # accuracies whose first round and time are recorded
     on_non_finite: str = "stop"  # a NaN/inf loss or update: stop the run, or skip that client's update
+    max_empty_rounds: int = 10  # stop after this many rounds in a row without a participant (0 = never)
     engine: str = "embedded"  # embedded (one process) | flower (Flower's simulation runtime)
     round_timeout: float = 0.0  # flower: wall-clock seconds to wait for replies (0 = no limit)
     flower_cpus_per_client: float = 1.0  # flower simulation: CPUs Ray reserves per client
@@ -91,6 +92,7 @@ class RunConfig:
                 raise ConfigError(f'run.workers = {self.workers!r}: expected "auto" or a count of processes')
             at_least("run.workers", self.workers, 1)
             at_most("run.workers", self.workers, MAX_THREADS)
+        at_least("run.max_empty_rounds", self.max_empty_rounds, 0)
         if self.time_budget < 0:
             raise ConfigError(f"run.time_budget = {self.time_budget}: must be >= 0 (0 = none)")
         check_name("run.name", self.name)

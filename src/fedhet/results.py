@@ -81,6 +81,62 @@ def make_folder(path: Path, what: str) -> None:
         raise FedhetError(f"{path}: cannot create the {what} ({_reason(exc)})") from None
 
 
+def read_json_object(path: Path, what: str) -> dict:
+    """A JSON object from ``path``; one error naming the file otherwise."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except IsADirectoryError:
+        raise FedhetError(f"{path}: is a folder, not a {what} file") from None
+    except OSError as exc:
+        raise FedhetError(f"{path}: cannot read ({_reason(exc)})") from None
+    except UnicodeDecodeError as exc:
+        raise FedhetError(f"{path}: not UTF-8 text (byte {exc.start}); not a {what}") from None
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise FedhetError(
+            f"{path}: not valid JSON (line {exc.lineno}: {exc.msg}); a truncated or damaged {what}"
+        ) from None
+    if not isinstance(document, dict):
+        raise FedhetError(f"{path}: not a {what} (a JSON {type(document).__name__}, expected an object)")
+    return document
+
+
+def read_table(path: Path, required: tuple[str, ...] = ()) -> list[dict]:
+    """A CSV table of numbers (blank cells as None); one error naming the file, line and
+    column when the file is not such a table."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except IsADirectoryError:
+        raise FedhetError(f"{path}: is a folder, not a table") from None
+    except OSError as exc:
+        raise FedhetError(f"{path}: cannot read ({_reason(exc)})") from None
+    except UnicodeDecodeError as exc:
+        raise FedhetError(f"{path}: not UTF-8 text (byte {exc.start}); not a fedhet table") from None
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    try:
+        header = reader.fieldnames or []
+        missing = [c for c in required if c not in header]
+        if missing:
+            raise FedhetError(f"{path}: not a fedhet table (no {missing[0]!r} column in its header)")
+        rows = []
+        for raw in reader:
+            row = {}
+            for key, value in raw.items():
+                if key is None or value is None:
+                    raise FedhetError(f"{path}: line {reader.line_num}: {len(header)} columns expected")
+                try:
+                    row[key] = float(value) if value != "" else None
+                except ValueError:
+                    raise FedhetError(
+                        f"{path}: line {reader.line_num}, column {key!r}: {value[:40]!r} is not a number"
+                    ) from None
+            rows.append(row)
+    except csv.Error as exc:
+        raise FedhetError(f"{path}: line {reader.line_num}: not a CSV table ({exc})") from None
+    return rows
+
+
 class RunLock:
     """One writer per run folder: an exclusive ``flock`` on ``<folder>/.lock`` holding the
     writer's PID. The operating system drops the lock when its process dies (kill -9
@@ -145,6 +201,7 @@ class RunDirectory:
         earlier run first, so that no old summary can sit beside a new run."""
         where = self.path
         make_folder(where, "run folder")
+        self._check_files()
         self._probe_writable()
         self.lock = RunLock(where / LOCK_NAME)
         self.lock.acquire()
@@ -154,8 +211,38 @@ class RunDirectory:
                 f"{where}: already holds a run; pass --resume to continue it, "
                 "--overwrite to start again, or --out for another folder"
             )
+        if resume and not overwrite and not self.checkpoint_path.exists():
+            rows = self._rows_on_disk()
+            if rows:
+                self.lock.release()
+                raise FedhetError(
+                    f"{self.checkpoint_path}: missing, but {self.metrics_path.name} holds {rows} rounds; "
+                    "--resume needs the checkpoint (pass --overwrite to start again, or --out for another "
+                    "folder)"
+                )
         if overwrite or not self.checkpoint_path.exists():
             self.clear()
+
+    def _check_files(self) -> None:
+        """Every name fedhet writes here must be a regular file if it exists (a folder or a
+        device named checkpoint.pt or .lock would fail later with an OS error)."""
+        names = (LOCK_NAME, "checkpoint.pt", "metrics.csv", "summary.json", "client_metrics.csv",
+                 "config.toml", REPORTS_MANIFEST)  # fmt: skip
+        for name in names:
+            path = self.path / name
+            if path.exists() and not path.is_file():
+                kind = "a folder" if path.is_dir() else "not a regular file"
+                raise FedhetError(
+                    f"{path}: is {kind} where fedhet keeps its {name} file; remove it or use another --out"
+                )
+
+    def _rows_on_disk(self) -> int:
+        """Data rows of metrics.csv (0 when missing or unreadable as text)."""
+        try:
+            with self.metrics_path.open("rb") as fh:
+                return max(0, sum(1 for line in fh if line.strip()) - 1)
+        except OSError:
+            return 0
 
     def _probe_writable(self) -> None:
         """Write and remove a small file: a read-only or full file system fails here, before
@@ -228,6 +315,33 @@ class RunDirectory:
         """Rewrite metrics.csv from ``rows`` (used at start and on resume)."""
         self._write_table(self.metrics_path, METRIC_COLUMNS, rows)
 
+    def check_resumed_rows(self, rows: list[dict]) -> None:
+        """Before a resume rewrites metrics.csv from the checkpoint's ``rows``: the file must
+        hold the same rounds (one more is the round a kill interrupted before its checkpoint;
+        fewer are rows still being evaluated). Otherwise one error, and nothing is
+        rewritten: no row already on disk is lost."""
+        if not self.metrics_path.exists():
+            return
+        try:
+            on_disk = self.read_metrics()
+        except FedhetError as exc:
+            raise FedhetError(
+                f"{exc}; nothing rewritten: move it away to resume from the checkpoint"
+            ) from None
+        rounds = [r.get("round") for r in on_disk]
+        expected = [float(i) for i in range(1, len(on_disk) + 1)]
+        agree = rounds == expected and len(on_disk) <= len(rows) + 1
+        for old, new in zip(on_disk, rows, strict=False):
+            same = old.get("sim_time") is not None and math.isclose(
+                old["sim_time"], float(new["sim_time"]), rel_tol=1e-9, abs_tol=1e-9
+            )
+            agree = agree and same
+        if not agree:
+            raise FedhetError(
+                f"{self.metrics_path}: holds {len(on_disk)} rows that disagree with the checkpoint's "
+                f"{len(rows)} rounds; nothing rewritten (move metrics.csv away to resume from the checkpoint)"
+            )
+
     def append_metrics(self, row: dict) -> None:
         with self.metrics_path.open("a", newline="") as fh:
             csv.writer(fh).writerow([_cell(row.get(c)) for c in METRIC_COLUMNS])
@@ -241,12 +355,10 @@ class RunDirectory:
         self._write_table(self.client_metrics_path, ("round", "client", "examples", "loss", "accuracy"), rows)
 
     def read_metrics(self) -> list[dict]:
-        """metrics.csv as a list of dicts (numbers parsed, blanks as None)."""
-        with self.metrics_path.open() as fh:
-            rows = []
-            for raw in csv.DictReader(fh):
-                rows.append({k: (float(v) if v not in ("", None) else None) for k, v in raw.items()})
-            return rows
+        """metrics.csv as a list of dicts (numbers parsed, blanks as None); a file that is not
+        fedhet's table (not UTF-8, no ``round`` column, a cell that is not a number) is one
+        error naming the file, line and column. A header alone is an empty list."""
+        return read_table(self.metrics_path, required=("round",))
 
     def write_summary(self, summary: dict) -> None:
         self._atomic_write("summary.json", dumps(summary, indent=2, sort_keys=True))
@@ -260,7 +372,13 @@ class RunDirectory:
         self._atomic_write(name, dumps(document, indent=2))
 
     def read_summary(self) -> dict:
-        return json.loads(self.summary_path.read_text())
+        """summary.json; one error naming the file when it is not a summary (unreadable,
+        truncated JSON, not an object, no ``name`` key)."""
+        path = self.summary_path
+        document = read_json_object(path, "summary")
+        if "name" not in document:
+            raise FedhetError(f"{path}: not a fedhet summary (no 'name' key)")
+        return document
 
     def save_checkpoint(self, state: dict) -> None:
         """Serialise in memory, then write a temporary file and rename it over the old

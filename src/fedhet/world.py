@@ -92,7 +92,14 @@ def build_partition(config: Config, dataset: Dataset) -> tuple[list[np.ndarray],
         clients = (
             range(d.num_clients) if d.swap_clients == "all" else range(d.num_clients // 2, d.num_clients)
         )
-        labels = swap_labels(labels, parts, d.swap_fraction, d.swap_pairs, list(clients), rng)
+        swapped = swap_labels(labels, parts, d.swap_fraction, d.swap_pairs, list(clients), rng)
+        if d.swap_fraction > 0 and not np.any(swapped != labels):
+            raise ConfigError(
+                f"data.swap_fraction = {d.swap_fraction:g}: swaps no label on any of the {len(clients)} "
+                f"swapping clients (data.swap_pairs = {d.swap_pairs}: round(swap_fraction x count) is 0 "
+                "for every pair label on every such client); raise it or use fewer clients"
+            )
+        labels = swapped
     return parts, torch.from_numpy(np.ascontiguousarray(labels))
 
 
@@ -149,6 +156,13 @@ def build_world(config: Config, client_side: bool = False, dataset: Dataset | No
     parts, holdout = hold_out(
         parts, config.run.client_eval_fraction if config.run.client_eval else 0.0, config.run.seed
     )
+    if config.run.client_eval and not any(len(held) for held in holdout):
+        sizes = [len(p) + len(h) for p, h in zip(parts, holdout, strict=True)]
+        raise ConfigError(
+            f"run.client_eval_fraction = {config.run.client_eval_fraction:g}: holds out no example of any "
+            f"client (clients hold {min(sizes)}-{max(sizes)} examples; a client keeps at least one to "
+            "train on); raise it or set run.client_eval = false"
+        )
     torch.manual_seed(seeding.torch_seed(config.run.seed, "init"))
     model = config.model.entry("name").cls.build(
         config.model.options("name"), ModelContext(dataset.input_shape, dataset.num_classes)

@@ -194,6 +194,16 @@ class AMSFL(FedAvg):
                 f"system.model = {setting.system.name!r}: amsfl with known costs needs the per-step "
                 'model (c_i, b_i); set system.model = "per-step" or algorithm.costs = "estimated"'
             )
+        if o.costs == "known":
+            batch = np.full(setting.num_clients, self.train.batch_size)
+            step, comm = law.step_time(batch), law.comm_times()
+            least = float(np.sum(step) + np.sum(comm))  # one step per client (Algorithm 1's t_i >= 1)
+            if o.round_budget < least:
+                raise ConfigError(
+                    f"algorithm.round_budget = {o.round_budget:g}: below the least a round costs, "
+                    f"{least:.4g} s (communication sum b_i = {np.sum(comm):.4g} s plus one step per client, "
+                    f"sum c_i = {np.sum(step):.4g} s)"
+                )
         return {
             "weights": weights,
             "estimates": None,

@@ -25,6 +25,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedhet.errors import FedhetError
+
 DTYPES = {"float32": np.float32, "float16": np.float16}
 STORAGES = ("ram", "disk")
 FOLDER = "client-memory"
@@ -151,27 +153,57 @@ class ClientMemory:
             folder,
         )
         memory.generation = int(reference["generation"])
-        base = memory._base(memory.generation)
+        base = Path(memory._base(memory.generation))
+        itemsize = memory._array.itemsize
         if memory.generation > 0:
+            _expect_bytes(base, memory._array.nbytes, "base copy of the client memory")
             with open(base, "rb") as source:
                 for start in range(0, memory.num_clients, 1024):
                     block = memory._array[start : start + 1024]
                     block[...] = np.frombuffer(source.read(block.nbytes), dtype=block.dtype).reshape(
                         block.shape
                     )
-        itemsize = memory._array.itemsize
         memory.journal_bytes = remaining = int(reference["journal_bytes"])
         if remaining == 0:
             memory.weighted_sum = reference["weighted_sum"].clone()
             return memory
-        with open(memory._journal(memory.generation), "rb") as journal:
+        journal_path = Path(memory._journal(memory.generation))
+        _expect_bytes(journal_path, remaining, "journal of the client memory")
+        with open(journal_path, "rb") as journal:
             while remaining > 0:
                 count = int(np.frombuffer(journal.read(8), dtype=np.int64)[0])
+                record = 8 + 8 * count + count * memory.num_params * itemsize
+                if not 0 < count <= memory.num_clients or record > remaining:
+                    raise FedhetError(
+                        f"{journal_path}: damaged journal of the client memory (a record of {count} "
+                        "clients); the run cannot resume: start again with --overwrite"
+                    )
                 clients = np.frombuffer(journal.read(8 * count), dtype=np.int64)
+                if clients.min() < 0 or clients.max() >= memory.num_clients:
+                    raise FedhetError(
+                        f"{journal_path}: damaged journal of the client memory (client "
+                        f"{int(clients.max())} of {memory.num_clients}); start again with --overwrite"
+                    )
                 rows = np.frombuffer(
                     journal.read(count * memory.num_params * itemsize), dtype=memory._array.dtype
                 )
                 memory._array[clients] = rows.reshape(count, memory.num_params)
-                remaining -= 8 + 8 * count + count * memory.num_params * itemsize
+                remaining -= record
         memory.weighted_sum = reference["weighted_sum"].clone()
         return memory
+
+
+def _expect_bytes(path: Path, wanted: int, what: str) -> None:
+    """One error naming ``path`` when it is missing or shorter than ``wanted`` bytes."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise FedhetError(
+            f"{path}: missing ({what}, written by the checkpoint); the run cannot resume: start again "
+            "with --overwrite"
+        ) from None
+    if not path.is_file() or size < wanted:
+        raise FedhetError(
+            f"{path}: truncated ({what}: {size} of {wanted} bytes); the run cannot resume: start again "
+            "with --overwrite"
+        )

@@ -173,6 +173,8 @@ class Metrics(Callback):
     name = "metrics"
 
     def on_start(self, run) -> None:
+        if run.state.round:  # a resume: the file's rows must agree with the checkpoint's
+            run.run_dir.check_resumed_rows(run.state.metrics)
         with run.run_dir.writing(run.state.round):
             run.run_dir.write_config(run.config.to_toml())
             run.run_dir.write_metrics(run.state.metrics)

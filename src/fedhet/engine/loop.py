@@ -25,8 +25,9 @@ from fedhet.engine.drivers import DRIVERS
 from fedhet.engine.evaluation import make_evaluator
 from fedhet.engine.faults import NonFinite
 from fedhet.engine.pool import ClientPool, InProcessPool, TaskOrder, WorkerDied, WorkerSide
+from fedhet.engine.preflight import check_first_round
 from fedhet.engine.records import run_summary
-from fedhet.engine.state import RunState, from_checkpoint
+from fedhet.engine.state import RunState, check_checkpoint, from_checkpoint
 from fedhet.errors import FedhetError
 from fedhet.results import RunDirectory
 from fedhet.threads import pool_workers
@@ -87,6 +88,8 @@ class RunLoop:
     def _run(self, resume: bool, stop_after: int | None) -> RunResult:
         config, run_dir = self.config, self.run_dir
         saved = run_dir.load_checkpoint() if resume and run_dir.checkpoint_path.exists() else None
+        if saved is not None:
+            check_checkpoint(saved, str(run_dir.checkpoint_path))
         if saved is not None and saved.get("round", 0) > config.run.rounds:
             raise FedhetError(
                 f"run.rounds = {config.run.rounds}: {run_dir.path} already holds {saved['round']} "
@@ -120,13 +123,20 @@ class RunLoop:
     def _run_with_pool(self, world: World, saved: dict | None, stop_after: int | None) -> RunResult:
         config, run_dir = self.config, self.run_dir
         if saved is not None:
-            self.state = from_checkpoint(saved, config.to_dict(), str(run_dir.checkpoint_path))
+            self.state = from_checkpoint(
+                saved,
+                config.to_dict(),
+                str(run_dir.checkpoint_path),
+                world.flat.params.numel(),
+                world.flat.buffers.numel(),
+            )
             world.system.load_state_dict(self.state.system)
             self.pool.load_state_dict(self.state.clients.state_dict())
             self.state.clients = self.pool.states
             run_dir.remove_summary()  # written again when the run finishes
         else:
             self.state = self._fresh_state(world)
+            check_first_round(config, world, self.state.algorithm)
         state = self.state
         callbacks = self.callbacks()
         evaluation = next(c for c in callbacks if isinstance(c, Evaluation))
@@ -151,6 +161,13 @@ class RunLoop:
                     f"round {state.round} is kept)"
                 ) from None
             if result is None:  # the next round would exceed the time budget
+                if state.round == 0:
+                    took = self.clock.refused
+                    raise FedhetError(
+                        f"run.time_budget = {config.run.time_budget:g}: shorter than the first round"
+                        + (f" ({took:.4g} simulated s)" if took is not None else "")
+                        + "; no round would run"
+                    )
                 state.stopped_by = "time_budget"
                 for row in evaluation.wait(self):
                     notify(callbacks, "on_round_end", self, row)
@@ -162,11 +179,23 @@ class RunLoop:
             state.metrics.append(result)
             state.round = t + 1
             state.wall_time = wall_before + time.perf_counter() - started
+            empty = self._empty_streak(result)
             # rows are complete once evaluated: at once, or (in a pool worker) during the
             # next round; the state is saved after every round either way
             for row in evaluation.after_round(self, result):
                 notify(callbacks, "on_round_end", self, row)
             notify(callbacks, "on_round_saved", self)
+            if empty and empty >= config.run.max_empty_rounds > 0:
+                state.stopped_by = "no_participants"
+                log.warning(
+                    "%s: stopped after %d rounds in a row without a participant (run.max_empty_rounds = "
+                    "%d); the checkpoint of round %d is kept",
+                    config.run.name,
+                    empty,
+                    config.run.max_empty_rounds,
+                    state.round,
+                )
+                break
         finished = evaluation.wait(self)  # the last round's evaluation, when under way
         for row in finished:
             notify(callbacks, "on_round_end", self, row)
@@ -187,10 +216,29 @@ class RunLoop:
                 state.round,
             )
         notify(callbacks, "on_end", self, summary)
-        if summary["finished"] or fault is not None:
+        if summary["finished"] or fault is not None or state.stopped_by == "no_participants":
             with run_dir.writing(state.round):
                 run_dir.write_summary(summary)
         return RunResult(run_dir.path, summary, state.metrics)
+
+    def _empty_streak(self, row: dict) -> int:
+        """Rounds in a row, ending with ``row``, in which no client delivered; a warning for
+        each such round."""
+        if row.get("participants"):
+            return 0
+        streak = 0
+        for earlier in reversed(self.state.metrics):
+            if earlier.get("participants"):
+                break
+            streak += 1
+        log.warning(
+            "%s: round %d: no client delivered an update (%d such round%s in a row)",
+            self.config.run.name,
+            row["round"],
+            streak,
+            "" if streak == 1 else "s",
+        )
+        return streak
 
     def _fresh_state(self, world: World) -> RunState:
         """The initial model; the algorithm's server state, after its probe tasks if any."""

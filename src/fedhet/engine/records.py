@@ -67,6 +67,7 @@ def run_summary(config, world, state, notes: list[str]) -> dict:
         "stopped_by": state.stopped_by or ("rounds" if state.round >= config.run.rounds else None),
         "finished": state.round >= config.run.rounds or state.stopped_by == "time_budget",
         "mean_round_time": state.sim_time / state.round if state.round else None,
+        "empty_rounds": sum(1 for r in state.metrics if not r.get("participants")),
         "targets": target_times(state.metrics, config.run.targets),
         "final_client_accuracy": _final_client_accuracy(state.client_metrics),
         "notes": notes,

@@ -54,6 +54,7 @@ RESUMABLE_CHANGES = (
     "flower_cpus_per_client",
     "callbacks",
     "workers",
+    "max_empty_rounds",
 )
 
 
@@ -119,8 +120,61 @@ def to_checkpoint(state: RunState, config_dict: dict) -> dict:
     }
 
 
-def from_checkpoint(saved: dict, config_dict: dict, where: str) -> RunState:
-    """Rebuild a run's state; refuse a checkpoint of another configuration or format."""
+CHECKPOINT_TYPES = {
+    "version": int,
+    "config": dict,
+    "round": int,
+    "sim_time": (int, float),
+    "wall_time": (int, float),
+    "params": torch.Tensor,
+    "buffers": torch.Tensor,
+    "algorithm": dict,
+    "client_states": dict,
+    "metrics": list,
+    "client_metrics": list,
+    "stopped_by": (str, type(None)),
+}
+
+
+def check_checkpoint(
+    saved, where: str, num_params: int | None = None, num_buffers: int | None = None
+) -> None:
+    """One error naming the file when ``saved`` is not a checkpoint of this run's shape: not
+    a dict, a missing key, a value of the wrong type, parameters of the wrong length, metrics
+    rows that do not match its round count."""
+    if not isinstance(saved, dict):
+        raise FedhetError(f"{where}: not a fedhet checkpoint (it holds a {type(saved).__name__})")
+    for key, kind in CHECKPOINT_TYPES.items():
+        if key not in saved:
+            raise FedhetError(f"{where}: not a fedhet checkpoint (no {key!r})")
+        value = saved[key]
+        if not isinstance(value, kind) or isinstance(value, bool) and kind is int:
+            raise FedhetError(f"{where}: damaged checkpoint ({key} is a {type(value).__name__})")
+    if saved["version"] != CHECKPOINT_VERSION:
+        return  # from_checkpoint names the format
+    for key, size in (("params", num_params), ("buffers", num_buffers)):
+        tensor = saved[key]
+        if tensor.dim() != 1 or not tensor.is_floating_point() or size is not None and tensor.numel() != size:
+            dtype = str(tensor.dtype).replace("torch.", "")
+            model = f", the model has {size}" if size is not None else ""
+            raise FedhetError(f"{where}: damaged checkpoint ({key}: {tuple(tensor.shape)} {dtype}{model})")
+    if saved["round"] < 0 or len(saved["metrics"]) != saved["round"]:
+        raise FedhetError(
+            f"{where}: damaged checkpoint ({saved['round']} rounds but {len(saved['metrics'])} metrics rows)"
+        )
+    if not all(isinstance(row, dict) for row in saved["metrics"]):
+        raise FedhetError(f"{where}: damaged checkpoint (a metrics row that is not a table row)")
+    sections = saved["config"]
+    if not all(isinstance(v, dict) for v in sections.values()):
+        raise FedhetError(f"{where}: damaged checkpoint (its config is not a table of sections)")
+
+
+def from_checkpoint(
+    saved: dict, config_dict: dict, where: str, num_params: int | None = None, num_buffers: int | None = None
+) -> RunState:
+    """Rebuild a run's state; refuse a checkpoint of another configuration or format, or one
+    that is not a checkpoint (:func:`check_checkpoint`)."""
+    check_checkpoint(saved, where, num_params, num_buffers)
     if saved.get("version") != CHECKPOINT_VERSION:
         raise FedhetError(
             f"{where}: written by an older fedhet (format {saved.get('version', 1)}); start again"

@@ -3,6 +3,7 @@ cores) or on a Ray cluster; finished cells are skipped, half-finished ones resum
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -15,6 +16,8 @@ from fedhet.config import (
 from fedhet.errors import FedhetError
 from fedhet.studies.expansion import Cell
 from fedhet.studies.spec import Experiment
+
+log = logging.getLogger("fedhet")
 
 
 def _run_cell(config: Config, out_dir: str, core_budget: int | None = None) -> dict:
@@ -58,8 +61,12 @@ def run_experiment(
     todo = []
     for cell in experiment.cells:
         run_dir = RunDirectory(out_dir / cell.name)
-        summary = run_dir.read_summary() if run_dir.summary_path.exists() else {}
-        if summary.get("finished") or summary.get("stopped_by") == "non_finite":
+        try:
+            summary = run_dir.read_summary() if run_dir.summary_path.exists() else {}
+        except FedhetError as exc:  # damaged: the cell runs again (resuming its checkpoint)
+            log.warning("%s; running the cell again", exc)
+            summary = {}
+        if summary.get("finished") or summary.get("stopped_by") in ("non_finite", "no_participants"):
             summaries[cell.name] = summary
             if on_cell:
                 on_cell(cell, summaries[cell.name])

@@ -108,9 +108,15 @@ def plot_runs(
     out_prefix.parent.mkdir(parents=True, exist_ok=True)
     written = []
 
+    evaluated = {
+        run.path: [r for r in run.read_metrics() if r.get("test_accuracy") is not None] for run in runs
+    }
+    if not any(evaluated.values()):
+        names = ", ".join(str(run.metrics_path) for run in runs[:3]) + (" ..." if len(runs) > 3 else "")
+        raise FedhetError(f"{names}: no evaluated round yet (no test_accuracy); nothing to plot")
     fig, ax = plt.subplots(figsize=(6, 4))
     for run in runs:
-        rows = [r for r in run.read_metrics() if r.get("test_accuracy") is not None]
+        rows = evaluated[run.path]
         if rows:
             ax.plot(
                 [r[x] for r in rows],

@@ -13,11 +13,10 @@ from __future__ import annotations
 import base64
 import html
 import io
-import json
 from pathlib import Path
 
 from fedhet.errors import FedhetError
-from fedhet.results import RunDirectory
+from fedhet.results import RunDirectory, read_json_object
 
 MAX_RUN_SECTIONS = 12
 MAX_REPORT_BYTES = 200_000  # an algorithm report larger than this is shown truncated
@@ -103,6 +102,8 @@ def _run_page(run: RunDirectory, level: int) -> str:
     state = "finished" if summary and summary.get("finished") else "not finished"
     if summary and summary.get("stopped_by") == "non_finite":
         state = "stopped: non-finite values"
+    elif summary and summary.get("stopped_by") == "no_participants":
+        state = f"stopped: no participants ({summary.get('empty_rounds')} empty rounds)"
     parts = [f'<section id="{html.escape(run.path.name)}"><{h}>{html.escape(run.path.name)}</{h}>']
     parts.append(f"<p>{html.escape(state)}; {len(metrics)} rounds in metrics.csv</p>")
     if summary:
@@ -139,12 +140,10 @@ def _run_page(run: RunDirectory, level: int) -> str:
 
 
 def _read_json(path: Path) -> dict | None:
+    """A run's summary (None when it has none yet); one error naming a damaged file."""
     if not path.exists():
         return None
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise FedhetError(f"{path}: unreadable ({exc})") from None
+    return read_json_object(path, "summary")
 
 
 def _format(value) -> str:

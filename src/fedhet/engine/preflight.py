@@ -1,0 +1,99 @@
+"""Before training: can the first round's plan deliver anything at all?
+
+A run whose clients can never report (a step that costs longer than the deadline, every
+client a straggler under a rule that keeps only finished work, nobody ever online) would
+otherwise train nothing and end with a normal table. :func:`check_first_round` prices the
+first round's plan with the system model's marginals and refuses it in one line when the
+expected number of updates over the whole run is below :data:`NOTHING`.
+
+What counts as delivering follows the algorithm's declared ``partial_work``: ``"layers"``
+(SALF) needs the top layer of its steps, ``"steps"`` (FedProx, FedNova) one whole step,
+``"none"`` all its planned work. Models that learn their marginals as the run goes
+(``wall_clock``) are not checked here; the run loop's empty-round stop covers them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fedhet.errors import FedhetError
+from fedhet.system import Workload
+
+NOTHING = 0.01  # expected updates over the run below which the plan is refused
+
+
+def delivery_probability(partial_work: str, marginals, work: Workload, num_layers: int) -> np.ndarray:
+    """Per client, P[present and delivers an update] this round (marginals of the system
+    model, which include presence)."""
+    if partial_work == "layers":
+        return np.asarray(marginals.reach_prob, float)[:, num_layers - 1]  # the top layer, K steps
+    steps = marginals.step_prob
+    if steps is None:  # depth-only model without step marginals: finishing = reaching layer d0
+        reach = np.asarray(marginals.reach_prob, float)
+        return reach[np.arange(len(reach)), work.depth - 1]
+    steps = np.asarray(steps, float)
+    if partial_work == "steps":
+        return steps[:, 0]
+    wanted = np.clip(work.local_steps, 1, steps.shape[1]) - 1
+    return steps[np.arange(len(steps)), wanted]
+
+
+def least_work_time(system, work: Workload, partial_work: str, num_layers: int) -> float | None:
+    """The fastest client's time for the least work it could deliver (the top layer of its
+    steps, one step, or all of it), with no deadline; None for models without a time law."""
+    if system.time_law() is None:
+        return None
+    least = Workload(
+        None,
+        work.batch_sizes,
+        np.ones_like(work.local_steps) if partial_work == "steps" else work.local_steps.copy(),
+        np.full_like(work.depth, num_layers) if partial_work == "layers" else work.depth.copy(),
+        work.start_time,
+        work.upload_bytes,
+    )
+    outcomes = system.sample(least, np.random.default_rng(0))
+    times = np.asarray(outcomes.full_time, float)
+    return float(np.min(times)) if len(times) else None
+
+
+def check_first_round(config, world, algorithm_state: dict) -> None:
+    """Refuse, in one line, a run whose first round's plan cannot deliver a single update
+    over the run's rounds (ADEL-FL Lemma 1's reach probabilities, or their step analogue)."""
+    algorithm, system = world.algorithm, world.system
+    if system.wall_clock or getattr(algorithm, "driver", "round") != "round":
+        return
+    plan = algorithm.plan(0, algorithm_state, system, config.round_deadline)
+    work = plan.workload()
+    asked = np.array([a.asked for a in plan.assignments], dtype=bool)
+    from fedhet.engine.drivers import upload_bytes
+
+    work.upload_bytes = upload_bytes(world, work.depth)
+    marginals = system.marginals(work)
+    layers = world.flat.num_layers
+    per_client = delivery_probability(algorithm.partial_work, marginals, work, layers) * asked
+    expected = float(np.sum(per_client)) * config.run.rounds
+    if expected >= NOTHING:
+        return
+    name, model = config.run.name, config.system.model
+    present = float(np.sum(np.asarray(marginals.participation_prob, float) * asked)) * config.run.rounds
+    if present < NOTHING:
+        raise FedhetError(
+            f"{name}: no client takes part: the expected number of present clients over "
+            f"{config.run.rounds} rounds is {present:.3g} (system.model = {model!r}, its participation "
+            "or availability); nothing would be trained"
+        )
+    what = {"layers": "the top layer of its steps", "steps": "one local step"}.get(
+        algorithm.partial_work, "all its work"
+    )
+    deadline = f"{plan.deadline:g} s" if plan.deadline is not None else "none"
+    fastest = least_work_time(system, work, algorithm.partial_work, layers)
+    needs = (
+        f"the fastest client needs {fastest:.3g} s for {what}"
+        if fastest is not None
+        else (f"no client can finish {what} in time")
+    )
+    raise FedhetError(
+        f"{name}: no client can deliver an update by the deadline ({deadline}): {needs} "
+        f"(system.model = {model!r}, algorithm {config.algorithm_name!r}; expected updates over the run "
+        f"{expected:.3g}); raise system.deadline or lower the work per client"
+    )
