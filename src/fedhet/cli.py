@@ -11,103 +11,10 @@ import argparse
 import logging
 import os
 import sys
-import time
 from pathlib import Path
 
+from fedhet.console import progress_printer, summary_table
 from fedhet.errors import FedhetError
-
-
-def _progress_printer(config, label: str, every: float = 5.0):
-    """A per-round callback: a live progress bar on a terminal; otherwise (CI logs, files)
-    one plain line at each evaluation, at the last round, and at least every ``every``
-    seconds of wall time. With a time budget, progress is simulated time spent of it."""
-    total_rounds, budget = config.run.rounds, config.run.time_budget
-    from rich.console import Console
-
-    console = Console(stderr=True)
-    if console.is_terminal:
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-        )
-
-        progress = Progress(
-            TextColumn(f"[bold]{label}[/]"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(),
-            console=console,
-            transient=True,
-        )
-        task = progress.add_task(label, total=budget or total_rounds, info="")
-        state = {"acc": None}
-
-        def on_round(row: dict) -> None:
-            if not progress.live.is_started:
-                progress.start()
-            if row.get("test_accuracy") is not None:
-                state["acc"] = row["test_accuracy"]
-            acc = "" if state["acc"] is None else f" acc {state['acc']:.3f}"
-            done = row["sim_time"] if budget else row["round"]
-            progress.update(
-                task, completed=done, info=f"round {int(row['round'])} sim {row['sim_time']:.4g}s{acc}"
-            )
-            if row["round"] >= total_rounds:
-                progress.stop()
-
-        return on_round
-
-    last = {"time": time.monotonic()}
-
-    def on_round_plain(row: dict) -> None:
-        now = time.monotonic()
-        evaluated = row.get("test_accuracy") is not None
-        if not (evaluated or row["round"] >= total_rounds or now - last["time"] >= every):
-            return
-        last["time"] = now
-        acc = f" test_accuracy {row['test_accuracy']:.4f}" if evaluated else ""
-        rounds = f"round {int(row['round'])}" + ("" if budget else f"/{total_rounds}")
-        clock = f"sim_time {row['sim_time']:.4g}" + (f"/{budget:g}" if budget else "")
-        console.print(f"{label} {rounds} {clock}{acc}", highlight=False)
-
-    return on_round_plain
-
-
-def _summary_table(summaries: list[dict], title: str) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=title)
-    targets = sorted({t for s in summaries for t in (s.get("targets") or {})}, key=float)
-    columns = ["run", "algorithm", "rounds", "sim_time", "final acc", "best acc"]
-    columns += [f"time to {t}" for t in targets] + ["wall s"]
-    for col in columns:
-        table.add_column(col, justify="left" if col in ("run", "algorithm") else "right")
-
-    def fmt(v, spec):
-        return "-" if v is None else format(v, spec)
-
-    for s in summaries:
-        table.add_row(
-            s.get("name", ""),
-            s["algorithm"],
-            str(s["rounds"]),
-            fmt(s["sim_time"], ".4g"),
-            fmt(s["final_test_accuracy"], ".4f"),
-            fmt(s["best_test_accuracy"], ".4f"),
-            *[_reached((s.get("targets") or {}).get(t)) for t in targets],
-            fmt(s["wall_time"], ".1f"),
-        )
-    Console().print(table)
-
-
-def _reached(hit: dict | None) -> str:
-    """``sim_time (round)`` of a target's first hit, ``-`` if never reached."""
-    return "-" if not hit else f"{hit['sim_time']:.4g} (r{hit['round']})"
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -125,9 +32,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             out,
             resume=args.resume,
             overwrite=args.overwrite,
-            on_round=None if args.quiet else _progress_printer(config, config.algorithm_name),
+            on_round=None if args.quiet else progress_printer(config, config.algorithm_name),
         )
-        _summary_table([result.summary], f"fedhet run -> {result.path}")
+        summary_table([result.summary], f"fedhet run -> {result.path}")
         return _exit_status([result.summary])
     summaries = []
     cells = compare_cells(apply_overrides(read_toml(args.config), args.set), args.config)
@@ -137,10 +44,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             out / cell.name,
             resume=args.resume,
             overwrite=args.overwrite,
-            on_round=None if args.quiet else _progress_printer(cell.config, cell.name),
+            on_round=None if args.quiet else progress_printer(cell.config, cell.name),
         )
         summaries.append(result.summary)
-    _summary_table(
+    summary_table(
         summaries,
         f"{config.run.name}: {config.data.dataset}, {config.model.name}, {config.system.model} -> {out}",
     )
@@ -232,6 +139,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from fedhet.world import build_world
 
     config = load_config(args.config, [*args.set, 'system.model="full"'])
+    if args.out:  # checked before anything is timed
+        _check_output_file(Path(args.out), "calibration file")
     world = build_world(config)  # sets the run's threads
     flat = FlatModel(build_model(config.model.name, world.dataset.input_shape, world.dataset.num_classes,
                                  config.model.hidden))  # fmt: skip
@@ -248,9 +157,25 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.out:
         from fedhet.results import dumps
 
-        Path(args.out).write_text(dumps(times, indent=2))
+        try:
+            Path(args.out).write_text(dumps(times, indent=2))
+        except OSError as exc:
+            raise FedhetError(f"{args.out}: cannot write ({exc.strerror or exc})") from None
         print(f"written to {args.out} (use it with system.measured_times)")
     return 0
+
+
+def _check_output_file(path: Path, what: str) -> None:
+    """One line, before any work, when ``path`` cannot become the ``what`` a command writes:
+    its folder is missing or a file, or it is itself a folder."""
+    folder = path.parent
+    if path.is_dir():
+        raise FedhetError(f"{path}: is a folder; --out names the {what} to write")
+    if not folder.is_dir():
+        why = "is a file" if folder.exists() else "does not exist"
+        raise FedhetError(f"{path}: its folder {folder} {why}; create it or choose another --out")
+    if not os.access(folder, os.W_OK):
+        raise FedhetError(f"{path}: cannot write in {folder} (permission denied)")
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
@@ -281,7 +206,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from fedhet.studies.plots import find_runs
 
     summaries = [run.read_summary() for run in find_runs(args.runs, marker="summary.json")]
-    _summary_table(summaries, "fedhet compare")
+    summary_table(summaries, "fedhet compare")
     return 0
 
 

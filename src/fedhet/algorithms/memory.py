@@ -71,8 +71,20 @@ class ClientMemory:
             rows = np.empty(shape, dtype=DTYPES[self.dtype])
             rows.fill(0)
             return rows
-        self.folder.mkdir(parents=True, exist_ok=True)
-        return np.memmap(self.folder / "live.bin", dtype=DTYPES[self.dtype], mode="w+", shape=shape)
+        live = self.folder / "live.bin"
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            # reserve the blocks now: a sparse file on a full disk would fail later, inside a
+            # write to the mapping (SIGBUS), instead of here with a message
+            with open(live, "wb") as fh:
+                if self.nbytes:
+                    os.posix_fallocate(fh.fileno(), 0, self.nbytes)
+        except OSError as exc:
+            raise FedhetError(
+                f"{live}: cannot allocate the client memory on disk ({self.nbytes / 2**20:.0f} MiB: "
+                f"{exc.strerror or exc}); free space, or use algorithm.memory_storage = 'ram'"
+            ) from None
+        return np.memmap(live, dtype=DTYPES[self.dtype], mode="r+", shape=shape)
 
     @property
     def nbytes(self) -> int:

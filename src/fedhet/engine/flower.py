@@ -316,7 +316,16 @@ def make_server_app(
     def main(grid, context) -> None:
         try:
             run_config, run_out = config(context) if callable(config) else (config, out_dir)
-            outcome["result"] = serve(grid, run_config, run_out, resume, overwrite, on_round)
+            progress = on_round
+            if callable(config) and progress is None:  # a deployment: `flwr run --stream` shows it
+                from fedhet.console import progress_printer
+
+                progress = progress_printer(run_config, run_config.run.name)
+            outcome["result"] = result = serve(grid, run_config, run_out, resume, overwrite, progress)
+            if callable(config):
+                from fedhet.console import summary_table
+
+                summary_table([result.summary], f"fedhet on Flower -> {result.path}")
         except BaseException as exc:  # reported by the caller, outside Flower's runtime
             outcome["error"] = exc
             if callable(config):  # a deployment: nobody else will report it
@@ -394,6 +403,11 @@ def run_simulation(
     require_flower()
     from flwr.simulation import run_simulation as flower_run_simulation
 
+    from fedhet.results import RunDirectory
+
+    folder = RunDirectory(out_dir)  # its problems are one line now, not after Ray has started
+    folder.prepare(resume=resume, overwrite=overwrite)
+    folder.release()
     outcome: dict = {}
     server = make_server_app(config, out_dir, resume, overwrite, on_round, outcome)
     client = make_client_app(config.to_toml(), fail_clients, delay_clients)

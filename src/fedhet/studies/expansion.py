@@ -12,6 +12,7 @@ from fedhet.config import (
     AlgorithmConfig,
     Config,
     apply_overrides,
+    check_name,
     from_dict,
     require_algorithm,
 )
@@ -51,16 +52,30 @@ def _override_text(key: str, value: Any) -> str:
     return f"{key}={tomli_w.dumps({'v': value})[4:].strip()}"
 
 
-def _cell(base: dict, chosen: dict[str, Any], cell_name: str, where: str | Path) -> Cell:
-    """The validated configuration of one cell: ``base`` with ``chosen`` overrides."""
-    texts = [_override_text(k, v) for k, v in _flatten(chosen).items()]
-    texts.append(_override_text("run.name", cell_name))
+def _cell(base: dict, chosen: dict[str, Any], cell_name: str, where: str | Path, origin: str = "") -> Cell:
+    """The validated configuration of one cell: ``base`` with ``chosen`` overrides. Errors
+    name the cell (and ``origin``, e.g. its case) and the key, as the experiment file has it."""
+    label = f"{where}: cell {cell_name}" + (f" ({origin})" if origin else "")
+    raw = base
+    for key, value in _flatten(chosen).items():
+        try:
+            raw = apply_overrides(raw, [_override_text(key, value)])
+        except ConfigError as exc:
+            reason = str(exc).split(": ", 1)[-1]
+            raise ConfigError(f"{label}: {key} = {value!r}: {reason}") from None
     try:
-        raw = apply_overrides(base, texts)
+        check_name("run.name", cell_name)
+    except ConfigError:
+        raise ConfigError(
+            f"{label}: the cell's name, made of its grid and case values, is not a usable folder name "
+            "(too long, or characters such as / : that a folder name cannot hold)"
+        ) from None
+    raw = apply_overrides(raw, [_override_text("run.name", cell_name)])
+    try:
         require_algorithm(raw, "configuration")
         config = from_dict(raw)
     except ConfigError as exc:
-        raise ConfigError(f"{where}: cell {cell_name}: {exc}") from None
+        raise ConfigError(f"{label}: {exc}") from None
     return Cell(cell_name, chosen, config)
 
 

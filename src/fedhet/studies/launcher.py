@@ -8,6 +8,7 @@ import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from fedhet.config import (
@@ -20,15 +21,36 @@ from fedhet.studies.spec import Experiment
 log = logging.getLogger("fedhet")
 
 
-def _run_cell(config: Config, out_dir: str, core_budget: int | None = None) -> dict:
-    """Run one cell. Threads: ``run.threads`` (``"auto"`` or 0) within ``core_budget``
-    cores, a parallel grid's share of the free cores (:func:`fedhet.threads.choose_threads`)."""
+def _run_cell(config: Config, out_dir: str, core_budget: int | None = None, overwrite: bool = False) -> dict:
+    """Run (or resume) one cell; ``overwrite`` starts it again. Threads: ``run.threads``
+    (``"auto"`` or 0) within ``core_budget`` cores, a parallel grid's share of the free cores
+    (:func:`fedhet.threads.choose_threads`)."""
     from fedhet.engine.loop import RunLoop
     from fedhet.threads import set_core_budget
 
     set_core_budget(core_budget)
     sim = RunLoop(config, out_dir)
-    return sim.run(resume=True).summary
+    return sim.run(resume=not overwrite, overwrite=overwrite).summary
+
+
+def settings_changed(cell: Cell, run_dir) -> tuple[list[str], bool]:
+    """How the settings a cell's folder was run with (its config.toml) differ from the
+    cell's now: the keys that make it another run, and whether only keys a resume may change
+    (more rounds, threads, ...) differ."""
+    import tomllib
+
+    from fedhet.engine.state import comparable, differences
+
+    stored_path = run_dir.path / "config.toml"
+    if not stored_path.is_file():
+        return [], False
+    try:
+        stored = tomllib.loads(stored_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return ["config.toml (unreadable)"], False
+    now = tomllib.loads(cell.config.to_toml())
+    changed = differences(comparable(stored), comparable(now))
+    return changed, not changed and bool(differences(stored, now))
 
 
 def _watch_parent(parent_pid: int, interval: float = 0.5) -> None:
@@ -58,7 +80,8 @@ def run_experiment(
 
     out_dir = Path(out_dir)
     summaries: dict[str, dict] = {}
-    todo = []
+    todo: list[Cell] = []
+    fresh: set[str] = set()  # cells whose settings changed: run again from the start
     for cell in experiment.cells:
         run_dir = RunDirectory(out_dir / cell.name)
         try:
@@ -66,7 +89,19 @@ def run_experiment(
         except FedhetError as exc:  # damaged: the cell runs again (resuming its checkpoint)
             log.warning("%s; running the cell again", exc)
             summary = {}
-        if summary.get("finished") or summary.get("stopped_by") in ("non_finite", "no_participants"):
+        done = summary.get("finished") or summary.get("stopped_by") in ("non_finite", "no_participants")
+        changed, resumable = settings_changed(cell, run_dir) if summary else ([], False)
+        if changed:
+            more = f" and {len(changed) - 2} more" if len(changed) > 2 else ""
+            log.warning(
+                "cell %s: its settings changed since it ran (%s%s): running it again",
+                cell.name,
+                ", ".join(changed[:2]),
+                more,
+            )
+            fresh.add(cell.name)
+            todo.append(cell)
+        elif done and not resumable:
             summaries[cell.name] = summary
             if on_cell:
                 on_cell(cell, summaries[cell.name])
@@ -74,12 +109,12 @@ def run_experiment(
             todo.append(cell)
     workers = max(1, min(jobs or experiment.jobs, len(todo) or 1))
     if ray is not None and todo:
-        summaries.update(_run_on_ray(todo, out_dir, ray, jobs or experiment.jobs, on_cell))
+        summaries.update(_run_on_ray(todo, out_dir, ray, jobs or experiment.jobs, on_cell, fresh))
     if ray is not None:
         return summaries
     if workers == 1:
         for cell in todo:
-            summaries[cell.name] = _run_cell(cell.config, str(out_dir / cell.name))
+            summaries[cell.name] = _run_cell(cell.config, str(out_dir / cell.name), None, cell.name in fresh)
             if on_cell:
                 on_cell(cell, summaries[cell.name])
     else:
@@ -90,13 +125,23 @@ def run_experiment(
         with ProcessPoolExecutor(
             max_workers=workers, initializer=_watch_parent, initargs=(os.getpid(),)
         ) as pool:
-            futures = {pool.submit(_run_cell, c.config, str(out_dir / c.name), budget): c for c in todo}
+            futures = {
+                pool.submit(_run_cell, c.config, str(out_dir / c.name), budget, c.name in fresh): c
+                for c in todo
+            }
             for future in as_completed(futures):
                 cell = futures[future]
                 try:
                     summaries[cell.name] = future.result()
                 except FedhetError as exc:
                     raise FedhetError(f"cell {cell.name}: {exc}") from None
+                except BrokenProcessPool:
+                    done = sum(1 for f in futures if f.done() and not f.exception())
+                    raise FedhetError(
+                        f"cell {cell.name}: a grid worker process died (killed, or out of memory); "
+                        f"{done} of {len(todo)} cells finished and are kept: run the same command again "
+                        "to resume the rest"
+                    ) from None
                 if on_cell:
                     on_cell(cell, summaries[cell.name])
     return summaries
@@ -129,7 +174,9 @@ def _preload_datasets(cells: list[Cell]) -> None:
             pass  # the cells report it, each in its own run
 
 
-def _run_on_ray(todo: list[Cell], out_dir: Path, address: str, jobs: int, on_cell) -> dict[str, dict]:
+def _run_on_ray(
+    todo: list[Cell], out_dir: Path, address: str, jobs: int, on_cell, fresh: set[str] = frozenset()
+) -> dict[str, dict]:
     """Each cell a Ray task (one CPU each) on a local Ray (``address = "local"``, ``jobs``
     CPUs) or the cluster at ``address``; cells write their run folders under ``out_dir``,
     which on a cluster must be a folder every node sees (a shared file system)."""
@@ -152,7 +199,10 @@ def _run_on_ray(todo: list[Cell], out_dir: Path, address: str, jobs: int, on_cel
     summaries: dict[str, dict] = {}
     try:
         task = ray.remote(num_cpus=1)(_run_cell)
-        refs = {task.remote(cell.config, str(out_dir.resolve() / cell.name), 1): cell for cell in todo}
+        refs = {
+            task.remote(cell.config, str(out_dir.resolve() / cell.name), 1, cell.name in fresh): cell
+            for cell in todo
+        }
         pending = list(refs)
         while pending:
             done, pending = ray.wait(pending, num_returns=1)

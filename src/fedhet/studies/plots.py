@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fedhet.errors import FedhetError
-from fedhet.results import RunDirectory
+from fedhet.results import RunDirectory, make_folder
 
 
 def find_runs(paths: Sequence[str | Path], marker: str = "metrics.csv") -> list[RunDirectory]:
@@ -105,7 +105,7 @@ def plot_runs(
     labels, styles = _labels(runs), _styles(runs)
     title = title or default_title(runs)
     out_prefix = Path(out_prefix)
-    out_prefix.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(out_prefix.parent, "figure folder")
     written = []
 
     evaluated = {
@@ -153,8 +153,12 @@ def _save(plt, fig, ax, xlabel: str, ylabel: str, title: str, out_prefix: Path, 
         ax.set_title(title)
     fig.tight_layout()
     path = out_prefix.with_name(f"{out_prefix.name}-{kind}.png")
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as exc:
+        raise FedhetError(f"{path}: cannot write the figure ({exc.strerror or exc})") from None
+    finally:
+        plt.close(fig)
     return path
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from fedhet.config import (
     MAX_THREADS,
+    SECTIONS,
     apply_overrides,
     check_name,
     read_toml,
@@ -70,12 +71,14 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Exp
         raise ConfigError(f"{path}: experiment.jobs = {jobs!r}: expected an integer in 0..{MAX_THREADS}")
     jobs = jobs or (os.cpu_count() or 1)
     keys = list(grid)
+    _check_cases(cases, grid, path)
     cells = []
-    for case in cases:
+    for index, case in enumerate(cases, start=1):
+        origin = f"cases[{index}]" if raw.get("cases") else ""
         for combo in itertools.product(*(grid[k] for k in keys)):
             chosen = {**case, **dict(zip(keys, combo, strict=True))}
             cell_name = "-".join(_label(v) for v in _flatten(chosen).values()) or "base"
-            cells.append(_cell(base, chosen, cell_name, path))
+            cells.append(_cell(base, chosen, cell_name, path, origin))
     names = [c.name for c in cells]
     if len(set(names)) != len(names):
         twice = next(n for n in names if names.count(n) > 1)
@@ -105,6 +108,39 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Exp
     if reference is not None:
         check_reference(experiment, reference, path)
     return experiment
+
+
+def _grid_keys(grid: dict) -> set[str]:
+    """The dotted keys the grid sets (a table of values sets each of its keys)."""
+    out = set()
+    for key, values in grid.items():
+        for value in values:
+            out.update(_flatten({key: value}))
+    return out
+
+
+def _check_cases(cases: list[dict], grid: dict, path) -> None:
+    """Every case key is ``section.key`` (or a section's table) and none is also a grid axis
+    (the grid's value would silently replace the case's)."""
+    axes = _grid_keys(grid)
+    for index, case in enumerate(cases, start=1):
+        where = f"{path}: cases[{index}]"
+        for key, value in case.items():
+            if "." not in key and not isinstance(value, dict):
+                raise ConfigError(f"{where}: key {key!r} must look like section.key (e.g. train.lr)")
+            section = key.split(".", 1)[0]
+            if section not in SECTIONS and section != "algorithm":
+                raise ConfigError(f"{where}: {key!r}: no section [{section}] in a configuration")
+        try:
+            flat = _flatten(case)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+        both = sorted(set(flat) & axes)
+        if both:
+            raise ConfigError(
+                f"{where}: {both[0]} is also a [grid] axis; the grid's value would replace the case's "
+                "(set it in one place)"
+            )
 
 
 def column_labels(experiment: Experiment) -> list[str]:

@@ -22,6 +22,7 @@ and reused on resume; ``system.measured_times`` names such a file to reuse a cal
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,18 +106,32 @@ def read_times(path: Path, num_layers: int) -> dict:
         raise ConfigError(f"system.measured_times = {str(path)!r}: file not found") from None
     except (OSError, ValueError) as exc:
         raise ConfigError(f"system.measured_times = {str(path)!r}: unreadable ({exc})") from None
-    ok = (
-        isinstance(times, dict)
-        and all(len(times.get(k, [])) == num_layers for k in ("forward", "backward"))
-        and all(isinstance(v, int | float) and v >= 0 for k in ("forward", "backward") for v in times[k])
-        and isinstance(times.get("batch_size"), int)
-        and times["batch_size"] >= 1
-    )
-    if not ok:
+    where = f"system.measured_times = {str(path)!r}"
+    if not isinstance(times, dict):
         raise ConfigError(
-            f"system.measured_times = {str(path)!r}: needs batch_size and {num_layers} forward and backward "
-            "times (seconds >= 0), as `fedhet calibrate` writes"
+            f"{where}: not a calibration (a JSON {type(times).__name__}; `fedhet calibrate` writes one)"
         )
+    batch = times.get("batch_size")
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ConfigError(f"{where}: batch_size = {batch!r}: must be a whole number >= 1")
+    for key in ("forward", "backward"):
+        values = times.get(key)
+        if not isinstance(values, list) or len(values) != num_layers:
+            raise ConfigError(
+                f"{where}: {key} must list {num_layers} times (one per layer), as `fedhet calibrate` writes"
+            )
+        for layer, value in enumerate(values, start=1):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+                or value < 0
+            ):
+                raise ConfigError(
+                    f"{where}: {key} time of layer {layer} = {value!r}: must be finite seconds >= 0"
+                )
+    if not sum(times["forward"]) + sum(times["backward"]) > 0:
+        raise ConfigError(f"{where}: every time is 0: rounds would take no simulated time")
     return times
 
 

@@ -66,7 +66,7 @@ def read_trace(path: str | Path, num_clients: int) -> AvailabilityTrace:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise DataError(f"{path}: cannot read ({exc})") from None
-    period, always, rows = None, [], []
+    period, always, rows, lines = None, [], [], []
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         if line.startswith("#"):
@@ -91,10 +91,23 @@ def read_trace(path: str | Path, num_clients: int) -> AvailabilityTrace:
                 if not sep or not (np.isfinite(a) and np.isfinite(b)) or a < 0 or b <= a:
                     raise DataError(f"{path}:{number}: {item!r} is not an interval with 0 <= start < end")
                 spans.append((a, b))
-        rows.append(sorted(spans))
+        spans = sorted(spans)
+        for (a0, b0), (a1, b1) in zip(spans, spans[1:], strict=False):
+            if a1 < b0:
+                raise DataError(
+                    f"{path}:{number}: intervals {a0:g}-{b0:g} and {a1:g}-{b1:g} overlap (the share of "
+                    "time online would count twice)"
+                )
+        rows.append(spans)
+        lines.append(number)
     if len(rows) != num_clients:
         raise DataError(f"{path}: {len(rows)} clients in the trace, the run has {num_clients}")
     ends = [b for spans in rows for _, b in spans]
+    if period is not None:
+        for spans, number in zip(rows, lines, strict=True):
+            if spans and spans[-1][1] > period:
+                a, b = spans[-1]
+                raise DataError(f"{path}:{number}: interval {a:g}-{b:g} passes the period {period:g}")
     period = period or (max(ends) if ends else 1.0)
     for client in always:
         rows[client] = [(0.0, period)]
@@ -117,17 +130,40 @@ def from_fedscale(path: str | Path) -> AvailabilityTrace:
     if not isinstance(data, dict) or not data:
         raise DataError(f"{path}: not a FedScale client_behave_trace (a dict of clients)")
     rows, finish = [], []
-    for key in sorted(data, key=lambda k: (str(type(k)), k)):
+    for key in sorted(data, key=lambda k: (str(type(k)), str(k))):
         entry = data[key]
         try:
             active, inactive = list(entry["active"]), list(entry["inactive"])
-            finish.append(float(entry.get("finish_time", max(inactive, default=0.0))))
+            times = [float(t) for t in active + inactive]
         except (TypeError, KeyError, ValueError):
-            raise DataError(f"{path}: client {key!r} lacks active/inactive lists") from None
+            raise DataError(f"{path}: client {key!r} lacks active/inactive lists of times") from None
+        if not all(np.isfinite(t) and t >= 0 for t in times):
+            raise DataError(f"{path}: client {key!r}: an active/inactive time that is negative or not finite")
+        given = entry.get("finish_time", max(inactive, default=0.0)) if isinstance(entry, dict) else None
+        try:
+            end = float(given)
+        except (TypeError, ValueError):
+            raise DataError(f"{path}: client {key!r}: finish_time = {given!r} is not a number") from None
+        if not (np.isfinite(end) and end > 0):
+            raise DataError(f"{path}: client {key!r}: finish_time = {given!r} must be a positive finite time")
+        finish.append(end)
         rows.append(
             [(float(a), float(b)) for a, b in zip(active, inactive, strict=False) if float(b) > float(a)]
         )
-    return AvailabilityTrace(rows, max(finish) if finish else 1.0)
+    period = max(finish)
+    return AvailabilityTrace([_merged(spans, period) for spans in rows], period)
+
+
+def _merged(spans: list[tuple[float, float]], period: float) -> list[tuple[float, float]]:
+    """Intervals clipped to [0, period) and merged where they overlap or touch: what
+    :func:`read_trace` accepts."""
+    out: list[tuple[float, float]] = []
+    for a, b in sorted((a, min(b, period)) for a, b in spans if a < period):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
 
 
 @dataclass

@@ -1,0 +1,110 @@
+"""What commands print: per-round progress (a live bar on a terminal, plain lines
+elsewhere) and the table of run summaries."""
+
+from __future__ import annotations
+
+import time
+
+
+def progress_printer(config, label: str, every: float = 5.0):
+    """A per-round callback: a live progress bar on a terminal; otherwise (CI logs, files)
+    one plain line at each evaluation, at the last round, and at least every ``every``
+    seconds of wall time. With a time budget, progress is simulated time spent of it."""
+    total_rounds, budget = config.run.rounds, config.run.time_budget
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    if console.is_terminal:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        progress = Progress(
+            TextColumn(f"[bold]{label}[/]"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        )
+        task = progress.add_task(label, total=budget or total_rounds, info="")
+        state = {"acc": None}
+
+        def on_round(row: dict) -> None:
+            if not progress.live.is_started:
+                progress.start()
+            if row.get("test_accuracy") is not None:
+                state["acc"] = row["test_accuracy"]
+            acc = "" if state["acc"] is None else f" acc {state['acc']:.3f}"
+            done = row["sim_time"] if budget else row["round"]
+            progress.update(
+                task, completed=done, info=f"round {int(row['round'])} sim {row['sim_time']:.4g}s{acc}"
+            )
+            if row["round"] >= total_rounds:
+                progress.stop()
+
+        return on_round
+
+    last = {"time": time.monotonic()}
+
+    def on_round_plain(row: dict) -> None:
+        now = time.monotonic()
+        evaluated = row.get("test_accuracy") is not None
+        if not (evaluated or row["round"] >= total_rounds or now - last["time"] >= every):
+            return
+        last["time"] = now
+        acc = f" test_accuracy {row['test_accuracy']:.4f}" if evaluated else ""
+        rounds = f"round {int(row['round'])}" + ("" if budget else f"/{total_rounds}")
+        clock = f"sim_time {row['sim_time']:.4g}" + (f"/{budget:g}" if budget else "")
+        console.print(f"{label} {rounds} {clock}{acc}", highlight=False)
+
+    return on_round_plain
+
+
+def summary_table(summaries: list[dict], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    targets = sorted(
+        {t for s in summaries if isinstance(s.get("targets"), dict) for t in s["targets"]}, key=_as_number
+    )
+    columns = ["run", "algorithm", "rounds", "sim_time", "final acc", "best acc"]
+    columns += [f"time to {t}" for t in targets] + ["wall s"]
+    for col in columns:
+        table.add_column(col, justify="left" if col in ("run", "algorithm") else "right")
+
+    def fmt(v, spec):
+        return format(v, spec) if isinstance(v, int | float) and not isinstance(v, bool) else "-"
+
+    for s in summaries:
+        table.add_row(
+            str(s.get("name", "")),
+            str(s.get("algorithm", "-")),
+            str(s.get("rounds", "-")),
+            fmt(s.get("sim_time"), ".4g"),
+            fmt(s.get("final_test_accuracy"), ".4f"),
+            fmt(s.get("best_test_accuracy"), ".4f"),
+            *[reached(s["targets"].get(t) if isinstance(s.get("targets"), dict) else None) for t in targets],
+            fmt(s.get("wall_time"), ".1f"),
+        )
+    Console().print(table)
+
+
+def reached(hit: dict | None) -> str:
+    """``sim_time (round)`` of a target's first hit, ``-`` if never reached."""
+    if not isinstance(hit, dict) or not isinstance(hit.get("sim_time"), int | float):
+        return "-"
+    return f"{hit['sim_time']:.4g} (r{hit.get('round', '?')})"
+
+
+def _as_number(text) -> float:
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return float("inf")
