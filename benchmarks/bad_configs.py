@@ -13,7 +13,13 @@ line on stderr starting with ``fedhet: error:`` and exit status 2. The script re
     python benchmarks/bad_configs.py            # all cases, a summary, the failures listed
     python benchmarks/bad_configs.py --verbose  # every case and its message
 
-Runs in-process (one digits dataset, 1 round), about a minute on 2 cores.
+Groups beyond single keys: runs that could never train (a plan no client can meet, nobody
+present, a budget shorter than a round, nothing held out, a swap that swaps nothing),
+damaged calibration and trace files, damaged run folders given to ``run --resume``,
+``compare``, ``plot`` and ``report``, outputs that cannot be written, FedScale pickles with
+broken finish times, and experiment files whose cases clash with their grid.
+
+Runs in-process (one digits dataset, 1 round), a few minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ import contextlib
 import io
 import math
 import os
+import pickle
+import shutil
 import signal
 import sys
 import tempfile
@@ -299,6 +307,142 @@ EXTREMES: list[tuple[str, dict]] = [
 ]
 
 
+# Runs that could never train: refused before training, in one line.
+PER_STEP_SLOW = {"model": "per-step", "time_per_sample_step": 2.0, "deadline": 1.0}  # 16 s a step
+NOTHING_ALGORITHMS = ["drop", "salf", "fedprox", "fednova", "scaffold", "feddyn", "fedvarp", "mifa",
+                      "u-fedavg", "fedstale"]  # fmt: skip
+NEVER_TRAINS: list[tuple[str, dict]] = [
+    *(
+        (
+            f"{name}: every step longer than the deadline",
+            {"system": PER_STEP_SLOW, "algorithm": {"name": name}},
+        )
+        for name in NOTHING_ALGORITHMS
+    ),
+    *(
+        (
+            f"{name}: exponential, deadline far below a layer",
+            {
+                "system": {"model": "exponential", "time_per_sample_layer": 50.0, "deadline": 0.001},
+                "algorithm": {"name": name},
+            },
+        )  # fmt: skip
+        for name in NOTHING_ALGORITHMS
+    ),
+    *(
+        (
+            f"{name}: every client a straggler",
+            {"system": {"model": "straggler-ratio", "straggler_ratio": 1.0}, "algorithm": {"name": name}},
+        )  # fmt: skip
+        for name in ("drop", "fedvarp", "mifa", "u-fedavg", "fedstale")
+    ),
+    *(
+        (
+            f"{name}: participation 1e-9",
+            {
+                "system": {
+                    "model": "full",
+                    "participation": "uniform",
+                    "participation_low": 1e-9,
+                    "participation_high": 1e-9,
+                },
+                "algorithm": {"name": name},
+            },
+        )  # fmt: skip
+        for name in ("fedavg", "salf", "drop", "fedstale", "fedvarp")
+    ),
+    *(
+        (
+            f"time budget {budget} below one round of {deadline}",
+            {
+                "run": {"time_budget": budget, "rounds": 10},
+                "system": {"model": "full", "deadline": deadline},
+                "algorithm": {"name": "drop"},
+            },
+        )  # fmt: skip
+        for budget, deadline in ((0.5, 1.0), (1e-9, 1.0), (0.99, 1.0), (2.0, 3.0))
+    ),
+    *(
+        (
+            f"amsfl budget {budget} below the communication time",
+            {
+                "system": {"model": "per-step", "time_per_sample_step": 0.01, "comm_time": 1.0},
+                "algorithm": {"name": "amsfl", "round_budget": budget},
+            },
+        )  # fmt: skip
+        for budget in (0.5, 2.0, 3.99, 1e-6)
+    ),
+    *(
+        (
+            f"client evaluation holding out nothing ({fraction})",
+            {"run": {"client_eval": True, "client_eval_fraction": fraction}},
+        )  # fmt: skip
+        for fraction in (1e-6, 1e-4, 0.001)
+    ),
+    *(
+        (
+            f"label swap that swaps nothing ({fraction})",
+            {"data": {"partition": "label-swap", "swap_fraction": fraction}},
+        )  # fmt: skip
+        for fraction in (1e-6, 0.001, 0.01)
+    ),
+]
+
+# calibration files (system.measured_times): name -> JSON text
+MEASURED_FILES: dict[str, str] = {
+    "times of Infinity": '{"batch_size": 8, "forward": [Infinity, 0.001], "backward": [0.001, 0.001]}',
+    "times of NaN": '{"batch_size": 8, "forward": [NaN, 0.001], "backward": [0.001, 0.001]}',
+    "a negative time": '{"batch_size": 8, "forward": [-0.001, 0.001], "backward": [0.001, 0.001]}',
+    "batch_size true": '{"batch_size": true, "forward": [0.001, 0.001], "backward": [0.001, 0.001]}',
+    "batch_size a string": '{"batch_size": "8", "forward": [0.001, 0.001], "backward": [0.001, 0.001]}',
+    "a time that is a string": '{"batch_size": 8, "forward": ["1", 0.001], "backward": [0.001, 0.001]}',
+    "a time that is true": '{"batch_size": 8, "forward": [true, 0.001], "backward": [0.001, 0.001]}',
+    "one layer missing": '{"batch_size": 8, "forward": [0.001], "backward": [0.001, 0.001]}',
+    "forward a number": '{"batch_size": 8, "forward": 0.001, "backward": [0.001, 0.001]}',
+    "every time zero": '{"batch_size": 8, "forward": [0, 0], "backward": [0, 0]}',
+    "a JSON list": "[0.001, 0.001]",
+    "truncated JSON": '{"batch_size": 8, "forward": [0.0',
+}
+
+# availability traces (4 clients): name -> text
+TRACE_FILES: dict[str, str] = {
+    "overlapping intervals": "0-10 5-20\n*\n*\n*\n",
+    "an interval past the period": "# period: 10\n0-5 8-12\n*\n*\n*\n",
+    "touching then overlapping": "0-5 5-9 8-12\n*\n*\n*\n",
+    "nobody ever online": "-\n-\n-\n-\n",
+    "three clients for four": "*\n*\n*\n",
+    "an interval backwards": "5-2\n*\n*\n*\n",
+}
+
+# FedScale pickles given to `fedhet trace`: name -> client_behave_trace
+FEDSCALE: dict[str, dict] = {
+    "finish_time None": {0: {"active": [0.0], "inactive": [5.0], "finish_time": None}},
+    "finish_time a string": {0: {"active": [0.0], "inactive": [5.0], "finish_time": "soon"}},
+    "finish_time NaN": {0: {"active": [0.0], "inactive": [5.0], "finish_time": math.nan}},
+    "finish_time infinite": {0: {"active": [0.0], "inactive": [5.0], "finish_time": math.inf}},
+    "finish_time 0": {0: {"active": [0.0], "inactive": [5.0], "finish_time": 0}},
+    "a negative active time": {0: {"active": [-3.0], "inactive": [5.0], "finish_time": 10.0}},
+    "an infinite inactive time": {0: {"active": [0.0], "inactive": [math.inf], "finish_time": 10.0}},
+    "active a number": {0: {"active": 1.0, "inactive": [5.0], "finish_time": 10.0}},
+}
+
+# experiment files whose cases clash with their grid or name no key
+CASE_CLASHES: list[tuple[str, dict]] = [
+    ("a case key the grid also sets", {"cases": [{"run.seed": 3}]}),
+    (
+        "a case table the grid also sets",
+        {
+            "grid": {"algorithm": [{"name": "salf"}, {"name": "drop"}]},
+            "cases": [{"algorithm.name": "fedavg"}],
+        },
+    ),  # fmt: skip
+    ("a case key without a section", {"cases": [{"lr": 0.1}]}),
+    ("a case key of no section", {"cases": [{"trian.lr": 0.1}]}),
+    ("a case value out of range", {"cases": [{"train.lr": -1.0}]}),
+    ("a case value of the wrong type", {"cases": [{"train.batch_size": "eight"}]}),
+]
+
+
 def _write(path: Path, document: dict) -> None:
     path.write_text(tomli_w.dumps(document))
 
@@ -398,6 +542,138 @@ def cases(tmp: Path):
         doc = _merge(BASE, {"grid": {"run.seed": [1, 2]}})
         doc = _merge(doc, change)
         yield f"experiment: {label}", ["reproduce", config(doc), "--list"]
+    for label, change in CASE_CLASHES:
+        doc = _merge(_merge(BASE, {"grid": {"run.seed": [1, 2]}}), change)
+        yield f"experiment: {label}", ["reproduce", config(doc), "--list"]
+    for label, change in NEVER_TRAINS:
+        yield f"never trains: {label}", ["run", config(_merge(BASE, change))]
+    yield from _file_cases(tmp, config)
+    yield from _damaged_folders(tmp, config(BASE))
+
+
+def _file_cases(tmp: Path, config):
+    """Calibration files, traces, FedScale pickles and outputs that cannot be written."""
+    for index, (label, text) in enumerate(MEASURED_FILES.items()):
+        path = tmp / f"times{index}.json"
+        path.write_text(text)
+        doc = _merge(BASE, {"system": {"model": "measured", "measured_times": str(path)}})
+        yield f"measured times: {label}", ["run", config(doc)]
+    for index, (label, text) in enumerate(TRACE_FILES.items()):
+        path = tmp / f"trace{index}.txt"
+        path.write_text(text)
+        system = {"model": "full", "availability": "trace", "availability_trace": str(path)}
+        doc = _merge(BASE, {"system": system, "algorithm": {"name": "fedavg"}})
+        yield f"trace: {label}", ["run", config(doc)]
+    for index, (label, trace) in enumerate(FEDSCALE.items()):
+        path = tmp / f"fedscale{index}.pkl"
+        path.write_bytes(pickle.dumps(trace))
+        yield f"fedscale: {label}", ["trace", str(path), "--out", str(tmp / f"converted{index}.txt")]
+    blocker = tmp / "blocker-file"
+    blocker.write_text("x")
+    good = config(BASE)
+    yield "calibrate --out into a missing folder", ["calibrate", good, "--out", str(tmp / "no" / "t.json")]
+    yield "calibrate --out below a file", ["calibrate", good, "--out", str(blocker / "t.json")]
+    yield "calibrate --out a folder", ["calibrate", good, "--out", str(tmp)]
+    valid = tmp / "fedscale-valid.pkl"
+    valid.write_bytes(pickle.dumps({0: {"active": [0.0], "inactive": [5.0], "finish_time": 10.0}}))
+    yield "trace --out below a file", ["trace", str(valid), "--out", str(blocker / "t.txt")]
+
+
+def _damaged_folders(tmp: Path, good: str):
+    """A finished run, copied and damaged once per case, given to the commands that read run
+    folders (run --resume, compare, plot, report)."""
+    import torch
+
+    from fedhet.cli import main
+
+    finished = tmp / "finished-run"
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        main(["run", good, "--out", str(finished), "--quiet"])
+    saved = torch.load(finished / "checkpoint.pt", weights_only=False)
+    count = {"n": 0}
+
+    def copy() -> Path:
+        count["n"] += 1
+        target = tmp / f"damaged{count['n']}"
+        shutil.copytree(finished, target)
+        return target
+
+    resume = ["--resume", "--set", "run.rounds=2"]
+
+    def checkpoint(label: str, content) -> tuple[str, list[str]]:
+        run = copy()
+        torch.save(content, run / "checkpoint.pt")
+        return f"damaged run: checkpoint {label}", ["run", good, "--out", str(run), *resume]
+
+    yield checkpoint("is a list", [1, 2])
+    yield checkpoint("is a string", "checkpoint")
+    yield checkpoint("is a tensor", torch.zeros(3))
+    for key in list(saved):
+        if key in ("system", "engine", "evaluating"):
+            continue
+        yield checkpoint(f"without {key!r}", {k: v for k, v in saved.items() if k != key})
+    for key, value in (("round", "1"), ("round", 1.5), ("sim_time", "x"), ("params", [0.0]),
+                       ("metrics", {}), ("config", []), ("client_states", None), ("stopped_by", 3),
+                       ("params", torch.zeros(7)), ("params", torch.zeros(2, 2)),
+                       ("params", torch.zeros(5, dtype=torch.int64)), ("metrics", [])):  # fmt: skip
+        yield checkpoint(f"with {key} = {str(value)[:20]!r}", {**saved, key: value})
+    yield checkpoint("of an older format", {**saved, "version": 1})
+    for name in ("checkpoint.pt", ".lock", "metrics.csv", "summary.json"):
+        run = copy()
+        target = run / name
+        if target.exists():
+            target.unlink()
+        target.mkdir()
+        yield f"damaged run: {name} is a folder", ["run", good, "--out", str(run), *resume]
+    run = copy()
+    (run / "checkpoint.pt").unlink()
+    yield (
+        "damaged run: --resume without a checkpoint but with rows",
+        ["run", good, "--out", str(run), *resume],
+    )
+    metrics = {
+        "not UTF-8": b"round,sim_time\n1,\xff\n",
+        "a word for a number": b"round,sim_time\n1,abc\n",
+        "no round column": b"sim_time\n1.0\n",
+        "a ragged row": b"round,sim_time\n1,2,3\n",
+        "rows of another run": b"round,sim_time\n1,99.5\n",
+        "more rows than the checkpoint": b"round,sim_time\n"
+        + b"".join(f"{i},{i}.0\n".encode() for i in range(1, 9)),
+    }
+    for label, content in metrics.items():
+        readers = (
+            ("resume",)
+            if label in ("rows of another run", "more rows than the checkpoint")
+            else ("resume", "plot", "report")
+        )
+        for command in readers:
+            run = copy()
+            (run / "metrics.csv").write_bytes(content)
+            if command == "resume":
+                argv = ["run", good, "--out", str(run), *resume]
+            else:
+                argv = [command, str(run), "--out", str(tmp / f"out{count['n']}" / "x")]
+            yield f"damaged run: metrics.csv {label} ({command})", argv
+    summaries = {
+        "truncated": b'{"name": "bad", "rou',
+        "a list": b"[]",
+        "empty": b"{}",
+        "not UTF-8": b"\xff{}",
+    }
+    for label, content in summaries.items():
+        for command in ("compare", "plot", "report"):
+            run = copy()
+            (run / "summary.json").write_bytes(content)
+            out = [] if command == "compare" else ["--out", str(tmp / f"out{count['n']}" / "x")]
+            yield f"damaged run: summary.json {label} ({command})", [command, str(run), *out]
+    run = copy()
+    header = (run / "metrics.csv").read_text().splitlines()[0]
+    (run / "metrics.csv").write_text(header + "\n")
+    yield "damaged run: header-only metrics.csv (plot)", ["plot", str(run), "--out", str(tmp / "hdr" / "x")]
+    blocker = tmp / "plot-blocker"
+    blocker.write_text("x")
+    yield "plot --out below a file", ["plot", str(finished), "--out", str(blocker / "x")]
+    yield "report --out below a file", ["report", str(finished), "--out", str(blocker / "page.html")]
 
 
 class _Timeout(Exception):

@@ -75,7 +75,10 @@ def test_a_foreign_checkpoint_is_one_line(run, capsys, content, message):
     ("change", "message"),
     [
         (lambda c: c.update(round="3"), "damaged checkpoint (round is a str)"),
-        (lambda c: c.update(params=torch.zeros(5)), "damaged checkpoint (params: (5,) float32, the model has"),
+        (
+            lambda c: c.update(params=torch.zeros(5)),
+            "damaged checkpoint (params: (5,) float32, the model has",
+        ),
         (lambda c: c.update(params=torch.zeros(2, 2)), "damaged checkpoint (params: (2, 2) float32"),
         (lambda c: c.update(metrics=[]), "damaged checkpoint (3 rounds but 0 metrics rows)"),
         (lambda c: c.update(config={"run": 3}), "its config is not a table of sections"),
@@ -207,16 +210,21 @@ def test_reproduce_runs_a_cell_with_a_damaged_summary_again(tmp_path, capsys):
     (cells[0] / "summary.json").write_text('{"name": ')
     capsys.readouterr()
     assert main(["reproduce", str(path), "--out", str(out), "--quiet"]) == 0
-    assert json.loads((cells[0] / "summary.json").read_text())["final_test_accuracy"] == good[
-        "final_test_accuracy"
-    ]
+    assert (
+        json.loads((cells[0] / "summary.json").read_text())["final_test_accuracy"]
+        == good["final_test_accuracy"]
+    )
 
 
 def _disk_memory_run(tmp_path) -> tuple:
     document = {
         **BASE,
-        "system": {"model": "full", "participation": "uniform", "participation_low": 0.5,
-                   "participation_high": 0.5},  # fmt: skip
+        "system": {
+            "model": "full",
+            "participation": "uniform",
+            "participation_low": 0.5,
+            "participation_high": 0.5,
+        },  # fmt: skip
         "algorithm": {"name": "fedvarp", "memory_dtype": "float16", "memory_storage": "disk"},
     }
     config = tmp_path / "c.toml"

@@ -116,3 +116,8 @@ def typed_options(options_cls: type, values: dict, prefix: str, owner: str) -> A
     if check:
         check()
     return options
+
+
+def counted(count: int, noun: str) -> str:
+    """``"1 round"``, ``"3 rounds"``: a count and its noun, plural when not one."""
+    return f"{count} {noun}" + ("" if count == 1 else "s")

@@ -36,8 +36,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
         summary_table([result.summary], f"fedhet run -> {result.path}")
         return _exit_status([result.summary])
+    from fedhet.results import make_folder, write_run_order
+
     summaries = []
     cells = compare_cells(apply_overrides(read_toml(args.config), args.set), args.config)
+    make_folder(out, "output folder")
+    write_run_order(out, [cell.name for cell in cells])
     for cell in cells:
         result = run(
             cell.config,
@@ -76,7 +80,7 @@ def _exit_status(summaries: list[dict]) -> int:
 def cmd_reproduce(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from fedhet.results import dumps, make_folder
+    from fedhet.results import dumps, make_folder, write_run_order
     from fedhet.studies.grid import check_reference, load_experiment, report_table, run_experiment
 
     console = Console(stderr=True)
@@ -92,6 +96,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
             print(cell.name)
         return 0
     make_folder(out, "output folder")
+    write_run_order(out, [cell.name for cell in experiment.cells])
     console.print(f"{experiment.name}: {len(experiment.cells)} cells -> {out}", highlight=False)
     done = {"n": 0}
 
@@ -148,8 +153,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     x, y = world.dataset.x_train[:batch], world.train_labels[:batch]
     times = measure_layer_times(flat.model, x, y, repeats=args.repeats)
     total = sum(times["forward"]) + sum(times["backward"])
-    print(f"{config.model.name} on {config.data.dataset}, batch {batch}, {times['threads']} threads "
-          f"(median of {args.repeats}):")  # fmt: skip
+    threads = f"{times['threads']} thread" + ("s" if times["threads"] != 1 else "")
+    print(
+        f"{config.model.name} on {config.data.dataset}, batch {batch}, {threads} (median of {args.repeats}):"
+    )
     print(f"{'layer':>5} {'forward ms':>11} {'backward ms':>12} {'share':>7}")
     for layer, (fwd, bwd) in enumerate(zip(times["forward"], times["backward"], strict=True), start=1):
         print(f"{layer:>5} {1e3 * fwd:>11.4f} {1e3 * bwd:>12.4f} {100 * (fwd + bwd) / total:>6.1f}%")

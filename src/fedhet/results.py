@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from fedhet.checks import counted
 from fedhet.errors import FedhetError
 
 METRIC_COLUMNS = (
@@ -61,6 +62,7 @@ def dumps(document: Any, **kwargs) -> str:
     return json.dumps(strict_json(document), allow_nan=False, **kwargs) + "\n"
 
 
+RUN_ORDER = ".runs"  # in a folder of runs (a grid, a [compare]): the runs' names, in order
 LOCK_NAME = ".lock"
 REPORTS_MANIFEST = ".reports"
 
@@ -135,6 +137,23 @@ def read_table(path: Path, required: tuple[str, ...] = ()) -> list[dict]:
     except csv.Error as exc:
         raise FedhetError(f"{path}: line {reader.line_num}: not a CSV table ({exc})") from None
     return rows
+
+
+def write_run_order(folder: Path, names: list[str]) -> None:
+    """Record the order of the runs in ``folder`` (an experiment's cells, a [compare]'s
+    algorithms) for the commands that list them (compare, plot, report)."""
+    try:
+        (folder / RUN_ORDER).write_text("\n".join(names) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise FedhetError(f"{folder / RUN_ORDER}: cannot write ({_reason(exc)})") from None
+
+
+def run_order(folder: Path) -> list[str]:
+    """The names :func:`write_run_order` recorded (empty when none or unreadable)."""
+    try:
+        return (folder / RUN_ORDER).read_text(encoding="utf-8").split()
+    except (OSError, UnicodeDecodeError):
+        return []
 
 
 class RunLock:
@@ -216,9 +235,9 @@ class RunDirectory:
             if rows:
                 self.lock.release()
                 raise FedhetError(
-                    f"{self.checkpoint_path}: missing, but {self.metrics_path.name} holds {rows} rounds; "
-                    "--resume needs the checkpoint (pass --overwrite to start again, or --out for another "
-                    "folder)"
+                    f"{self.checkpoint_path}: missing, but {self.metrics_path.name} holds "
+                    f"{counted(rows, 'round')}; --resume needs the checkpoint (pass --overwrite to start "
+                    "again, or --out for another folder)"
                 )
         if overwrite or not self.checkpoint_path.exists():
             self.clear()
@@ -338,8 +357,9 @@ class RunDirectory:
             agree = agree and same
         if not agree:
             raise FedhetError(
-                f"{self.metrics_path}: holds {len(on_disk)} rows that disagree with the checkpoint's "
-                f"{len(rows)} rounds; nothing rewritten (move metrics.csv away to resume from the checkpoint)"
+                f"{self.metrics_path}: holds {counted(len(on_disk), 'row')} that disagree with the "
+                f"checkpoint's {counted(len(rows), 'round')}; nothing rewritten (move metrics.csv away to "
+                "resume from the checkpoint)"
             )
 
     def append_metrics(self, row: dict) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedhet.checks import counted
 from fedhet.errors import FedhetError
 from fedhet.system import Workload
 
@@ -79,8 +80,8 @@ def check_first_round(config, world, algorithm_state: dict) -> None:
     if present < NOTHING:
         raise FedhetError(
             f"{name}: no client takes part: the expected number of present clients over "
-            f"{config.run.rounds} rounds is {present:.3g} (system.model = {model!r}, its participation "
-            "or availability); nothing would be trained"
+            f"{counted(config.run.rounds, 'round')} is {present:.3g} (system.model = {model!r}, its "
+            "participation or availability); nothing would be trained"
         )
     what = {"layers": "the top layer of its steps", "steps": "one local step"}.get(
         algorithm.partial_work, "all its work"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from fedhet.checks import counted
 from fedhet.client import ClientStates
 from fedhet.errors import FedhetError
 
@@ -160,7 +161,8 @@ def check_checkpoint(
             raise FedhetError(f"{where}: damaged checkpoint ({key}: {tuple(tensor.shape)} {dtype}{model})")
     if saved["round"] < 0 or len(saved["metrics"]) != saved["round"]:
         raise FedhetError(
-            f"{where}: damaged checkpoint ({saved['round']} rounds but {len(saved['metrics'])} metrics rows)"
+            f"{where}: damaged checkpoint ({counted(saved['round'], 'round')} but "
+            f"{counted(len(saved['metrics']), 'metrics row')})"
         )
     if not all(isinstance(row, dict) for row in saved["metrics"]):
         raise FedhetError(f"{where}: damaged checkpoint (a metrics row that is not a table row)")

@@ -34,20 +34,12 @@ def describe_plan(config: Config, depth_fraction: float | None = None, out: str 
     lines = [
         f"{config.run.name}: {world.num_clients} clients, {world.flat.num_layers} layers, {rounds} rounds"
     ]
-    if _exponential(system):
-        if config.system.deadline > 0 or config.run.time_budget:
-            deadline = config.round_deadline
-            share = expected_depth_fraction(system, deadline, batch)
-            lines.append(
-                f"fixed deadline {deadline:.6g} at batch {config.train.batch_size}: "
-                f"expected depth {100 * share:.1f}% of the layers"
-            )
-        if depth_fraction is not None:
-            deadline = deadline_for_depth_fraction(system, batch, depth_fraction)
-            lines.append(
-                f"depth {100 * depth_fraction:g}% at batch {config.train.batch_size}: "
-                f"deadline {deadline:.6g}, run.time_budget = {deadline * rounds:.6g} for {rounds} rounds"
-            )
+    if _exponential(system) and depth_fraction is not None:
+        deadline = deadline_for_depth_fraction(system, batch, depth_fraction)
+        lines.append(
+            f"depth {100 * depth_fraction:g}% at batch {config.train.batch_size}: "
+            f"deadline {deadline:.6g}, run.time_budget = {deadline * rounds:.6g} for {rounds} rounds"
+        )
     setting = world.setting()
     probes = world.algorithm.probe_tasks(setting)
     if probes:
@@ -57,6 +49,8 @@ def describe_plan(config: Config, depth_fraction: float | None = None, out: str 
     algorithm_state = world.algorithm.init_state(setting)
     lines += [f"warning: {note}" for note in world.algorithm.warnings(algorithm_state)]
     plan = world.algorithm.reports(algorithm_state).get("plan")
+    if not plan:
+        lines.append(_deadline_line(config, world, algorithm_state, batch))
     if plan:
         deadlines = plan["deadlines"]
         lines.append(f"{config.algorithm_name} plan: {plan['status']} after {plan['iterations']} iterations")
@@ -79,6 +73,24 @@ def describe_plan(config: Config, depth_fraction: float | None = None, out: str 
             f"{config.algorithm_name}: no planner; system {system.name} has no time law to calibrate"
         )
     return lines
+
+
+def _deadline_line(config: Config, world, algorithm_state: dict, batch: np.ndarray) -> str:
+    """The deadline the run will use in its first round (as the algorithm plans it), where it
+    comes from, and on the exponential model the expected depth it gives."""
+    first = world.algorithm.plan(0, algorithm_state, world.system, config.round_deadline)
+    if first.deadline is None:
+        return f"no deadline: {config.algorithm_name} waits for every asked client each round"
+    source = (
+        f"system.deadline = {config.system.deadline:g}"
+        if config.system.deadline > 0
+        else f"run.time_budget / run.rounds = {config.run.time_budget:g} / {config.run.rounds}"
+    )
+    line = f"deadline {first.deadline:.6g} per round ({source})"
+    if _exponential(world.system):
+        share = expected_depth_fraction(world.system, first.deadline, batch)
+        line += f" at batch {config.train.batch_size}: expected depth {100 * share:.1f}% of the layers"
+    return line
 
 
 def _exponential(system) -> bool:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fedhet.errors import FedhetError
-from fedhet.results import RunDirectory, make_folder
+from fedhet.results import RunDirectory, make_folder, run_order
 
 
 def find_runs(paths: Sequence[str | Path], marker: str = "metrics.csv") -> list[RunDirectory]:
@@ -18,7 +18,9 @@ def find_runs(paths: Sequence[str | Path], marker: str = "metrics.csv") -> list[
         if (path / marker).exists():
             runs.append(RunDirectory(path))
         elif path.is_dir():
-            found = [RunDirectory(p) for p in sorted(path.iterdir()) if (p / marker).exists()]
+            order = {name: index for index, name in enumerate(run_order(path))}  # the experiment's
+            folders = sorted(path.iterdir(), key=lambda p: (order.get(p.name, len(order)), p.name))
+            found = [RunDirectory(p) for p in folders if (p / marker).exists()]
             if not found:
                 raise FedhetError(f"{path}: neither a run folder nor a folder of runs (no {marker})")
             runs.extend(found)

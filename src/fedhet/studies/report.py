@@ -122,7 +122,13 @@ def _run_page(run: RunDirectory, level: int) -> str:
             parts.append(_figure(_series_figure(metrics, "deadline", "deadline [s]"), "deadline per round"))
         parts.append(_figure(_histogram(metrics, "participants"), "participants per round"))
         if any(r.get("mean_depth") is not None for r in metrics):
-            parts.append(_figure(_histogram(metrics, "mean_depth"), "mean depth reached per round"))
+            parts.append(
+                _figure(
+                    _histogram(metrics, "mean_depth"),
+                    "mean depth per round: the first layer the clients' back-propagation reached "
+                    "(1 = all layers; larger = less work)",
+                )
+            )
         parts.append("</div>")
     config = run.path / "config.toml"
     if config.exists():
