@@ -83,7 +83,12 @@ def _shuffled(seed):
     "overrides",
     [
         {"algorithm.name": "salf", "train.momentum": 0.5, "train.keep_momentum": True},
-        {"algorithm.name": "scaffold", "system.model": "per-step", "train.local_steps": 3},
+        {
+            "algorithm.name": "scaffold",
+            "system.model": "per-step",
+            "train.local_steps": 3,
+            "system.time_per_sample_step": 0.05,
+        },  # fmt: skip
         {"algorithm.name": "fedstale", "system.model": "full", "system.participation": "two-group"},
     ],
 )

@@ -165,6 +165,7 @@ def test_a_checkpoint_taken_while_a_round_is_evaluated_resumes_with_that_evaluat
         # written while round 4 was being evaluated
         if row["round"] == 4 and not copies:
             copies["checkpoint"] = (tmp_path / "live" / "checkpoint.pt").read_bytes()
+            copies["metrics"] = (tmp_path / "live" / "metrics.csv").read_bytes()  # as a kill leaves it
 
     loop.on_round = copy_checkpoint
     loop.run()
@@ -173,6 +174,7 @@ def test_a_checkpoint_taken_while_a_round_is_evaluated_resumes_with_that_evaluat
     shutil.copytree(tmp_path / "live", tmp_path / "again")
     (tmp_path / "again" / "summary.json").unlink()
     (tmp_path / "again" / "checkpoint.pt").write_bytes(copies["checkpoint"])
+    (tmp_path / "again" / "metrics.csv").write_bytes(copies["metrics"])
     interrupted = torch.load(tmp_path / "again" / "checkpoint.pt", weights_only=False)
     assert interrupted["evaluating"]["round"] == interrupted["round"] == 4
     assert interrupted["metrics"][-1]["test_accuracy"] is None
@@ -224,6 +226,7 @@ def test_rows_held_behind_a_slow_evaluation_resume_from_the_model_it_evaluates(t
         order.append(row["round"])
         if row["round"] == 3 and not copies:  # emitted once round 6 is due: round 5's checkpoint
             copies["checkpoint"] = (tmp_path / "live" / "checkpoint.pt").read_bytes()
+            copies["metrics"] = (tmp_path / "live" / "metrics.csv").read_bytes()  # as a kill leaves it
 
     loop.on_round = copy_checkpoint
     loop.run()
@@ -232,6 +235,7 @@ def test_rows_held_behind_a_slow_evaluation_resume_from_the_model_it_evaluates(t
     shutil.copytree(tmp_path / "live", tmp_path / "again")
     (tmp_path / "again" / "summary.json").unlink()
     (tmp_path / "again" / "checkpoint.pt").write_bytes(copies["checkpoint"])
+    (tmp_path / "again" / "metrics.csv").write_bytes(copies["metrics"])
     held = torch.load(tmp_path / "again" / "checkpoint.pt", weights_only=False)
     assert held["round"] == 5 and held["evaluating"]["round"] == 3
     assert not torch.equal(held["evaluating"]["params"], held["params"])

@@ -138,20 +138,21 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     """Time each layer of the configuration's model at its batch size on this host."""
-    from fedhet.config import load_config
-    from fedhet.models import FlatModel, build_model
+    from fedhet.config import apply_overrides, from_dict, read_toml
     from fedhet.system.measured import measure_layer_times
     from fedhet.world import build_world
 
-    config = load_config(args.config, [*args.set, 'system.model="full"'])
+    raw = apply_overrides(read_toml(args.config), args.set)
+    # timing needs the model, data and batch only: no system model, no algorithm's options
+    raw["system"], raw["algorithm"] = {"model": "full"}, {"name": "fedavg"}
+    raw.pop("compare", None)
+    config = from_dict(raw)
     if args.out:  # checked before anything is timed
         _check_output_file(Path(args.out), "calibration file")
     world = build_world(config)  # sets the run's threads
-    flat = FlatModel(build_model(config.model.name, world.dataset.input_shape, world.dataset.num_classes,
-                                 config.model.hidden))  # fmt: skip
     batch = config.train.batch_size
     x, y = world.dataset.x_train[:batch], world.train_labels[:batch]
-    times = measure_layer_times(flat.model, x, y, repeats=args.repeats)
+    times = measure_layer_times(world.flat.model, x, y, repeats=args.repeats)
     total = sum(times["forward"]) + sum(times["backward"])
     threads = f"{times['threads']} thread" + ("s" if times["threads"] != 1 else "")
     print(
