@@ -83,16 +83,21 @@ def make_folder(path: Path, what: str) -> None:
         raise FedhetError(f"{path}: cannot create the {what} ({_reason(exc)})") from None
 
 
-def read_json_object(path: Path, what: str) -> dict:
-    """A JSON object from ``path``; one error naming the file otherwise."""
+def read_text(path: Path, what: str) -> str:
+    """The UTF-8 text of ``path`` (a ``what``); one error naming the file otherwise."""
     try:
-        text = path.read_bytes().decode("utf-8")
+        return path.read_bytes().decode("utf-8")
     except IsADirectoryError:
-        raise FedhetError(f"{path}: is a folder, not a {what} file") from None
+        raise FedhetError(f"{path}: is a folder, not a {what}") from None
     except OSError as exc:
         raise FedhetError(f"{path}: cannot read ({_reason(exc)})") from None
     except UnicodeDecodeError as exc:
         raise FedhetError(f"{path}: not UTF-8 text (byte {exc.start}); not a {what}") from None
+
+
+def read_json_object(path: Path, what: str) -> dict:
+    """A JSON object from ``path``; one error naming the file otherwise."""
+    text = read_text(path, what)
     try:
         document = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -107,14 +112,7 @@ def read_json_object(path: Path, what: str) -> dict:
 def read_table(path: Path, required: tuple[str, ...] = ()) -> list[dict]:
     """A CSV table of numbers (blank cells as None); one error naming the file, line and
     column when the file is not such a table."""
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except IsADirectoryError:
-        raise FedhetError(f"{path}: is a folder, not a table") from None
-    except OSError as exc:
-        raise FedhetError(f"{path}: cannot read ({_reason(exc)})") from None
-    except UnicodeDecodeError as exc:
-        raise FedhetError(f"{path}: not UTF-8 text (byte {exc.start}); not a fedhet table") from None
+    text = read_text(path, "fedhet table")
     reader = csv.DictReader(io.StringIO(text, newline=""))
     try:
         header = reader.fieldnames or []
