@@ -49,6 +49,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             resume=args.resume,
             overwrite=args.overwrite,
             on_round=None if args.quiet else progress_printer(cell.config, cell.name),
+            group=config.run.name,
         )
         summaries.append(result.summary)
     summary_table(

@@ -76,6 +76,8 @@ class RunConfig:
     round_timeout: float = 0.0  # flower: wall-clock seconds to wait for replies (0 = no limit)
     flower_cpus_per_client: float = 1.0  # flower simulation: CPUs Ray reserves per client
     callbacks: list = field(default_factory=list)  # run callback plug-ins: [{ name = "...", ... }]
+    track: list = field(default_factory=list)  # run tracking: "mlflow", "tensorboard"
+    mlflow_uri: str = "sqlite:///mlruns.db"  # the MLflow tracking store of track = ["mlflow"]
 
     def validate(self) -> None:
         at_least("run.seed", self.seed, 0)
@@ -105,6 +107,7 @@ class RunConfig:
                 f"run.workers = {self.workers!r}: the {self.engine} engine places clients itself; "
                 "run.workers applies to the embedded engine (set run.workers = 1)"
             )
+        self._check_track()
         self.callback_plugins  # noqa: B018  (parse the callbacks now: their errors are configuration errors
         one_of("run.memory_format", self.memory_format, ("contiguous", "channels_last"))
         if self.round_timeout < 0:
@@ -116,6 +119,25 @@ class RunConfig:
         for target in self.targets:
             if isinstance(target, bool) or not isinstance(target, int | float) or not 0 < target <= 1:
                 raise ConfigError(f"run.targets: {target!r} is not an accuracy in (0, 1]")
+
+    def _check_track(self) -> None:
+        import importlib.util
+
+        from fedhet.tracking import PACKAGES, TRACKERS
+
+        if not isinstance(self.track, list):
+            raise ConfigError(f'run.track = {self.track!r}: expected a list, e.g. ["mlflow", "tensorboard"]')
+        for name in self.track:
+            if name not in TRACKERS:
+                raise ConfigError(f"run.track: {name!r} is not a tracker (known: {', '.join(TRACKERS)})")
+            if importlib.util.find_spec(PACKAGES[name]) is None:
+                raise ConfigError(f"run.track: {name!r} needs its package: pip install 'fedhet[track]'")
+        if self.track.count("mlflow") > 1 or self.track.count("tensorboard") > 1:
+            raise ConfigError(f"run.track = {self.track!r}: a tracker listed twice")
+        if not isinstance(self.mlflow_uri, str) or not self.mlflow_uri.strip():
+            raise ConfigError(
+                f"run.mlflow_uri = {self.mlflow_uri!r}: expected a tracking URI, e.g. sqlite:///mlruns.db"
+            )
 
     @property
     def callback_plugins(self) -> list:

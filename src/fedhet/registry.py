@@ -51,7 +51,7 @@ BUILTIN_MODULES: dict[str, tuple[str, ...]] = {
     "engine": ("fedhet.engine.launch",),
     "local_optimizer": ("fedhet.client.optimizers",),
     "postprocessor": ("fedhet.client.postprocess",),
-    "callback": ("fedhet.engine.callbacks",),
+    "callback": ("fedhet.engine.callbacks", "fedhet.tracking"),
 }
 
 # what a configuration calls each kind, for messages

@@ -11,6 +11,7 @@ import io
 import json
 import math
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -279,9 +280,11 @@ class RunDirectory:
     def clear(self) -> None:
         """Remove an earlier run's files (summary first, so a half-removed folder never
         shows an old result)."""
-        for name in ("summary.json", "checkpoint.pt", "metrics.csv", "client_metrics.csv", "config.toml"):
+        for name in ("summary.json", "checkpoint.pt", "metrics.csv", "client_metrics.csv", "config.toml",
+                     ".mlflow-run"):  # fmt: skip
             with contextlib.suppress(FileNotFoundError):
                 (self.path / name).unlink()
+        shutil.rmtree(self.path / "tensorboard", ignore_errors=True)  # a tracker's event files
         manifest = self.path / REPORTS_MANIFEST
         if manifest.exists():  # algorithm reports this folder's runs wrote (plan.json, ...)
             for name in manifest.read_text().split():

@@ -8,7 +8,9 @@ being part of them. The run loop calls, in order, every callback's
 - ``on_round_saved(run)`` once after every round, the rows done: ``run.state`` is the state
   after that round (the checkpoint is written here);
 - ``on_budget_stop(run)`` when the next round would pass the time budget;
-- ``on_end(run, summary)`` when the run stops (finished, or stopped by a fault).
+- ``on_end(run, summary)`` when the run stops (finished, or stopped by a fault);
+- ``on_closed(run, summary)`` last, once the summary is on disk (when the run wrote one):
+  what reads the finished run folder (trackers' artifacts) goes here.
 
 Built-ins, in the order they run: ``evaluation`` (test accuracy when due, static
 BatchNorm statistics, per-client evaluation; asked first which rows are complete),
@@ -50,6 +52,9 @@ class Callback:
         pass
 
     def on_end(self, run, summary: dict) -> None:
+        pass
+
+    def on_closed(self, run, summary: dict) -> None:
         pass
 
 

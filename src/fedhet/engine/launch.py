@@ -35,7 +35,7 @@ class EmbeddedEngine(Engine):
     runs_workers = True
 
     def run(self, config: Config, out_dir, resume=False, overwrite=False, **kwargs) -> RunResult:
-        loop_kwargs = {k: kwargs.pop(k) for k in ("on_round", "client_order") if k in kwargs}
+        loop_kwargs = {k: kwargs.pop(k) for k in ("on_round", "client_order", "group") if k in kwargs}
         return RunLoop(config, out_dir, **loop_kwargs).run(resume=resume, overwrite=overwrite, **kwargs)
 
 

@@ -29,6 +29,7 @@ from fedhet.engine.preflight import check_first_round
 from fedhet.engine.records import run_summary
 from fedhet.engine.state import RunState, check_checkpoint, from_checkpoint
 from fedhet.errors import FedhetError
+from fedhet.registry import resolve
 from fedhet.results import RunDirectory
 from fedhet.threads import pool_workers
 from fedhet.world import World, build_world, open_configured_dataset
@@ -50,7 +51,8 @@ class RunLoop:
 
     ``client_order`` reorders each round's tasks before they run in the in-process pool
     (as an engine running clients in parallel would); results do not depend on it.
-    ``pool_factory`` builds another pool from the world (the Flower engine's)."""
+    ``pool_factory`` builds another pool from the world (the Flower engine's). ``group``
+    names the grid or ``[compare]`` the run is part of."""
 
     def __init__(
         self,
@@ -59,8 +61,10 @@ class RunLoop:
         on_round: Callable[[dict], None] | None = None,
         client_order: TaskOrder | None = None,
         pool_factory: Callable[[World], ClientPool] | None = None,
+        group: str | None = None,
     ):
         self.config = config
+        self.group = group  # the grid or [compare] this run belongs to (trackers nest it)
         self.run_dir = RunDirectory(out_dir)
         self.on_round = on_round
         self.client_order = client_order
@@ -83,6 +87,9 @@ class RunLoop:
         if self.on_round:
             out.append(Progress(self.on_round))
         out += [entry.cls.build(options, self) for entry, options in self.config.run.callback_plugins]
+        for name in self.config.run.track:  # run.track = ["mlflow", ...]: tracker callbacks
+            entry = resolve("callback", name, "run.track")
+            out.append(entry.cls.build(entry.cls.Options(), self))
         return out
 
     def _run(self, resume: bool, stop_after: int | None) -> RunResult:
@@ -219,6 +226,7 @@ class RunLoop:
         if summary["finished"] or fault is not None or state.stopped_by == "no_participants":
             with run_dir.writing(state.round):
                 run_dir.write_summary(summary)
+        notify(callbacks, "on_closed", self, summary)
         return RunResult(run_dir.path, summary, state.metrics)
 
     def _empty_streak(self, row: dict) -> int:

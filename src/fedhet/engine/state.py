@@ -56,6 +56,8 @@ RESUMABLE_CHANGES = (
     "callbacks",
     "workers",
     "max_empty_rounds",
+    "track",
+    "mlflow_uri",
 )
 
 

@@ -21,7 +21,13 @@ from fedhet.studies.spec import Experiment
 log = logging.getLogger("fedhet")
 
 
-def _run_cell(config: Config, out_dir: str, core_budget: int | None = None, overwrite: bool = False) -> dict:
+def _run_cell(
+    config: Config,
+    out_dir: str,
+    core_budget: int | None = None,
+    overwrite: bool = False,
+    group: str | None = None,
+) -> dict:
     """Run (or resume) one cell; ``overwrite`` starts it again. Threads: ``run.threads``
     (``"auto"`` or 0) within ``core_budget`` cores, a parallel grid's share of the free cores
     (:func:`fedhet.threads.choose_threads`)."""
@@ -29,7 +35,7 @@ def _run_cell(config: Config, out_dir: str, core_budget: int | None = None, over
     from fedhet.threads import set_core_budget
 
     set_core_budget(core_budget)
-    sim = RunLoop(config, out_dir)
+    sim = RunLoop(config, out_dir, group=group)
     return sim.run(resume=not overwrite, overwrite=overwrite).summary
 
 
@@ -109,12 +115,16 @@ def run_experiment(
             todo.append(cell)
     workers = max(1, min(jobs or experiment.jobs, len(todo) or 1))
     if ray is not None and todo:
-        summaries.update(_run_on_ray(todo, out_dir, ray, jobs or experiment.jobs, on_cell, fresh))
+        summaries.update(
+            _run_on_ray(todo, out_dir, ray, jobs or experiment.jobs, on_cell, fresh, experiment.name)
+        )
     if ray is not None:
         return summaries
     if workers == 1:
         for cell in todo:
-            summaries[cell.name] = _run_cell(cell.config, str(out_dir / cell.name), None, cell.name in fresh)
+            summaries[cell.name] = _run_cell(
+                cell.config, str(out_dir / cell.name), None, cell.name in fresh, experiment.name
+            )
             if on_cell:
                 on_cell(cell, summaries[cell.name])
     else:
@@ -175,7 +185,13 @@ def _preload_datasets(cells: list[Cell]) -> None:
 
 
 def _run_on_ray(
-    todo: list[Cell], out_dir: Path, address: str, jobs: int, on_cell, fresh: set[str] = frozenset()
+    todo: list[Cell],
+    out_dir: Path,
+    address: str,
+    jobs: int,
+    on_cell,
+    fresh: set[str] = frozenset(),
+    group: str | None = None,
 ) -> dict[str, dict]:
     """Each cell a Ray task (one CPU each) on a local Ray (``address = "local"``, ``jobs``
     CPUs) or the cluster at ``address``; cells write their run folders under ``out_dir``,
@@ -200,7 +216,7 @@ def _run_on_ray(
     try:
         task = ray.remote(num_cpus=1)(_run_cell)
         refs = {
-            task.remote(cell.config, str(out_dir.resolve() / cell.name), 1, cell.name in fresh): cell
+            task.remote(cell.config, str(out_dir.resolve() / cell.name), 1, cell.name in fresh, group): cell
             for cell in todo
         }
         pending = list(refs)

@@ -1,0 +1,266 @@
+"""Run tracking in the tools researchers already use, as run callbacks
+(``run.track = ["mlflow", "tensorboard"]``, or ``run.callbacks = [{ name = "mlflow" }]``).
+
+- ``mlflow``: one MLflow run per fedhet run in the tracking store ``run.mlflow_uri``
+  (default ``sqlite:///mlruns.db``, a local SQLite database; its artifacts in
+  ``mlartifacts/`` beside it): the flattened configuration as parameters, every metrics
+  row as metrics at step = round (the simulated time is the ``sim_time`` metric), the
+  summary's numbers, and the run's ``config.toml``, ``summary.json`` and HTML report as
+  artifacts. The runs of a grid or a ``[compare]`` are nested under one parent run named
+  after it. A resumed fedhet run continues the same MLflow run (its id is kept in the run
+  folder, ``.mlflow-run``).
+- ``tensorboard``: event files in ``<run folder>/tensorboard``, two TensorBoard runs with
+  the same tags (the metrics.csv columns): ``round`` (step = round) and ``sim_time`` (step =
+  simulated milliseconds; TensorBoard's steps are integers); each point's wall time is its
+  simulated time, so TensorBoard's "relative" axis reads simulated seconds.
+
+Tracking never stops training: a tracker that fails (an unreachable server, a full disk, a
+missing package) writes one warning line and is switched off for the rest of the run. The
+libraries are optional extras (``pip install 'fedhet[track]'``), imported only when used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from fedhet.engine.callbacks import Callback
+from fedhet.registry import register
+
+log = logging.getLogger("fedhet")
+
+TRACKERS = ("mlflow", "tensorboard")
+PACKAGES = {"mlflow": "mlflow", "tensorboard": "tensorboard"}
+RUN_ID_FILE = ".mlflow-run"
+PARENT_FILE = ".mlflow-parent"
+TENSORBOARD_FOLDER = "tensorboard"
+
+
+class Tracker(Callback):
+    """A callback whose failures are one warning line: the tracker stops, the run goes on."""
+
+    enabled = True
+
+    def _safely(self, run, method, *args) -> None:
+        if not self.enabled:
+            return
+        try:
+            method(run, *args)
+        except Exception as exc:  # any failure of the tracking library or its store
+            self.enabled = False
+            log.warning(
+                "%s: %s tracking failed (%s: %s); the run goes on without it",
+                run.config.run.name,
+                self.name,
+                type(exc).__name__,
+                str(exc).splitlines()[0][:200] if str(exc) else "",
+            )
+
+    def on_start(self, run) -> None:
+        self._safely(run, self.start)
+
+    def on_round_end(self, run, row: dict) -> None:
+        self._safely(run, self.round_end, row)
+
+    def on_closed(self, run, summary: dict) -> None:
+        self._safely(run, self.close, summary)
+
+    def start(self, run) -> None:
+        raise NotImplementedError
+
+    def round_end(self, run, row: dict) -> None:
+        raise NotImplementedError
+
+    def close(self, run, summary: dict) -> None:
+        raise NotImplementedError
+
+
+def numbers(row: dict, skip: tuple[str, ...] = ()) -> dict[str, float]:
+    """The finite numeric values of a metrics row or summary."""
+    out = {}
+    for key, value in row.items():
+        if key in skip or isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        if math.isfinite(value):
+            out[key] = float(value)
+    return out
+
+
+def flatten(config: dict, prefix: str = "") -> dict[str, str]:
+    """``{"train": {"lr": 0.1}}`` -> ``{"train.lr": "0.1"}`` (lists and tables of plug-ins as
+    JSON), as MLflow parameters."""
+    out = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{name}."))
+        else:
+            out[name] = value if isinstance(value, str) else json.dumps(value)
+    return out
+
+
+@dataclass
+class MLflowOptions:
+    """``uri``: the tracking store (default ``run.mlflow_uri``); ``experiment``: the MLflow
+    experiment the runs go to."""
+
+    uri: str = ""
+    experiment: str = "fedhet"
+
+
+@register("callback")
+class MLflowTracking(Tracker):
+    """One MLflow run per fedhet run (see the module's docstring)."""
+
+    name = "mlflow"
+    Options = MLflowOptions
+
+    @classmethod
+    def build(cls, options: MLflowOptions, ctx=None) -> MLflowTracking:
+        uri = options.uri or (ctx.config.run.mlflow_uri if ctx is not None else "sqlite:///mlruns.db")
+        return cls(uri, options.experiment)
+
+    def __init__(self, uri: str, experiment: str = "fedhet"):
+        self.uri, self.experiment = uri, experiment
+        self.client = self.run_id = self.parent_id = None
+
+    def _experiment_id(self) -> str:
+        found = self.client.get_experiment_by_name(self.experiment)
+        if found is not None:
+            return found.experiment_id
+        location = None
+        if self.uri.startswith("sqlite:///"):  # artifacts beside the database, not in the cwd
+            location = (Path(self.uri[len("sqlite:///") :]).resolve().parent / "mlartifacts").as_uri()
+        try:
+            return self.client.create_experiment(self.experiment, artifact_location=location)
+        except Exception:  # created meanwhile by a parallel cell
+            return self.client.get_experiment_by_name(self.experiment).experiment_id
+
+    def start(self, run) -> None:
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")  # a dead server: seconds, not minutes
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
+        for name in ("mlflow", "alembic"):  # their start-up lines (creating the store's tables)
+            logging.getLogger(name).setLevel(logging.WARNING)
+        from mlflow import MlflowClient
+
+        self.client = MlflowClient(tracking_uri=self.uri)
+        folder = run.run_dir.path
+        kept = _read_json(folder / RUN_ID_FILE)
+        if run.state.round > 0 and kept.get("uri") == self.uri and kept.get("run_id"):
+            self.run_id = kept["run_id"]  # a resume: the same MLflow run goes on
+            self.client.update_run(self.run_id, status="RUNNING")
+            return
+        experiment = self._experiment_id()
+        tags = {"fedhet.run_folder": str(folder.resolve())}
+        group = getattr(run, "group", None)
+        if group:
+            self.parent_id = tags["mlflow.parentRunId"] = self._parent(folder.parent, group, experiment)
+        created = self.client.create_run(experiment, run_name=run.config.run.name, tags=tags)
+        self.run_id = created.info.run_id
+        _write_json(folder / RUN_ID_FILE, {"uri": self.uri, "run_id": self.run_id})
+        from mlflow.entities import Param
+
+        params = [Param(k, str(v)[:6000]) for k, v in flatten(run.config.to_dict()).items()]
+        for start in range(0, len(params), 100):
+            self.client.log_batch(self.run_id, params=params[start : start + 100])
+
+    def _parent(self, group_folder: Path, group: str, experiment: str) -> str:
+        """The parent run of a grid's or [compare]'s runs: created once (under a lock, as the
+        cells may run in parallel processes), its id kept in the group's folder."""
+        with open(group_folder / f"{PARENT_FILE}.lock", "a+") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            kept = _read_json(group_folder / PARENT_FILE)
+            if kept.get("uri") == self.uri and kept.get("run_id"):
+                return kept["run_id"]
+            parent = self.client.create_run(experiment, run_name=group, tags={"fedhet.group": group})
+            _write_json(group_folder / PARENT_FILE, {"uri": self.uri, "run_id": parent.info.run_id})
+            return parent.info.run_id
+
+    def round_end(self, run, row: dict) -> None:
+        from mlflow.entities import Metric
+
+        step, stamp = int(row["round"]), int(time.time() * 1000)
+        metrics = [Metric(k, v, stamp, step) for k, v in numbers(row, skip=("round",)).items()]
+        if metrics:
+            self.client.log_batch(self.run_id, metrics=metrics)
+
+    def close(self, run, summary: dict) -> None:
+        from mlflow.entities import Metric, RunTag
+
+        stamp, rounds = int(time.time() * 1000), int(summary.get("rounds") or 0)
+        metrics = [Metric(f"summary.{k}", v, stamp, rounds) for k, v in numbers(summary).items()]
+        tags = [RunTag(f"fedhet.{k}", str(summary.get(k))) for k in ("stopped_by", "finished", "algorithm")]
+        self.client.log_batch(self.run_id, metrics=metrics, tags=tags)
+        folder = run.run_dir.path
+        with tempfile.TemporaryDirectory(prefix="fedhet-mlflow-") as tmp:
+            page = Path(tmp) / "report.html"
+            from fedhet.studies.report import write_report
+
+            written = write_report(folder, page) if (folder / "metrics.csv").exists() else []
+            for path in [folder / "config.toml", folder / "summary.json", *written]:
+                if path.is_file():
+                    self.client.log_artifact(self.run_id, str(path))
+        self.client.set_terminated(self.run_id, "FINISHED" if summary.get("finished") else "KILLED")
+        if self.parent_id:  # the group's run ends with its last cell (a later cell reopens nothing)
+            self.client.set_terminated(self.parent_id, "FINISHED")
+
+
+@register("callback")
+class TensorBoardTracking(Tracker):
+    """Event files in the run folder (see the module's docstring)."""
+
+    name = "tensorboard"
+
+    def __init__(self):
+        self.writers: dict = {}
+
+    def start(self, run) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        folder, state = run.run_dir.path / TENSORBOARD_FOLDER, run.state
+        resumed = state.round > 0  # points a kill left beyond the checkpoint are dropped
+        self.writers = {
+            "round": SummaryWriter(str(folder / "round"), purge_step=state.round + 1 if resumed else None),
+            "sim_time": SummaryWriter(
+                str(folder / "sim_time"), purge_step=_milliseconds(state.sim_time) + 1 if resumed else None
+            ),
+        }
+
+    def round_end(self, run, row: dict) -> None:
+        sim_time = float(row.get("sim_time") or 0.0)
+        steps = {"round": int(row["round"]), "sim_time": _milliseconds(sim_time)}
+        for key, value in numbers(row, skip=("round",)).items():
+            for axis, writer in self.writers.items():
+                writer.add_scalar(key, value, global_step=steps[axis], walltime=sim_time)
+
+    def close(self, run, summary: dict) -> None:
+        text = f"```\n{json.dumps(summary, indent=2, default=str)}\n```"
+        self.writers["round"].add_text("summary", text, global_step=int(summary.get("rounds") or 0))
+        for writer in self.writers.values():
+            writer.close()
+
+
+def _milliseconds(seconds: float) -> int:
+    return int(round(seconds * 1000))
+
+
+def _read_json(path: Path) -> dict:
+    with contextlib.suppress(OSError, ValueError):
+        document = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(document, dict):
+            return document
+    return {}
+
+
+def _write_json(path: Path, document: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(document), encoding="utf-8")
+    os.replace(tmp, path)
