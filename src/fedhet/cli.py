@@ -8,6 +8,7 @@ loss or model exits with status 1.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -227,6 +228,23 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    """Hyperparameter search on Optuna (fedhet.studies.tune)."""
+    from fedhet.studies.tune import tune
+
+    if args.trials < 1:
+        raise FedhetError(f"--trials {args.trials}: must be >= 1")
+    if args.jobs < 1:
+        raise FedhetError(f"--jobs {args.jobs}: must be >= 1")
+    out = Path(args.out) if args.out else Path("runs") / f"tune-{Path(args.config).stem}"
+    for result in tune(args.config, args.space, args.trials, out, args.jobs, args.storage, args.set):
+        print(
+            f"{result['study']}: best trial {result['best_trial']}, value {result['value']:.6g}, "
+            f"{json.dumps(result['params'])} -> {result['best_toml']}"
+        )
+    return 0
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     from fedhet import registry
     from fedhet.data import PARTITIONERS
@@ -343,6 +361,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", help="a run folder, or a folder of runs (a grid or a [compare])")
     p.add_argument("--out", help="the HTML file (default <path>/report.html)")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("tune", help="search hyperparameters on Optuna; each trial is a run folder")
+    p.add_argument("config", help="TOML configuration file (a [compare] gives one study per algorithm)")
+    p.add_argument("--space", required=True, help="the search space TOML file")
+    p.add_argument("--trials", type=int, required=True, help="finished or pruned trials per study")
+    p.add_argument("--jobs", type=int, default=1, help="processes running trials at once")
+    p.add_argument("--storage", help="an Optuna storage URL (default: SQLite <out>/study.db)")
+    p.add_argument("--out", help="the tune folder (default runs/tune-<config name>)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a configuration value (repeatable)")  # fmt: skip
+    p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("list", help="the algorithms, datasets, models and system models there are")
     p.set_defaults(func=cmd_list)

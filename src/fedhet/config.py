@@ -320,6 +320,7 @@ class DataConfig(PluginSection):
     partition: str = "iid"
     num_clients: int = 10
     fraction: float = 1.0  # keep this random fraction of train and test examples
+    validation_fraction: float = 0.0  # hold out this share of the training examples; evaluate on it
     alpha: float = 0.5  # dirichlet concentration
     shards_per_client: int = 2
     swap_fraction: float = 0.0  # label-swap: fraction of each label of a pair relabelled
@@ -335,6 +336,7 @@ class DataConfig(PluginSection):
         at_most("data.num_clients", self.num_clients, MAX_CLIENTS)
         at_least("data.shards_per_client", self.shards_per_client, 1)
         in_range("data.fraction", self.fraction, 0.0, 1.0, low_open=True)
+        in_range("data.validation_fraction", self.validation_fraction, 0.0, 1.0, high_open=True)
         in_range("data.swap_fraction", self.swap_fraction, 0.0, 1.0)
         if self.alpha <= 0:
             raise ConfigError(f"data.alpha = {self.alpha}: must be > 0")

@@ -16,7 +16,7 @@ from fedhet.client import ClientData, LocalTrainer
 from fedhet.config import Config
 from fedhet.data import Dataset, open_dataset, partition_indices
 from fedhet.data.partition import swap_labels
-from fedhet.data.sources import subsample
+from fedhet.data.sources import split_validation, subsample
 from fedhet.errors import ConfigError
 from fedhet.models import FlatModel, ModelContext
 from fedhet.models.cost import multiply_adds, training_step_flops
@@ -152,6 +152,9 @@ def build_world(config: Config, client_side: bool = False, dataset: Dataset | No
     if dataset is None:
         dataset = open_configured_dataset(config)
     dataset = subsample(dataset, config.data.fraction, seeding.stream(config.run.seed, "data-fraction"))
+    dataset = split_validation(
+        dataset, config.data.validation_fraction, seeding.stream(config.run.seed, "validation")
+    )
     parts, train_labels = build_partition(config, dataset)
     parts, holdout = hold_out(
         parts, config.run.client_eval_fraction if config.run.client_eval else 0.0, config.run.seed

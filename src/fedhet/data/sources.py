@@ -326,6 +326,32 @@ def subsample(dataset: Dataset, fraction: float, rng: np.random.Generator) -> Da
     )
 
 
+def split_validation(dataset: Dataset, fraction: float, rng: np.random.Generator) -> Dataset:
+    """Hold out a random ``fraction`` of the training examples as the set a run evaluates
+    on (in place of the test split), for tuning without looking at the test set; the rest
+    is what the clients share. ``fraction`` 0 returns the dataset as it is."""
+    if not fraction:
+        return dataset
+    n = dataset.num_train
+    held = round(fraction * n)
+    if not 0 < held < n:
+        raise DataError(
+            f"data.validation_fraction = {fraction:g}: holds out {held} of {n} training examples; "
+            "it must leave at least one on each side"
+        )
+    order = rng.permutation(n)
+    validation, train = np.sort(order[:held]), np.sort(order[held:])
+    return Dataset(
+        name=dataset.name,
+        x_train=dataset.x_train[train],
+        y_train=dataset.y_train[train],
+        x_test=dataset.x_train[validation],
+        y_test=dataset.y_train[validation],
+        num_classes=dataset.num_classes,
+        images=dataset.images,
+    )
+
+
 # How image pixels (in [0, 1]) are normalised: "dataset" standardises each channel with the
 # training split's mean and std; "half" is the common (x - 0.5) / 0.5 (pixels in [-1, 1], the
 # transform of SALF's public code); "none" keeps [0, 1].

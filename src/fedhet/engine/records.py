@@ -49,6 +49,7 @@ def run_summary(config, world, state, notes: list[str]) -> dict:
         "engine": config.run.engine,
         "algorithm_options": config.algorithm_options,
         "dataset": config.data.dataset,
+        "evaluated_on": "validation" if config.data.validation_fraction else "test",
         "model": config.model.name,
         "system": config.system.model,
         "straggler_ratio": config.system.get("straggler_ratio"),

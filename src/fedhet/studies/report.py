@@ -41,10 +41,13 @@ def write_report(path: str | Path, out: str | Path | None = None) -> list[Path]:
     path = Path(path)
     if not path.is_dir():
         raise FedhetError(f"{path}: not a folder (give a run folder or a folder of runs)")
-    single = (path / "metrics.csv").exists()
-    runs = [RunDirectory(path)] if single else find_runs([path])
     target = Path(out) if out else path / "report.html"
-    body = _run_page(runs[0], level=1) if single else _grid_page(path, runs)
+    if (path / "tune.json").exists():  # a `fedhet tune` folder
+        body = _tune_page(path)
+    else:
+        single = (path / "metrics.csv").exists()
+        runs = [RunDirectory(path)] if single else find_runs([path])
+        body = _run_page(runs[0], level=1) if single else _grid_page(path, runs)
     document = (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>fedhet report: {html.escape(path.name)}</title><style>{STYLE}</style></head>"
@@ -142,6 +145,63 @@ def _run_page(run: RunDirectory, level: int) -> str:
             f"<details><summary>{html.escape(report.name)}</summary><pre>{html.escape(text)}</pre></details>"
         )
     parts.append("</section>")
+    return "\n".join(parts)
+
+
+def _tune_page(path: Path) -> str:
+    """A ``fedhet tune`` folder: per study, the trials table, Optuna's optimisation history
+    and its parameter importances (fANOVA), as figures."""
+    import optuna
+
+    from fedhet.studies.plots import _pyplot
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    document = read_json_object(path / "tune.json", "tune record")
+    parts = [f"<h1>{html.escape(path.name)}: fedhet tune</h1>"]
+    for entry in document.get("studies", []):
+        name = entry["study"]
+        study = optuna.load_study(study_name=name, storage=document["storage"])
+        trials = study.get_trials(deepcopy=False)
+        keys = sorted({k for t in trials for k in t.params})
+        parts.append(f"<h2>{html.escape(name)}</h2>")
+        parts.append(
+            f"<p>{len(trials)} trials; best: trial {entry['best_trial']}, value {_format(entry['value'])}; "
+            f"runnable configuration <code>{html.escape(entry['best_toml'])}</code></p>"
+        )
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in ["trial", "state", "value", *keys])
+        rows = [
+            "<tr>" + "".join(f"<td>{_format(v)}</td>" for v in [t.number, t.state.name, t.value,
+                                                                *[t.params.get(k) for k in keys]]) + "</tr>"
+            for t in trials
+        ]  # fmt: skip
+        parts.append(f"<table><tr>{head}</tr>{''.join(rows)}</table>")
+        plt = _pyplot()
+        parts.append('<div class="figures">')
+        finished = [t for t in trials if t.state.name == "COMPLETE"]
+        if finished:
+            fig, ax = plt.subplots(figsize=(5.5, 3.6))
+            ax.plot([t.number for t in finished], [t.value for t in finished], "o", label="trial")
+            best, running = [], None
+            for t in finished:
+                better = running is None or (
+                    t.value > running if study.direction.name == "MAXIMIZE" else t.value < running
+                )
+                running = t.value if better else running
+                best.append(running)
+            ax.plot([t.number for t in finished], best, "-", label="best so far")
+            ax.set_xlabel("trial")
+            ax.set_ylabel("objective")
+            ax.legend(fontsize=8)
+            ax.grid(alpha=0.3)
+            parts.append(_figure(_png(fig), "optimisation history"))
+        if len(finished) >= 2 and keys:
+            importances = optuna.importance.get_param_importances(study)
+            fig, ax = plt.subplots(figsize=(5.5, 0.6 + 0.4 * len(importances)))
+            names = list(importances)[::-1]
+            ax.barh(names, [importances[n] for n in names])
+            ax.set_xlabel("importance (fANOVA)")
+            parts.append(_figure(_png(fig), "parameter importances"))
+        parts.append("</div>")
     return "\n".join(parts)
 
 

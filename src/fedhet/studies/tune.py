@@ -1,0 +1,428 @@
+"""``fedhet tune``: hyperparameter search on Optuna, each trial a normal fedhet run.
+
+A search space file (TOML)::
+
+    [objective]
+    value = "final_test_accuracy"   # a summary number, or "time_to:0.8" (simulated time to reach it)
+    direction = "maximize"          # or "minimize"
+
+    [sampler]
+    name = "tpe"                    # tpe (default) | random
+    seed = 1
+
+    [pruner]
+    name = "median"                 # median (default) | none
+    startup_trials = 3              # trials that are never pruned
+    warmup_steps = 0                # rounds before a run can be pruned
+
+    [params]                        # every algorithm
+    "train.lr" = { low = 0.001, high = 0.5, log = true }
+    "train.local_steps" = { low = 1, high = 5, int = true }
+    "train.batch_size" = { choices = [8, 16, 32] }
+
+    [algorithm_params.fedprox]      # one algorithm's own keys, for a [compare] configuration
+    "algorithm.mu" = { low = 0.0001, high = 1.0, log = true }
+
+Each trial runs the configuration with its sampled values in ``<out>/<study>/trial-<n>``
+(a run folder like any other). The median pruner gets every evaluation of a run
+(``run.eval_every``) for objectives that are accuracies or losses; a pruned run stops at
+once and its folder says so (``pruned.json``). A ``[compare]`` configuration gives one study
+per algorithm. The studies live in a real database: SQLite ``<out>/study.db`` by default, or
+any Optuna storage URL (``--storage``). An interrupted tune resumes its studies: finished and
+pruned trials count, and a trial a kill interrupted is run again with the same values.
+``--jobs J`` runs trials in J processes that share the storage and the machine's cores. The
+best trial of each study is written as a runnable ``best.toml`` (the configuration with its
+values; a validation split, ``data.validation_fraction``, is removed so it runs on the test
+set). ``fedhet report <out>`` shows the trials, the optimisation history and Optuna's
+parameter importances.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fedhet.config import apply_overrides, from_dict, read_toml
+from fedhet.errors import ConfigError, FedhetError
+
+log = logging.getLogger("fedhet")
+
+SUMMARY_VALUES = ("final_test_accuracy", "best_test_accuracy", "final_test_loss", "sim_time", "rounds")
+PRUNED_FILE = "pruned.json"
+
+
+@dataclass
+class Param:
+    """One searched key: a float or int range (``log`` for a log scale) or a list of choices."""
+
+    key: str
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    integer: bool = False
+    choices: list | None = None
+
+    def suggest(self, trial):
+        if self.choices is not None:
+            return trial.suggest_categorical(self.key, self.choices)
+        if self.integer:
+            return trial.suggest_int(self.key, int(self.low), int(self.high), log=self.log)
+        return trial.suggest_float(self.key, float(self.low), float(self.high), log=self.log)
+
+
+@dataclass
+class SearchSpace:
+    """A parsed search space file."""
+
+    objective: str = "final_test_accuracy"
+    direction: str = "maximize"
+    sampler: str = "tpe"
+    seed: int | None = None
+    pruner: str = "median"
+    startup_trials: int = 3
+    warmup_steps: int = 0
+    params: list[Param] = field(default_factory=list)
+    per_algorithm: dict[str, list[Param]] = field(default_factory=dict)
+
+    @property
+    def target(self) -> float | None:
+        """The accuracy of a ``time_to:`` objective."""
+        return float(self.objective.split(":", 1)[1]) if self.objective.startswith("time_to:") else None
+
+    def params_for(self, algorithm: str) -> list[Param]:
+        return [*self.params, *self.per_algorithm.get(algorithm, [])]
+
+
+def _param(key: str, spec, where: str) -> Param:
+    if "." not in key:
+        raise ConfigError(f"{where}: {key!r}: a searched key looks like section.key (e.g. train.lr)")
+    if not isinstance(spec, dict):
+        raise ConfigError(
+            f"{where}.{key}: expected a table, {{ low = .., high = .. }} or {{ choices = [..] }}"
+        )
+    unknown = set(spec) - {"low", "high", "log", "int", "choices"}
+    if unknown:
+        raise ConfigError(
+            f"{where}.{key}: unknown option {sorted(unknown)[0]!r} (low, high, log, int, choices)"
+        )
+    if "choices" in spec:
+        choices = spec["choices"]
+        if not isinstance(choices, list) or not choices or set(spec) - {"choices"}:
+            raise ConfigError(f"{where}.{key}: choices must be a non-empty list, alone")
+        return Param(key, choices=choices)
+    low, high = spec.get("low"), spec.get("high")
+    numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (low, high))
+    if not numbers or not math.isfinite(low) or not math.isfinite(high) or not low < high:
+        raise ConfigError(f"{where}.{key}: needs numbers low < high (got {low!r}, {high!r})")
+    use_log, integer = spec.get("log", False), spec.get("int", False)
+    if not isinstance(use_log, bool) or not isinstance(integer, bool):
+        raise ConfigError(f"{where}.{key}: log and int are true or false")
+    if use_log and low <= 0:
+        raise ConfigError(f"{where}.{key}: a log scale needs low > 0")
+    return Param(key, low, high, use_log, integer)
+
+
+def load_space(path: str | Path) -> SearchSpace:
+    """Read and check a search space file; errors name the file and the key."""
+    raw = read_toml(path)
+    known = {"objective", "sampler", "pruner", "params", "algorithm_params"}
+    for section in raw:
+        if section not in known:
+            raise ConfigError(f"{path}: [{section}]: unknown section (known: {', '.join(sorted(known))})")
+    space = SearchSpace()
+    objective = raw.get("objective", {})
+    space.objective = objective.get("value", space.objective)
+    space.direction = objective.get("direction", "maximize")
+    if space.direction not in ("maximize", "minimize"):
+        raise ConfigError(f"{path}: objective.direction = {space.direction!r}: maximize or minimize")
+    if space.objective.startswith("time_to:"):
+        try:
+            target = space.target
+        except ValueError:
+            raise ConfigError(f"{path}: objective.value = {space.objective!r}: time_to:ACCURACY") from None
+        if not 0 < target <= 1:
+            raise ConfigError(f"{path}: objective.value = {space.objective!r}: an accuracy in (0, 1]")
+    elif space.objective not in SUMMARY_VALUES:
+        raise ConfigError(
+            f"{path}: objective.value = {space.objective!r}: one of {', '.join(SUMMARY_VALUES)} "
+            "or time_to:ACC"
+        )
+    sampler = raw.get("sampler", {})
+    space.sampler, space.seed = sampler.get("name", "tpe"), sampler.get("seed")
+    if space.sampler not in ("tpe", "random"):
+        raise ConfigError(f"{path}: sampler.name = {space.sampler!r}: tpe or random")
+    pruner = raw.get("pruner", {})
+    space.pruner = pruner.get("name", "median")
+    if space.pruner not in ("median", "none"):
+        raise ConfigError(f"{path}: pruner.name = {space.pruner!r}: median or none")
+    space.startup_trials = pruner.get("startup_trials", 3)
+    space.warmup_steps = pruner.get("warmup_steps", 0)
+    space.params = [_param(k, v, f"{path}: params") for k, v in raw.get("params", {}).items()]
+    for algorithm, table in raw.get("algorithm_params", {}).items():
+        if not isinstance(table, dict):
+            raise ConfigError(f"{path}: algorithm_params.{algorithm}: expected a table of keys")
+        space.per_algorithm[algorithm] = [
+            _param(k, v, f"{path}: algorithm_params.{algorithm}") for k, v in table.items()
+        ]
+    if not space.params and not space.per_algorithm:
+        raise ConfigError(f"{path}: [params] is empty: nothing to search")
+    return space
+
+
+def objective_value(summary: dict, space: SearchSpace) -> float:
+    """The number a trial is judged by, from its run's summary (``time_to``: the simulated
+    time the test accuracy first reached the target; infinity when it never did)."""
+    if space.target is not None:
+        hit = (summary.get("targets") or {}).get(str(space.target)) or (summary.get("targets") or {}).get(
+            f"{space.target:g}"
+        )
+        return float(hit["sim_time"]) if hit else math.inf
+    value = summary.get(space.objective)
+    return math.nan if value is None else float(value)
+
+
+class _Pruning:
+    """A run callback: each evaluation goes to the trial; the median pruner may stop it."""
+
+    name = "tune-pruning"
+
+    def __init__(self, trial, space: SearchSpace):
+        self.trial, self.space = trial, space
+
+    def on_round_end(self, run, row: dict) -> None:
+        key = "test_loss" if self.space.objective == "final_test_loss" else "test_accuracy"
+        value = row.get(key)
+        if value is None or self.space.target is not None or self.space.pruner == "none":
+            return
+        step = int(row["round"])
+        self.trial.report(float(value), step)
+        if self.trial.should_prune():
+            import optuna
+
+            (run.run_dir.path / PRUNED_FILE).write_text(json.dumps({"round": step, key: value}))
+            raise optuna.TrialPruned(f"pruned at round {step} ({key} {value:.4g})")
+
+
+def _study_name(base_name: str, algorithm: str | None) -> str:
+    return base_name if algorithm is None else f"{base_name}-{algorithm}"
+
+
+def _storage_url(out: Path, storage: str | None) -> str:
+    return storage or f"sqlite:///{(out / 'study.db').resolve()}"
+
+
+def _studies(config_path: str | Path, overrides: list[str]) -> list[tuple[str | None, dict]]:
+    """(algorithm or None, raw configuration) per study: one per algorithm of a [compare]."""
+    raw = apply_overrides(read_toml(config_path), overrides)
+    algorithms = raw.get("compare", {}).get("algorithms", [])
+    if not algorithms:
+        from_dict(raw)  # one-line errors now, before any trial
+        return [(None, raw)]
+    out = []
+    base = {k: v for k, v in raw.items() if k not in ("compare", "algorithm")}
+    given = raw.get("algorithm", {})
+    for name in algorithms:
+        options = {k: v for k, v in given.items() if k != "name"} if given.get("name") == name else {}
+        cell = {**base, "algorithm": {"name": name, **options}}
+        from_dict(cell)
+        out.append((name, cell))
+    return out
+
+
+def _trial_config(raw: dict, values: dict, trial_number: int, study: str) -> dict:
+    import tomli_w
+
+    texts = [f"{key}={tomli_w.dumps({'v': value})[4:].strip()}" for key, value in values.items()]
+    texts.append(f'run.name="{study}-trial-{trial_number}"')
+    return apply_overrides(raw, texts)
+
+
+def _prepare(storage: str, study_name: str, space: SearchSpace, salt: int = 0):
+    """The study (created, or loaded to resume). The sampler's seed is ``seed + salt``:
+    parallel workers and resumed tunes salt it (worker index, trials already held) so that
+    they do not propose the points proposed before."""
+    import optuna
+
+    seed = None if space.seed is None else space.seed + salt
+    sampler = (
+        optuna.samplers.TPESampler(seed=seed)
+        if space.sampler == "tpe"
+        else optuna.samplers.RandomSampler(seed=seed)
+    )
+    pruner = (
+        optuna.pruners.MedianPruner(n_startup_trials=space.startup_trials, n_warmup_steps=space.warmup_steps)
+        if space.pruner == "median"
+        else optuna.pruners.NopPruner()
+    )
+    return optuna.create_study(
+        study_name=study_name,
+        storage=storage,
+        direction=space.direction,
+        sampler=sampler,
+        pruner=pruner,
+        load_if_exists=True,
+    )
+
+
+def _requeue_interrupted(storage_url: str, study) -> None:
+    """Trials a kill left RUNNING: marked failed, and their values queued to run again."""
+    import optuna
+    from optuna.trial import TrialState
+
+    storage = optuna.storages.get_storage(storage_url)
+    study_id = storage.get_study_id_from_name(study.study_name)
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
+        storage.set_trial_state_values(trial_id, TrialState.FAIL)
+        study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
+        log.warning("%s: trial %d was interrupted; it runs again", study.study_name, trial.number)
+
+
+def _counted(study) -> int:
+    from optuna.trial import TrialState
+
+    return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+
+
+def _worker(storage: str, study_name: str, space: SearchSpace, raw: dict, algorithm: str | None,
+            out: str, trials: int, core_budget: int | None, worker: int = 0) -> None:  # fmt: skip
+    """Run trials of one study until ``trials`` of them finished or were pruned (failed
+    ones, e.g. a run that diverged, do not count and are replaced)."""
+    import optuna
+    from optuna.trial import TrialState
+
+    from fedhet.engine.loop import RunLoop
+    from fedhet.threads import set_core_budget
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # failed trials: our one line below
+    set_core_budget(core_budget)
+    held = len(_prepare(storage, study_name, space).get_trials(deepcopy=False))
+    study = _prepare(storage, study_name, space, worker + 1000 * held)
+    params = space.params_for(algorithm or raw.get("algorithm", {}).get("name", ""))
+
+    def objective(trial) -> float:
+        values = {p.key: p.suggest(trial) for p in params}
+        folder = Path(out) / study_name / f"trial-{trial.number}"
+        config = from_dict(_trial_config(raw, values, trial.number, study_name))
+        trial.set_user_attr("run_folder", str(folder))
+        loop = RunLoop(config, folder, group=study_name)
+        pruning, built_in = _Pruning(trial, space), loop.callbacks
+        loop.callbacks = lambda: [*built_in(), pruning]
+        summary = loop.run(overwrite=True).summary
+        value = objective_value(summary, space)
+        if math.isnan(value):
+            raise FedhetError(f"trial {trial.number}: the run has no {space.objective} (no evaluation?)")
+        return value
+
+    done = {"n": 0}
+
+    def count(study, trial) -> None:
+        if trial.state in (TrialState.COMPLETE, TrialState.PRUNED):
+            done["n"] += 1
+        elif trial.state == TrialState.FAIL:
+            log.warning(
+                "%s: trial %d failed (%s)", study_name, trial.number, trial.user_attrs.get("error", "")
+            )
+
+    while done["n"] < trials:
+        study.optimize(objective, n_trials=1, catch=(FedhetError,), callbacks=[count])
+
+
+def tune(
+    config_path: str | Path,
+    space_path: str | Path,
+    trials: int,
+    out: str | Path,
+    jobs: int = 1,
+    storage: str | None = None,
+    overrides: list[str] | None = None,
+) -> list[dict]:
+    """Run (or resume) the studies; return, per study, its best trial and where it was
+    written (``best.toml``)."""
+    try:
+        import optuna
+    except ImportError:
+        raise FedhetError("fedhet tune needs Optuna: pip install 'fedhet[tune]'") from None
+    from fedhet.results import make_folder
+
+    space = load_space(space_path)
+    studies = _studies(config_path, overrides or [])
+    out = Path(out)
+    make_folder(out, "tune folder")
+    storage_url = _storage_url(out, storage)
+    base_name = Path(config_path).stem
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    results = []
+    for algorithm, raw in studies:
+        name = _study_name(base_name, algorithm)
+        study = _prepare(storage_url, name, space)
+        _requeue_interrupted(storage_url, study)
+        make_folder(out / name, "study folder")
+        remaining = max(0, trials - _counted(study))
+        if remaining and jobs <= 1:
+            _worker(storage_url, name, space, raw, algorithm, str(out), remaining, None)
+        elif remaining:
+            _parallel(storage_url, name, space, raw, algorithm, str(out), remaining, jobs)
+        results.append(_write_best(study, name, raw, out, space))
+    (out / "tune.json").write_text(json.dumps({"storage": storage_url, "studies": results}, indent=2))
+    return results
+
+
+def _parallel(storage, name, space, raw, algorithm, out, trials, jobs) -> None:
+    """``jobs`` processes sharing the storage, the ``trials`` split between them; each gets
+    its share of the free cores."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from fedhet.threads import free_cores
+
+    jobs = min(jobs, trials)
+    shares = [trials // jobs + (1 if i < trials % jobs else 0) for i in range(jobs)]
+    budget = max(1, free_cores() // jobs)
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        futures = [
+            pool.submit(_worker, storage, name, space, raw, algorithm, out, share, budget, index)
+            for index, share in enumerate(shares)
+        ]
+        for future in futures:
+            future.result()
+
+
+def _write_best(study, name: str, raw: dict, out: Path, space: SearchSpace) -> dict:
+    import tomli_w
+    from optuna.trial import TrialState
+
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    finite = [t for t in done if t.value is not None and math.isfinite(t.value)]
+    if not finite:
+        raise FedhetError(f"study {name}: no trial finished with a value; nothing to write")
+    best = study.best_trial
+    document = _trial_config(raw, best.params, best.number, name)
+    document["run"]["name"] = f"{name}-best"
+    document.get("data", {}).pop("validation_fraction", None)  # the tuned setting, on the test set
+    path = out / name / "best.toml"
+    path.write_text(
+        f"# best of {len(done)} trials of study {name!r}: {space.objective} = {best.value:.6g} "
+        f"(trial {best.number})\n" + tomli_w.dumps(document)
+    )
+    return {"study": name, "best_trial": best.number, "value": best.value, "params": best.params,
+            "best_toml": str(path)}  # fmt: skip
+
+
+def read_trials(storage: str, study_name: str) -> list[dict]:
+    """The trials of a study as rows (number, state, value, params), for reports."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    return [
+        {
+            "number": t.number,
+            "state": t.state.name,
+            "value": t.value,
+            **{f"param {k}": v for k, v in t.params.items()},
+        }
+        for t in study.get_trials(deepcopy=False)
+    ]

@@ -1,0 +1,193 @@
+"""`fedhet tune` on Optuna with a real SQLite study database: trials are run folders, the
+median pruner stops runs early and says so, a killed tune resumes the same study (every
+trial counted once, the interrupted one run again), parallel jobs share the storage, the
+best trial becomes a runnable best.toml, and the report shows the study."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+import tomli_w
+
+optuna = pytest.importorskip("optuna", reason="fedhet tune needs the extra: pip install 'fedhet[tune]'")
+
+from fedhet.cli import main  # noqa: E402
+from fedhet.config import from_dict  # noqa: E402
+from fedhet.engine.loop import RunLoop  # noqa: E402
+from fedhet.errors import ConfigError  # noqa: E402
+from fedhet.studies.tune import load_space  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = {
+    "run": {"name": "tn", "seed": 1, "rounds": 8, "eval_every": 2, "threads": 1},
+    "data": {"dataset": "digits", "num_clients": 4, "fraction": 0.5, "validation_fraction": 0.2},
+    "model": {"name": "mlp", "hidden": [16]},
+    "train": {"lr": 0.1, "batch_size": 8},
+    "system": {"model": "straggler-ratio", "straggler_ratio": 0.5, "deadline": 1.0},
+    "algorithm": {"name": "salf"},
+}
+SPACE = {
+    "objective": {"value": "final_test_accuracy", "direction": "maximize"},
+    "sampler": {"seed": 1},
+    "pruner": {"startup_trials": 2},
+    "params": {
+        "train.lr": {"low": 0.001, "high": 1.0, "log": True},
+        "train.batch_size": {"choices": [4, 8, 16]},
+    },
+}
+
+
+def _files(tmp_path, config=CONFIG, space=SPACE) -> tuple[str, str]:
+    (tmp_path / "c.toml").write_text(tomli_w.dumps(config))
+    (tmp_path / "space.toml").write_text(tomli_w.dumps(space))
+    return str(tmp_path / "c.toml"), str(tmp_path / "space.toml")
+
+
+def _study(out: Path, name: str = "c"):
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{out / 'study.db'}")
+
+
+def _states(study) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for trial in study.get_trials(deepcopy=False):
+        out.setdefault(trial.state.name, []).append(trial)
+    return out
+
+
+def test_a_tune_prunes_writes_run_folders_and_a_runnable_best_toml(tmp_path, capsys):
+    config, space = _files(tmp_path)
+    out = tmp_path / "out"
+    assert main(["tune", config, "--space", space, "--trials", "6", "--out", str(out)]) == 0
+    states = _states(_study(out))
+    counted = states.get("COMPLETE", []) + states.get("PRUNED", [])
+    assert len(counted) == 6 and not states.get("FAIL")
+    assert states.get("PRUNED"), "the median pruner stopped no run"
+    for trial in states["PRUNED"]:
+        assert (out / "c" / f"trial-{trial.number}" / "pruned.json").exists()  # it says so
+    for trial in states["COMPLETE"]:
+        folder = out / "c" / f"trial-{trial.number}"
+        summary = tomllib.loads((folder / "config.toml").read_text())
+        assert summary["train"]["lr"] == pytest.approx(trial.params["train.lr"])
+        assert (folder / "summary.json").exists()
+    best = tomllib.loads((out / "c" / "best.toml").read_text())
+    assert best["train"]["lr"] == pytest.approx(_study(out).best_trial.params["train.lr"])
+    assert "validation_fraction" not in best["data"]  # the tuned setting runs on the test set
+    result = RunLoop(from_dict(best), tmp_path / "best-run").run()
+    assert result.summary["evaluated_on"] == "test" and result.summary["finished"]
+    assert "c: best trial" in capsys.readouterr().out
+
+
+def test_trials_are_judged_on_the_validation_split():
+    from fedhet.world import build_world
+
+    world = build_world(from_dict(CONFIG))
+    plain = build_world(from_dict({**CONFIG, "data": {**CONFIG["data"], "validation_fraction": 0.0}}))
+    held = plain.dataset.num_train - world.dataset.num_train
+    assert held == round(0.2 * plain.dataset.num_train)
+    assert world.dataset.x_test.shape[0] == held  # evaluation on the held-out training examples
+
+
+def test_a_killed_tune_resumes_its_study_and_counts_every_trial_once(tmp_path):
+    config, space = _files(tmp_path, config={**CONFIG, "run": {**CONFIG["run"], "rounds": 30}})
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    command = [
+        sys.executable,
+        "-m",
+        "fedhet",
+        "tune",
+        config,
+        "--space",
+        space,
+        "--trials",
+        "6",
+        "--out",
+        str(out),
+    ]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        if (out / "study.db").exists():
+            try:
+                states = _states(_study(out))
+            except Exception:  # the database is being created
+                continue
+            if len(states.get("COMPLETE", []) + states.get("PRUNED", [])) >= 2:
+                break
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    interrupted = [t.params for t in _states(_study(out)).get("RUNNING", [])]
+    assert main(["tune", config, "--space", space, "--trials", "6", "--out", str(out)]) == 0
+    states = _states(_study(out))
+    counted = states.get("COMPLETE", []) + states.get("PRUNED", [])
+    assert len(counted) == 6
+    assert len({t.number for t in counted}) == 6
+    assert len(states.get("FAIL", [])) == len(interrupted) and not states.get("RUNNING")
+    for params in interrupted:  # the interrupted point ran again, once
+        assert sum(t.params == params for t in counted) == 1
+
+
+def test_parallel_jobs_share_the_study_and_run_exactly_the_trials_asked(tmp_path):
+    config, space = _files(tmp_path)
+    out = tmp_path / "out"
+    assert main(["tune", config, "--space", space, "--trials", "4", "--jobs", "2", "--out", str(out)]) == 0
+    states = _states(_study(out))
+    counted = states.get("COMPLETE", []) + states.get("PRUNED", [])
+    assert len(counted) == 4
+    assert len({tuple(sorted(t.params.items())) for t in counted}) == 4  # the two workers' points differ
+
+
+def test_a_compare_gives_one_study_per_algorithm_with_its_own_keys(tmp_path):
+    config = {k: v for k, v in CONFIG.items() if k != "algorithm"}
+    config["compare"] = {"algorithms": ["salf", "fedprox"]}
+    space = {
+        **SPACE,
+        "algorithm_params": {"fedprox": {"algorithm.mu": {"low": 0.001, "high": 1.0, "log": True}}},
+    }
+    paths = _files(tmp_path, config, space)
+    out = tmp_path / "out"
+    assert main(["tune", paths[0], "--space", paths[1], "--trials", "3", "--out", str(out)]) == 0
+    assert "algorithm.mu" in _study(out, "c-fedprox").best_trial.params
+    assert "algorithm.mu" not in _study(out, "c-salf").best_trial.params
+    assert (out / "c-fedprox" / "best.toml").exists() and (out / "c-salf" / "best.toml").exists()
+
+
+def test_the_report_of_a_tune_folder_shows_trials_history_and_importances(tmp_path):
+    config, space = _files(tmp_path)
+    out = tmp_path / "out"
+    assert main(["tune", config, "--space", space, "--trials", "5", "--out", str(out)]) == 0
+    assert main(["report", str(out)]) == 0
+    page = (out / "report.html").read_text()
+    assert "optimisation history" in page and "parameter importances" in page
+    assert page.count("data:image/png") == 2 and "<td>PRUNED</td>" in page or "<td>COMPLETE</td>" in page
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"params": {"lr": {"low": 0.1, "high": 1.0}}}, "a searched key looks like section.key"),
+        ({"params": {"train.lr": {"low": 1.0, "high": 0.1}}}, "needs numbers low < high"),
+        ({"params": {"train.lr": {"low": 0.0, "high": 1.0, "log": True}}}, "a log scale needs low > 0"),
+        ({"params": {"train.lr": {"choices": []}}}, "choices must be a non-empty list"),
+        ({"params": {"train.lr": {"low": 0.1, "high": 1.0, "step": 2}}}, "unknown option 'step'"),
+        ({"objective": {"value": "accuracy"}}, "objective.value = 'accuracy'"),
+        ({"objective": {"value": "time_to:2"}}, "an accuracy in \\(0, 1\\]"),
+        ({"sampler": {"name": "cmaes"}}, "sampler.name = 'cmaes'"),
+        ({"params": {}}, "nothing to search"),
+        ({"studies": {}}, "unknown section"),
+    ],
+)
+def test_a_bad_search_space_is_one_line_naming_the_key(tmp_path, change, message):
+    space = {**SPACE, **change}
+    (tmp_path / "space.toml").write_text(tomli_w.dumps(space))
+    with pytest.raises(ConfigError, match=message):
+        load_space(tmp_path / "space.toml")
