@@ -57,6 +57,11 @@ def check_name(key: str, name: str) -> None:
         )
 
 
+# run.track: the trackers (fedhet.tracking's callbacks) and the package each needs
+TRACKERS = ("mlflow", "tensorboard")
+PACKAGES = {"mlflow": "mlflow", "tensorboard": "tensorboard"}
+
+
 @dataclass
 class RunConfig:
     name: str = "run"
@@ -122,8 +127,6 @@ class RunConfig:
 
     def _check_track(self) -> None:
         import importlib.util
-
-        from fedhet.tracking import PACKAGES, TRACKERS
 
         if not isinstance(self.track, list):
             raise ConfigError(f'run.track = {self.track!r}: expected a list, e.g. ["mlflow", "tensorboard"]')

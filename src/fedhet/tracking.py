@@ -37,8 +37,6 @@ from fedhet.registry import register
 
 log = logging.getLogger("fedhet")
 
-TRACKERS = ("mlflow", "tensorboard")
-PACKAGES = {"mlflow": "mlflow", "tensorboard": "tensorboard"}
 RUN_ID_FILE = ".mlflow-run"
 PARENT_FILE = ".mlflow-parent"
 TENSORBOARD_FOLDER = "tensorboard"
