@@ -191,3 +191,12 @@ def test_a_bad_search_space_is_one_line_naming_the_key(tmp_path, change, message
     (tmp_path / "space.toml").write_text(tomli_w.dumps(space))
     with pytest.raises(ConfigError, match=message):
         load_space(tmp_path / "space.toml")
+
+
+def test_a_diverged_trial_scores_the_worst_value_not_its_last_evaluation(tmp_path):
+    space = {**SPACE, "params": {"train.lr": {"choices": [1e10]}}}
+    config, space_path = _files(tmp_path, space=space)
+    out = tmp_path / "out"
+    assert main(["tune", config, "--space", space_path, "--trials", "1", "--out", str(out)]) == 0
+    trial = _study(out).best_trial
+    assert trial.value == 0.0 and trial.user_attrs.get("diverged") is True

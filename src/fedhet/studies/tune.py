@@ -26,15 +26,16 @@ A search space file (TOML)::
 Each trial runs the configuration with its sampled values in ``<out>/<study>/trial-<n>``
 (a run folder like any other). The median pruner gets every evaluation of a run
 (``run.eval_every``) for objectives that are accuracies or losses; a pruned run stops at
-once and its folder says so (``pruned.json``). A ``[compare]`` configuration gives one study
-per algorithm. The studies live in a real database: SQLite ``<out>/study.db`` by default, or
-any Optuna storage URL (``--storage``). An interrupted tune resumes its studies: finished and
-pruned trials count, and a trial a kill interrupted is run again with the same values.
-``--jobs J`` runs trials in J processes that share the storage and the machine's cores. The
-best trial of each study is written as a runnable ``best.toml`` (the configuration with its
-values; a validation split, ``data.validation_fraction``, is removed so it runs on the test
-set). ``fedhet report <out>`` shows the trials, the optimisation history and Optuna's
-parameter importances.
+once and its folder says so (``pruned.json``). A run that stops on a non-finite value
+(diverged) scores the worst value (accuracy 0, or infinity when minimising). A
+``[compare]`` configuration gives one study per algorithm. The studies live in a real
+database: SQLite ``<out>/study.db`` by default, or any Optuna storage URL (``--storage``).
+An interrupted tune resumes its studies: finished and pruned trials count, and a trial a
+kill interrupted is run again with the same values. ``--jobs J`` runs trials in J
+processes that share the storage and the machine's cores. The best trial of each study is
+written as a runnable ``best.toml`` (the configuration with its values; a validation split,
+``data.validation_fraction``, is removed so it runs on the test set). ``fedhet report
+<out>`` shows the trials, the optimisation history and Optuna's parameter importances.
 """
 
 from __future__ import annotations
@@ -312,6 +313,9 @@ def _worker(storage: str, study_name: str, space: SearchSpace, raw: dict, algori
         pruning, built_in = _Pruning(trial, space), loop.callbacks
         loop.callbacks = lambda: [*built_in(), pruning]
         summary = loop.run(overwrite=True).summary
+        if summary.get("stopped_by") == "non_finite":  # diverged: the worst outcome, not its last evaluation
+            trial.set_user_attr("diverged", True)
+            return 0.0 if space.direction == "maximize" and space.target is None else math.inf
         value = objective_value(summary, space)
         if math.isnan(value):
             raise FedhetError(f"trial {trial.number}: the run has no {space.objective} (no evaluation?)")
