@@ -82,7 +82,9 @@ def test_a_tune_prunes_writes_run_folders_and_a_runnable_best_toml(tmp_path, cap
     assert "validation_fraction" not in best["data"]  # the tuned setting runs on the test set
     result = RunLoop(from_dict(best), tmp_path / "best-run").run()
     assert result.summary["evaluated_on"] == "test" and result.summary["finished"]
-    assert "c: best trial" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    finished, pruned = len(states["COMPLETE"]), len(states["PRUNED"])
+    assert printed.startswith(f"c: {finished} trials finished, {pruned} pruned, 0 failed; best trial")
 
 
 def test_trials_are_judged_on_the_validation_split():

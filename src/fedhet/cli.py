@@ -239,7 +239,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("runs") / f"tune-{Path(args.config).stem}"
     for result in tune(args.config, args.space, args.trials, out, args.jobs, args.storage, args.set):
         print(
-            f"{result['study']}: best trial {result['best_trial']}, value {result['value']:.6g}, "
+            f"{result['study']}: {result['finished']} trials finished, {result['pruned']} pruned, "
+            f"{result['failed']} failed; best trial {result['best_trial']}, value {result['value']:.6g}, "
             f"{json.dumps(result['params'])} -> {result['best_toml']}"
         )
     return 0

@@ -411,8 +411,10 @@ def _write_best(study, name: str, raw: dict, out: Path, space: SearchSpace) -> d
         f"# best of {len(done)} trials of study {name!r}: {space.objective} = {best.value:.6g} "
         f"(trial {best.number})\n" + tomli_w.dumps(document)
     )
+    states = [t.state for t in study.get_trials(deepcopy=False)]
     return {"study": name, "best_trial": best.number, "value": best.value, "params": best.params,
-            "best_toml": str(path)}  # fmt: skip
+            "best_toml": str(path), "finished": states.count(TrialState.COMPLETE),
+            "pruned": states.count(TrialState.PRUNED), "failed": states.count(TrialState.FAIL)}  # fmt: skip
 
 
 def read_trials(storage: str, study_name: str) -> list[dict]:
