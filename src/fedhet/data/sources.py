@@ -11,7 +11,7 @@ from __future__ import annotations
 import gzip
 import struct
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -341,14 +341,12 @@ def split_validation(dataset: Dataset, fraction: float, rng: np.random.Generator
         )
     order = rng.permutation(n)
     validation, train = np.sort(order[:held]), np.sort(order[held:])
-    return Dataset(
-        name=dataset.name,
+    return replace(
+        dataset,
         x_train=dataset.x_train[train],
         y_train=dataset.y_train[train],
         x_test=dataset.x_train[validation],
         y_test=dataset.y_train[validation],
-        num_classes=dataset.num_classes,
-        images=dataset.images,
     )
 
 
