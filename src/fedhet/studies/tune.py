@@ -278,6 +278,8 @@ def _requeue_interrupted(storage_url: str, study) -> None:
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
         storage.set_trial_state_values(trial_id, TrialState.FAIL)
+        if not trial.params:  # killed before its values were drawn: nothing to run again
+            continue
         study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
         log.warning("%s: trial %d was interrupted; it runs again", study.study_name, trial.number)
 
