@@ -90,20 +90,6 @@ def test_disk_client_memory_reserves_its_blocks_and_starts_at_zero(tmp_path):
 # --- traces --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("text", "message"),
-    [
-        ("0-10 5-20\n*\n", r":1: intervals 0-10 and 5-20 overlap"),
-        ("# period: 10\n0-5 8-12\n*\n", r":2: interval 8-12 passes the period 10"),
-    ],
-)
-def test_a_trace_a_run_would_misread_is_refused(tmp_path, text, message):
-    path = tmp_path / "trace.txt"
-    path.write_text(text)
-    with pytest.raises(DataError, match=message):
-        read_trace(path, 2)
-
-
 def test_touching_intervals_are_one_online_span(tmp_path):
     path = tmp_path / "trace.txt"
     path.write_text("# period: 10\n0-5 5-10\n-\n")

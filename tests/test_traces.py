@@ -38,6 +38,8 @@ def test_a_trace_file_says_who_is_online_and_for_what_share(tmp_path):
         ("0-5\nx\n", "'x' is not an interval"),
         ("5-2\n*\n", "0 <= start < end"),
         ("0-5\n", "1 clients in the trace"),
+        ("0-10 5-20\n*\n", r":1: intervals 0-10 and 5-20 overlap"),  # p_i would count twice
+        ("# period: 10\n0-5 8-12\n*\n", r":2: interval 8-12 passes the period 10"),
     ],
 )
 def test_a_malformed_trace_is_one_line_naming_file_and_line(tmp_path, text, words):
