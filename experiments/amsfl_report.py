@@ -3,9 +3,11 @@ experiments/amsfl_tables.toml).
 
     python experiments/amsfl_report.py runs/amsfl_nslkdd [--target official=0.77 holdout=0.97]
     python experiments/amsfl_report.py runs/amsfl_tables --target 0.78 [--figures PREFIX]
+    python experiments/amsfl_report.py runs/amsfl_mu --target 0.78 --split algorithm.mu
 
 Runs are grouped by test set (``data.test_set``; one group on other datasets) and method
-(the run's [algorithm] section, plus "deadline" for runs with a round deadline). Table 1:
+(the run's [algorithm] section, plus "deadline" for runs with a round deadline, plus the
+values of any ``--split`` keys). Table 1:
 client-wise accuracy (each client's held-out data), global test accuracy (mean ± 95% t
 interval over seeds), the paired difference from FedAvg (same seeds: same data split and
 initial model) with its p-value, and mean simulated time per round. Table 2: simulated time
@@ -43,8 +45,14 @@ def method(config: dict) -> str:
     return f"{name} (deadline)" if deadline else name
 
 
-def collect(folder: str) -> dict:
-    """{test set: {method: {seed: (summary, folder)}}}."""
+def setting(config: dict, key: str) -> str:
+    """The value of a dotted config key (``algorithm.mu``) as ``mu 1.0``; ``-`` where unset."""
+    section, _, name = key.partition(".")
+    return f"{name} {config.get(section, {}).get(name, '-')}"
+
+
+def collect(folder: str, split: list[str]) -> dict:
+    """{test set: {method: {seed: (summary, folder)}}}; ``split`` keys extend the method name."""
     groups: dict = defaultdict(lambda: defaultdict(dict))
     for path in sorted(Path(folder).iterdir()):
         run = RunDirectory(path)
@@ -53,7 +61,10 @@ def collect(folder: str) -> dict:
         summary = run.read_summary()
         config = tomllib.loads((path / "config.toml").read_text())
         test_set = config["data"].get("test_set", "-") if config["data"]["dataset"] == "nsl-kdd" else "-"
-        groups[test_set][method(config)][int(config["run"]["seed"])] = (summary, path)
+        name = method(config)
+        if split:
+            name += " [" + ", ".join(setting(config, key) for key in split) + "]"
+        groups[test_set][name][int(config["run"]["seed"])] = (summary, path)
     return groups
 
 
@@ -145,9 +156,12 @@ def main() -> None:
         "--target", nargs="+", default=["0.78"], help="target of Table 2, or TEST_SET=TARGET per test set"
     )
     parser.add_argument("--figures", help="write <prefix>[-<test set>]-box.png")
+    parser.add_argument(
+        "--split", nargs="+", default=[], metavar="KEY", help="config keys that tell methods apart (algorithm.mu)"
+    )
     args = parser.parse_args()
     targets = dict(t.split("=", 1) if "=" in t else ("*", t) for t in args.target)
-    for test_set, runs in sorted(collect(args.grid).items()):
+    for test_set, runs in sorted(collect(args.grid, args.split).items()):
         title = f"test set: {test_set}" if test_set != "-" else "test set: the dataset's own"
         print(f"\n## {title}\n\n### Table 1\n")
         accuracy_table(runs)
