@@ -157,7 +157,7 @@ def main() -> None:
     )
     parser.add_argument("--figures", help="write <prefix>[-<test set>]-box.png")
     parser.add_argument(
-        "--split", nargs="+", default=[], metavar="KEY", help="config keys that tell methods apart (algorithm.mu)"
+        "--split", nargs="+", default=[], metavar="KEY", help="config keys telling methods apart"
     )
     args = parser.parse_args()
     targets = dict(t.split("=", 1) if "=" in t else ("*", t) for t in args.target)
