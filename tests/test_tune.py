@@ -114,19 +114,24 @@ def test_a_killed_tune_resumes_its_study_and_counts_every_trial_once(tmp_path):
         "--out",
         str(out),
     ]
-    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
+    log = tmp_path / "tune.log"
+    with log.open("w") as stream:
+        process = subprocess.Popen(command, env=env, stdout=stream, stderr=subprocess.STDOUT)
+    deadline, counted = time.monotonic() + 300, 0
+    while time.monotonic() < deadline and process.poll() is None:
         time.sleep(0.2)
         if (out / "study.db").exists():
             try:
                 states = _states(_study(out))
-            except Exception:  # the database is being created
+            except KeyError:  # the study is not created yet
                 continue
-            if len(states.get("COMPLETE", []) + states.get("PRUNED", [])) >= 2:
+            counted = len(states.get("COMPLETE", []) + states.get("PRUNED", []))
+            if counted >= 2:
                 break
+    assert process.poll() is None, f"the tune ended before it was killed: {log.read_text()[-2000:]}"
     process.send_signal(signal.SIGKILL)
     process.wait()
+    assert counted >= 2, f"two trials did not finish in 300 s: {log.read_text()[-2000:]}"
     running = _states(_study(out)).get("RUNNING", [])
     interrupted = [t.params for t in running if t.params]  # a trial killed before drawing has none
     assert main(["tune", config, "--space", space, "--trials", "6", "--out", str(out)]) == 0
@@ -137,6 +142,36 @@ def test_a_killed_tune_resumes_its_study_and_counts_every_trial_once(tmp_path):
     assert len(states.get("FAIL", [])) == len(running) and not states.get("RUNNING")
     for params in interrupted:  # the interrupted point ran again, once
         assert sum(t.params == params for t in counted) == 1
+
+
+def _open_fresh_storage(path: str, barrier) -> str:
+    from fedhet.studies.tune import _storage_url
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    barrier.wait()
+    try:
+        url = _storage_url(Path(path).parent, None)
+        optuna.create_study(study_name="s", storage=url, load_if_exists=True)
+        return "ok"
+    except Exception as error:  # what a racing process would die of
+        return f"{type(error).__name__}: {error}"
+
+
+def test_processes_opening_a_new_study_database_at_once_all_succeed(tmp_path):
+    """Optuna's schema set-up of a new SQLite file races (two schema-version stamps, one
+    process fails); the tune folder's database is created whole before it is opened."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    processes = 6
+    with context.Manager() as manager, context.Pool(processes) as pool:
+        for attempt in range(4):
+            folder = tmp_path / f"t{attempt}"
+            folder.mkdir()
+            barrier = manager.Barrier(processes)
+            outcomes = pool.starmap(_open_fresh_storage, [(str(folder / "study.db"), barrier)] * processes)
+            assert outcomes == ["ok"] * processes
+            assert [p.name for p in folder.iterdir()] == ["study.db"]  # no private file left behind
 
 
 def test_parallel_jobs_share_the_study_and_run_exactly_the_trials_asked(tmp_path):

@@ -43,6 +43,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -212,7 +213,42 @@ def _study_name(base_name: str, algorithm: str | None) -> str:
 
 
 def _storage_url(out: Path, storage: str | None) -> str:
-    return storage or f"sqlite:///{(out / 'study.db').resolve()}"
+    """The storage URL (default: SQLite ``<out>/study.db``); a SQLite file is made whole
+    before anyone opens it (see `_create_sqlite_whole`)."""
+    url = storage or f"sqlite:///{(out / 'study.db').resolve()}"
+    prefix = "sqlite:///"
+    if url.startswith(prefix) and url[len(prefix) :] not in ("", ":memory:"):
+        _create_sqlite_whole(Path(url[len(prefix) :]))
+    return url
+
+
+def _create_sqlite_whole(path: Path) -> None:
+    """Create an Optuna SQLite database under a private name and link it into place.
+
+    Optuna sets a fresh database's schema up on first open; two processes opening the same
+    new file at once (a second ``fedhet tune``, a report, a parallel worker) can both stamp
+    the schema version and one of them fails (``UNIQUE constraint failed:
+    alembic_version``). Here the file appears only once complete; a process that loses the
+    race to create it uses the winner's file."""
+    if path.exists():
+        return
+    import optuna
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    private = path.with_name(f".{path.name}.{os.getpid()}.creating")
+    private.unlink(missing_ok=True)
+    try:
+        storage = optuna.storages.RDBStorage(f"sqlite:///{private}")
+        storage.engine.dispose()
+        try:
+            os.link(private, path)  # atomic: fails if another process created it first
+        except FileExistsError:
+            pass
+        except OSError:  # a file system without hard links
+            if not path.exists():
+                os.replace(private, path)
+    finally:
+        private.unlink(missing_ok=True)
 
 
 def _studies(config_path: str | Path, overrides: list[str]) -> list[tuple[str | None, dict]]:
