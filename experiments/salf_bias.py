@@ -63,8 +63,7 @@ SETTINGS = {
         "capability_profile": "uniform",
         "capability_low": 0.2,
         "capability_high": 1.8,
-        "time_per_sample_layer": 1 / 48,
-        "deadline": 1.0,
+        "deadline": 1.0,  # time_per_sample_layer = 1 / (16 L): a full pass takes it at P_u = 1
     },
 }
 
@@ -72,6 +71,8 @@ SETTINGS = {
 def client_weights(system_section: dict, rule: str, clients: int, layers: int, draws: int, seed: int):
     """(draws x L x U) array of U w_u^l: the weight SALF's ``rule`` gave client u on layer l,
     scaled so that the target (every client 1/U) is 1."""
+    if system_section["model"] == "exponential":  # batch 16, L layers: a full pass is the deadline at P_u = 1
+        system_section = {**system_section, "time_per_sample_layer": 1 / (16 * layers)}
     config = from_dict({
         "run": {"name": "bias", "seed": seed},
         "data": {"dataset": "digits", "num_clients": clients},
