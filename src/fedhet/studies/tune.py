@@ -217,8 +217,9 @@ def _storage_url(out: Path, storage: str | None) -> str:
     before anyone opens it (see `_create_sqlite_whole`)."""
     url = storage or f"sqlite:///{(out / 'study.db').resolve()}"
     prefix = "sqlite:///"
-    if url.startswith(prefix) and url[len(prefix) :] not in ("", ":memory:"):
-        _create_sqlite_whole(Path(url[len(prefix) :]))
+    file = url[len(prefix) :].split("?", 1)[0]  # a query string (?timeout=...) is no part of the path
+    if url.startswith(prefix) and file not in ("", ":memory:"):
+        _create_sqlite_whole(Path(file))
     return url
 
 
