@@ -56,11 +56,11 @@ WORKLOADS = {
 }
 
 
-def _config(workload: str, rounds: int, engine: str):
+def _config(workload: str, rounds: int, engine: str, **run):
     from fedhet.config import from_dict
 
     document = {k: dict(v) for k, v in WORKLOADS[workload].items()}
-    document["run"].update(rounds=rounds, eval_every=rounds, engine=engine)
+    document["run"].update(rounds=rounds, eval_every=rounds, engine=engine, **run)
     return from_dict(document)
 
 
@@ -112,8 +112,7 @@ def on_flower(workload: str, rounds: int, out: Path, cpus: float) -> tuple[float
     """Seconds per round, and of those waiting for the clients' replies."""
     from fedhet.engine.flower import FlowerPool, run_simulation
 
-    config = _config(workload, rounds, "flower")
-    config.run.flower_cpus_per_client = cpus
+    config = _config(workload, rounds, "flower", flower_cpus_per_client=cpus)
     timer, clients = RoundTimer(), ClientTime(FlowerPool)
     run_simulation(config, out, overwrite=True, on_round=timer)
     return timer.per_round(), clients.per_round()

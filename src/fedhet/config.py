@@ -57,98 +57,6 @@ def check_name(key: str, name: str) -> None:
         )
 
 
-# run.track: the trackers (fedhet.tracking's callbacks) and the package each needs
-TRACKERS = ("mlflow", "tensorboard")
-PACKAGES = {"mlflow": "mlflow", "tensorboard": "tensorboard"}
-
-
-@dataclass
-class RunConfig:
-    name: str = "run"
-    seed: int = 0
-    rounds: int = 100
-    time_budget: float = 0.0  # simulated seconds; 0 = no budget (stop after `rounds`)
-    eval_every: int = 1
-    threads: Any = "auto"  # torch threads: "auto" (work size, free cores), 0 = torch default, or a count
-    workers: Any = 1  # processes running client tasks: a count, or "auto" (the free cores)
-    memory_format: str = "contiguous"  # conv weights, images: contiguous | channels_last (faster)
-    client_eval: bool = False  # also evaluate on each client's held-out part of its data
-    client_eval_fraction: float = 0.2  # share of each client's data held out for it
-    targets: list = field(default_factory=list)  # accuracies whose first round and time are recorded
-    on_non_finite: str = "stop"  # a NaN/inf loss or update: stop the run, or skip that client's update
-    max_empty_rounds: int = 10  # stop after this many rounds in a row without a participant (0 = never,
-    # and a first round nobody can deliver in is run instead of refused: deadline sweeps)
-    engine: str = "embedded"  # embedded (one process) | flower (Flower's simulation runtime)
-    round_timeout: float = 0.0  # flower: wall-clock seconds to wait for replies (0 = no limit)
-    flower_cpus_per_client: float = 1.0  # flower simulation: CPUs Ray reserves per client
-    callbacks: list = field(default_factory=list)  # run callback plug-ins: [{ name = "...", ... }]
-    track: list = field(default_factory=list)  # run tracking: "mlflow", "tensorboard"
-    mlflow_uri: str = "sqlite:///mlruns.db"  # the MLflow tracking store of track = ["mlflow"]
-
-    def validate(self) -> None:
-        at_least("run.seed", self.seed, 0)
-        at_least("run.rounds", self.rounds, 1)
-        at_most("run.rounds", self.rounds, MAX_ROUNDS)
-        at_least("run.eval_every", self.eval_every, 1)
-        if self.threads != "auto":
-            if isinstance(self.threads, bool) or not isinstance(self.threads, int):
-                raise ConfigError(f'run.threads = {self.threads!r}: expected "auto" or an integer')
-            at_least("run.threads", self.threads, 0)
-            at_most("run.threads", self.threads, MAX_THREADS)
-        if self.workers != "auto":
-            if isinstance(self.workers, bool) or not isinstance(self.workers, int):
-                raise ConfigError(f'run.workers = {self.workers!r}: expected "auto" or a count of processes')
-            at_least("run.workers", self.workers, 1)
-            at_most("run.workers", self.workers, MAX_THREADS)
-        at_least("run.max_empty_rounds", self.max_empty_rounds, 0)
-        if self.time_budget < 0:
-            raise ConfigError(f"run.time_budget = {self.time_budget}: must be >= 0 (0 = none)")
-        check_name("run.name", self.name)
-        one_of("run.on_non_finite", self.on_non_finite, NON_FINITE_POLICIES)
-        from fedhet.registry import resolve
-
-        engine = resolve("engine", self.engine, "run.engine")
-        if self.workers != 1 and not engine.cls.runs_workers:
-            raise ConfigError(
-                f"run.workers = {self.workers!r}: the {self.engine} engine places clients itself; "
-                "run.workers applies to the embedded engine (set run.workers = 1)"
-            )
-        self._check_track()
-        self.callback_plugins  # noqa: B018  (parse the callbacks now: their errors are configuration errors
-        one_of("run.memory_format", self.memory_format, ("contiguous", "channels_last"))
-        if self.round_timeout < 0:
-            raise ConfigError(f"run.round_timeout = {self.round_timeout}: must be >= 0 (0 = no limit)")
-        in_range("run.flower_cpus_per_client", self.flower_cpus_per_client, 0.0, 1024.0, low_open=True)
-        in_range(
-            "run.client_eval_fraction", self.client_eval_fraction, 0.0, 1.0, low_open=True, high_open=True
-        )
-        for target in self.targets:
-            if isinstance(target, bool) or not isinstance(target, int | float) or not 0 < target <= 1:
-                raise ConfigError(f"run.targets: {target!r} is not an accuracy in (0, 1]")
-
-    def _check_track(self) -> None:
-        import importlib.util
-
-        if not isinstance(self.track, list):
-            raise ConfigError(f'run.track = {self.track!r}: expected a list, e.g. ["mlflow", "tensorboard"]')
-        for name in self.track:
-            if name not in TRACKERS:
-                raise ConfigError(f"run.track: {name!r} is not a tracker (known: {', '.join(TRACKERS)})")
-            if importlib.util.find_spec(PACKAGES[name]) is None:
-                raise ConfigError(f"run.track: {name!r} needs its package: pip install 'fedhet[track]'")
-        if self.track.count("mlflow") > 1 or self.track.count("tensorboard") > 1:
-            raise ConfigError(f"run.track = {self.track!r}: a tracker listed twice")
-        if not isinstance(self.mlflow_uri, str) or not self.mlflow_uri.strip():
-            raise ConfigError(
-                f"run.mlflow_uri = {self.mlflow_uri!r}: expected a tracking URI, e.g. sqlite:///mlruns.db"
-            )
-
-    @property
-    def callback_plugins(self) -> list:
-        """The configured run callbacks: (registry entry, typed options) in order."""
-        return _listed_plugins(self, "callback", "run.callbacks", self.callbacks)
-
-
 class PluginSection:
     """A section made of its own keys and the options of the plug-ins it names.
 
@@ -310,6 +218,98 @@ def _listed_plugin(kind: str, key: str, item: Any):
     values = dict(item)
     entry = resolve(kind, values.pop("name"), f"{key}.name")
     return entry, typed_options(entry.cls.Options, values, key, f"{KIND_LABELS[kind]} {entry.name}")
+
+
+# run.track: the trackers (fedhet.tracking's callbacks) and the package each needs
+TRACKERS = ("mlflow", "tensorboard")
+PACKAGES = {"mlflow": "mlflow", "tensorboard": "tensorboard"}
+
+
+@dataclass
+class RunConfig(PluginSection):
+    """``[run]``: the run's name, seed, length, evaluation, threads and processes, and the
+    engine (a plug-in: ``embedded``, ``flower``, ...) with its options in the same table
+    (``round_timeout`` and ``flower_cpus_per_client`` are the Flower engine's)."""
+
+    SECTION: ClassVar[str] = "run"
+    SLOTS: ClassVar[dict[str, str]] = {"engine": "engine"}
+
+    name: str = "run"
+    seed: int = 0
+    rounds: int = 100
+    time_budget: float = 0.0  # simulated seconds; 0 = no budget (stop after `rounds`)
+    eval_every: int = 1
+    threads: Any = "auto"  # torch threads: "auto" (work size, free cores), 0 = torch default, or a count
+    workers: Any = 1  # processes running client tasks: a count, or "auto" (the free cores)
+    memory_format: str = "contiguous"  # conv weights, images: contiguous | channels_last (faster)
+    client_eval: bool = False  # also evaluate on each client's held-out part of its data
+    client_eval_fraction: float = 0.2  # share of each client's data held out for it
+    targets: list = field(default_factory=list)  # accuracies whose first round and time are recorded
+    on_non_finite: str = "stop"  # a NaN/inf loss or update: stop the run, or skip that client's update
+    max_empty_rounds: int = 10  # stop after this many rounds in a row without a participant (0 = never,
+    # and a first round nobody can deliver in is run instead of refused: deadline sweeps)
+    engine: str = "embedded"  # embedded (one process) | flower (Flower's simulation runtime) | a plug-in
+    callbacks: list = field(default_factory=list)  # run callback plug-ins: [{ name = "...", ... }]
+    track: list = field(default_factory=list)  # run tracking: "mlflow", "tensorboard"
+    mlflow_uri: str = "sqlite:///mlruns.db"  # the MLflow tracking store of track = ["mlflow"]
+
+    def validate(self) -> None:
+        at_least("run.seed", self.seed, 0)
+        at_least("run.rounds", self.rounds, 1)
+        at_most("run.rounds", self.rounds, MAX_ROUNDS)
+        at_least("run.eval_every", self.eval_every, 1)
+        if self.threads != "auto":
+            if isinstance(self.threads, bool) or not isinstance(self.threads, int):
+                raise ConfigError(f'run.threads = {self.threads!r}: expected "auto" or an integer')
+            at_least("run.threads", self.threads, 0)
+            at_most("run.threads", self.threads, MAX_THREADS)
+        if self.workers != "auto":
+            if isinstance(self.workers, bool) or not isinstance(self.workers, int):
+                raise ConfigError(f'run.workers = {self.workers!r}: expected "auto" or a count of processes')
+            at_least("run.workers", self.workers, 1)
+            at_most("run.workers", self.workers, MAX_THREADS)
+        at_least("run.max_empty_rounds", self.max_empty_rounds, 0)
+        if self.time_budget < 0:
+            raise ConfigError(f"run.time_budget = {self.time_budget}: must be >= 0 (0 = none)")
+        check_name("run.name", self.name)
+        one_of("run.on_non_finite", self.on_non_finite, NON_FINITE_POLICIES)
+        engine = self.entry("engine")
+        if self.workers != 1 and not engine.cls.runs_workers:
+            raise ConfigError(
+                f"run.workers = {self.workers!r}: the {self.engine} engine places clients itself; "
+                "run.workers applies to the embedded engine (set run.workers = 1)"
+            )
+        self._check_track()
+        self.callback_plugins  # noqa: B018  (parse the callbacks now: their errors are configuration errors
+        one_of("run.memory_format", self.memory_format, ("contiguous", "channels_last"))
+        in_range(
+            "run.client_eval_fraction", self.client_eval_fraction, 0.0, 1.0, low_open=True, high_open=True
+        )
+        for target in self.targets:
+            if isinstance(target, bool) or not isinstance(target, int | float) or not 0 < target <= 1:
+                raise ConfigError(f"run.targets: {target!r} is not an accuracy in (0, 1]")
+
+    def _check_track(self) -> None:
+        import importlib.util
+
+        if not isinstance(self.track, list):
+            raise ConfigError(f'run.track = {self.track!r}: expected a list, e.g. ["mlflow", "tensorboard"]')
+        for name in self.track:
+            if name not in TRACKERS:
+                raise ConfigError(f"run.track: {name!r} is not a tracker (known: {', '.join(TRACKERS)})")
+            if importlib.util.find_spec(PACKAGES[name]) is None:
+                raise ConfigError(f"run.track: {name!r} needs its package: pip install 'fedhet[track]'")
+        if self.track.count("mlflow") > 1 or self.track.count("tensorboard") > 1:
+            raise ConfigError(f"run.track = {self.track!r}: a tracker listed twice")
+        if not isinstance(self.mlflow_uri, str) or not self.mlflow_uri.strip():
+            raise ConfigError(
+                f"run.mlflow_uri = {self.mlflow_uri!r}: expected a tracking URI, e.g. sqlite:///mlruns.db"
+            )
+
+    @property
+    def callback_plugins(self) -> list:
+        """The configured run callbacks: (registry entry, typed options) in order."""
+        return _listed_plugins(self, "callback", "run.callbacks", self.callbacks)
 
 
 @dataclass
@@ -502,7 +502,7 @@ SECTIONS = {
     "system": SystemConfig,
     "compare": CompareConfig,
 }
-PLUGIN_SECTIONS = ("data", "model", "train", "system")
+PLUGIN_SECTIONS = ("run", "data", "model", "train", "system")
 
 
 def _section(name: str, cls: type, values: Any):

@@ -216,6 +216,8 @@ class FlowerPool:
     client, carrying the client's state out and back; replies that are errors or late are
     absent clients (they yield no update and keep their state)."""
 
+    name = "flower"
+
     def __init__(self, grid, nodes: dict[int, int], timeout: float | None):
         self.grid = grid
         self.nodes = nodes  # client index -> node id
@@ -302,10 +304,12 @@ def make_server_app(
     overwrite: bool = False,
     on_round: Callable[[dict], None] | None = None,
     outcome: dict | None = None,
+    **loop_kwargs,
 ):
     """A ServerApp that runs ``config`` (or, if callable, ``config(context)`` returning
     ``(config, out_dir)``) with fedhet's round driver and Flower clients; the RunResult (or
-    the error) is left in ``outcome``."""
+    the error) is left in ``outcome``. ``loop_kwargs`` (``group``, ``callbacks``,
+    ``engine``) go to the run loop."""
     require_flower()
     from flwr.serverapp import ServerApp
 
@@ -321,7 +325,9 @@ def make_server_app(
                 from fedhet.console import progress_printer
 
                 progress = progress_printer(run_config, run_config.run.name)
-            outcome["result"] = result = serve(grid, run_config, run_out, resume, overwrite, progress)
+            outcome["result"] = result = serve(
+                grid, run_config, run_out, resume, overwrite, progress, **loop_kwargs
+            )
             if callable(config):
                 from fedhet.console import summary_table
 
@@ -335,17 +341,19 @@ def make_server_app(
     return app
 
 
-def serve(grid, config, out_dir, resume=False, overwrite=False, on_round=None):
-    """Run ``config`` over the nodes of ``grid`` with fedhet's run loop."""
+def serve(grid, config, out_dir, resume=False, overwrite=False, on_round=None, **loop_kwargs):
+    """Run ``config`` over the nodes of ``grid`` with fedhet's run loop (``loop_kwargs``:
+    ``group``, ``callbacks``, ``engine``)."""
     from fedhet.engine.loop import RunLoop
 
     nodes = discover_nodes(grid, config.data.num_clients)
-    timeout = config.run.round_timeout or None
+    timeout = config.run.get("round_timeout", 0.0) or None
 
     def pool(world):
         return FlowerPool(grid, nodes, timeout)
 
-    return RunLoop(config, out_dir, on_round=on_round, pool_factory=pool).run(
+    loop_kwargs.setdefault("engine", "flower")
+    return RunLoop(config, out_dir, on_round=on_round, pool_factory=pool, **loop_kwargs).run(
         resume=resume, overwrite=overwrite
     )
 
@@ -397,9 +405,11 @@ def run_simulation(
     on_round: Callable[[dict], None] | None = None,
     fail_clients: tuple[int, ...] = (),
     delay_clients: dict[int, float] | None = None,
+    **loop_kwargs,
 ):
     """Run ``config`` on Flower's simulation runtime (Ray backend): one virtual SuperNode per
-    client, ``run.flower_cpus_per_client`` CPUs each. Returns the RunResult."""
+    client, ``run.flower_cpus_per_client`` CPUs each. Returns the RunResult. ``loop_kwargs``
+    (``group``, ``callbacks``, ``engine``) go to the run loop."""
     require_flower()
     from flwr.simulation import run_simulation as flower_run_simulation
 
@@ -409,10 +419,10 @@ def run_simulation(
     folder.prepare(resume=resume, overwrite=overwrite)
     folder.release()
     outcome: dict = {}
-    server = make_server_app(config, out_dir, resume, overwrite, on_round, outcome)
+    server = make_server_app(config, out_dir, resume, overwrite, on_round, outcome, **loop_kwargs)
     client = make_client_app(config.to_toml(), fail_clients, delay_clients)
     backend = {
-        "client_resources": {"num_cpus": config.run.flower_cpus_per_client, "num_gpus": 0.0},
+        "client_resources": {"num_cpus": config.run.get("flower_cpus_per_client", 1.0), "num_gpus": 0.0},
         "init_args": {"log_to_driver": False, "include_dashboard": False},
     }
     levels = {name: logging.getLogger(name).level for name in ("flwr", "ray")}

@@ -1,62 +1,192 @@
-"""Which engine runs a configuration: ``run.engine`` names an ``engine`` plug-in
-(:mod:`fedhet.registry`): ``embedded`` (this process, :class:`~fedhet.engine.loop.RunLoop`)
-or ``flower`` (Flower's simulation runtime, :mod:`fedhet.engine.flower`, imported only
-when used)."""
+"""Which engine runs a configuration, and the one door every command goes through.
+
+``run.engine`` names an ``engine`` plug-in (:mod:`fedhet.registry`): ``embedded`` (this
+process, :class:`~fedhet.engine.loop.RunLoop`, client tasks in-process or in worker
+processes with ``run.workers``) or ``flower`` (Flower's simulation runtime,
+:mod:`fedhet.engine.flower`, imported only when used). An engine's options are keys of
+``[run]`` validated by its ``Options`` (``run.round_timeout`` and
+``run.flower_cpus_per_client`` are Flower's), like a system model's keys in ``[system]``.
+
+``fedhet run``, ``reproduce`` (local jobs and ``--ray``) and ``tune`` all call :func:`run`
+(or :func:`check` first for a whole grid or study), so a grid cell or a trial runs on the
+engine its configuration names, and a combination the engine cannot honour is refused in
+one line before anything runs. The summary's ``engine`` is written by the engine that ran.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedhet.config import Config
 from fedhet.engine.loop import RunLoop, RunResult
-from fedhet.registry import NoOptions, register, resolve
+from fedhet.errors import ConfigError
+from fedhet.registry import NoOptions, register
+
+
+@dataclass
+class Launch:
+    """What a caller asks of an engine beside the configuration and the run folder.
+
+    ``callbacks``: extra callback objects for this run only (a tune's pruning), after the
+    configured ones; ``on_round``: a function of each complete metrics row (progress);
+    ``group``: the grid, ``[compare]`` or study the run belongs to (trackers nest it);
+    ``stop_after`` ends the run after that many rounds, as an interruption would (tests);
+    ``client_order`` reorders each round's tasks in the in-process pool (tests)."""
+
+    resume: bool = False
+    overwrite: bool = False
+    on_round: Callable[[dict], None] | None = None
+    group: str | None = None
+    callbacks: Sequence = field(default_factory=tuple)
+    stop_after: int | None = None
+    client_order: Callable | None = None
+
+
+@dataclass(frozen=True)
+class Placement:
+    """How a study may place an engine's runs: ``parallel``: several at once in local worker
+    processes; ``ray_task``: as a task of a Ray cluster (``reproduce --ray``)."""
+
+    parallel: bool = True
+    ray_task: bool = True
 
 
 class Engine:
-    """Base of engine plug-ins: ``run(config, out_dir, resume, overwrite, **kwargs)``."""
+    """Base of engine plug-ins.
+
+    A subclass sets ``name``, its ``Options`` (keys of ``[run]``), ``placement`` and
+    implements :meth:`run`; :meth:`check` refuses, before anything runs, what it cannot
+    honour. ``runs_workers``: whether it honours ``run.workers`` (processes on this
+    machine). The summary it returns names it under ``"engine"``."""
 
     name = "base"
     Options: type = NoOptions
-    runs_workers = False  # whether it honours run.workers (processes on this machine)
+    runs_workers = False
+    placement = Placement()
+
+    def __init__(self, options=None) -> None:
+        self.options = options if options is not None else self.Options()
 
     @classmethod
     def build(cls, options, ctx=None) -> Engine:
-        return cls()
+        return cls(options)
 
-    def run(self, config: Config, out_dir, resume=False, overwrite=False, **kwargs) -> RunResult:
+    def check(self, config: Config) -> None:
+        """Raise a one-line :class:`~fedhet.errors.ConfigError` for a configuration this
+        engine cannot run as configured (never run it elsewhere instead)."""
+
+    def run(self, config: Config, out_dir: str | Path, launch: Launch) -> RunResult:
         raise NotImplementedError
 
 
 @register("engine")
 class EmbeddedEngine(Engine):
-    """One process, one virtual clock, one reused working model."""
+    """One process, one virtual clock, one reused working model; client tasks in this
+    process or in ``run.workers`` worker processes."""
 
     name = "embedded"
     runs_workers = True
 
-    def run(self, config: Config, out_dir, resume=False, overwrite=False, **kwargs) -> RunResult:
-        loop_kwargs = {k: kwargs.pop(k) for k in ("on_round", "client_order", "group") if k in kwargs}
-        return RunLoop(config, out_dir, **loop_kwargs).run(resume=resume, overwrite=overwrite, **kwargs)
+    def run(self, config: Config, out_dir: str | Path, launch: Launch) -> RunResult:
+        loop = RunLoop(
+            config,
+            out_dir,
+            on_round=launch.on_round,
+            client_order=launch.client_order,
+            group=launch.group,
+            callbacks=launch.callbacks,
+            engine=self.name,
+        )
+        return loop.run(resume=launch.resume, overwrite=launch.overwrite, stop_after=launch.stop_after)
+
+
+@dataclass
+class FlowerOptions:
+    """The Flower engine's keys of ``[run]``."""
+
+    round_timeout: float = 0.0  # wall-clock seconds to wait for the replies of a round (0 = no limit)
+    flower_cpus_per_client: float = 1.0  # simulation: CPUs Ray reserves per client
+
+    def validate(self) -> None:
+        from fedhet.checks import in_range
+
+        if self.round_timeout < 0:
+            raise ConfigError(f"run.round_timeout = {self.round_timeout}: must be >= 0 (0 = no limit)")
+        in_range("run.flower_cpus_per_client", self.flower_cpus_per_client, 0.0, 1024.0, low_open=True)
 
 
 @register("engine")
 class FlowerEngine(Engine):
-    """Flower's simulation runtime (Ray): one virtual SuperNode per client."""
+    """Flower's simulation runtime (Ray): one virtual SuperNode per client. A Flower
+    simulation starts its own Ray on this machine, so a study runs its Flower runs one at a
+    time and never as tasks of another Ray cluster."""
 
     name = "flower"
+    Options = FlowerOptions
+    placement = Placement(parallel=False, ray_task=False)
 
-    def run(self, config: Config, out_dir, resume=False, overwrite=False, **kwargs) -> RunResult:
+    def check(self, config: Config) -> None:
+        from fedhet.engine.flower import require_flower
+
+        require_flower()
+
+    def run(self, config: Config, out_dir: str | Path, launch: Launch) -> RunResult:
         from fedhet.engine.flower import run_simulation
 
+        if launch.client_order is not None or launch.stop_after is not None:
+            raise ConfigError("run.engine = 'flower': client_order and stop_after are embedded-engine hooks")
         return run_simulation(
-            config, out_dir, resume=resume, overwrite=overwrite, on_round=kwargs.get("on_round")
+            config,
+            out_dir,
+            resume=launch.resume,
+            overwrite=launch.overwrite,
+            on_round=launch.on_round,
+            group=launch.group,
+            callbacks=launch.callbacks,
+            engine=self.name,
         )
+
+
+def engine_for(config: Config) -> Engine:
+    """The engine ``run.engine`` names, built with its options from ``[run]``."""
+    entry, options = config.run.plugins["engine"]
+    return entry.cls.build(options, None)
+
+
+def check(config: Config, where: str = "") -> Engine:
+    """The configuration's engine, after it accepted the configuration; ``where`` prefixes
+    a refusal (``"cell NAME: "``)."""
+    engine = engine_for(config)
+    try:
+        engine.check(config)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}{exc}") from None
+    return engine
+
+
+def check_placement(configs: Sequence[tuple[str, Config]], parallel: bool, ray: bool, command: str) -> None:
+    """Refuse, before anything runs, a study whose engines cannot be placed as asked:
+    ``ray``: every run a Ray task; ``parallel``: several runs at once in local processes
+    (``command`` names the option, for the message)."""
+    for name, config in configs:
+        engine = check(config, f"{name}: ")
+        if ray and not engine.placement.ray_task:
+            raise ConfigError(
+                f"{name}: run.engine = {config.run.engine!r} cannot run as a Ray task (it starts its "
+                f"own runtime); run {command} without --ray"
+            )
+        if parallel and not engine.placement.parallel:
+            raise ConfigError(
+                f"{name}: run.engine = {config.run.engine!r} runs one run at a time on this machine; "
+                f"run {command} with --jobs 1"
+            )
 
 
 def run(
     config: Config, out_dir: str | Path, resume: bool = False, overwrite: bool = False, **kwargs
 ) -> RunResult:
-    """Run ``config`` on its engine (``run.engine``)."""
-    entry = resolve("engine", config.run.engine, "run.engine")
-    engine = entry.cls.build(entry.cls.Options(), None)
-    return engine.run(config, out_dir, resume=resume, overwrite=overwrite, **kwargs)
+    """Run ``config`` on its engine (``run.engine``); ``kwargs`` are :class:`Launch`'s."""
+    engine = check(config)
+    return engine.run(config, out_dir, Launch(resume=resume, overwrite=overwrite, **kwargs))

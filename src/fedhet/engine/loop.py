@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,7 +52,9 @@ class RunLoop:
     ``client_order`` reorders each round's tasks before they run in the in-process pool
     (as an engine running clients in parallel would); results do not depend on it.
     ``pool_factory`` builds another pool from the world (the Flower engine's). ``group``
-    names the grid or ``[compare]`` the run is part of."""
+    names the grid, ``[compare]`` or study the run is part of; ``callbacks`` are extra
+    callback objects for this run (after the configured ones); ``engine`` is the name of
+    the engine running the loop, recorded in the summary."""
 
     def __init__(
         self,
@@ -62,6 +64,8 @@ class RunLoop:
         client_order: TaskOrder | None = None,
         pool_factory: Callable[[World], ClientPool] | None = None,
         group: str | None = None,
+        callbacks: Sequence = (),
+        engine: str = "embedded",
     ):
         self.config = config
         self.group = group  # the grid or [compare] this run belongs to (trackers nest it)
@@ -69,6 +73,8 @@ class RunLoop:
         self.on_round = on_round
         self.client_order = client_order
         self.pool_factory = pool_factory
+        self.extra_callbacks = list(callbacks)
+        self.engine = engine
 
     def run(self, resume: bool = False, overwrite: bool = False, stop_after: int | None = None) -> RunResult:
         """Run (or resume) to ``run.rounds`` rounds, or until the next round would take the
@@ -90,7 +96,7 @@ class RunLoop:
         for name in self.config.run.track:  # run.track = ["mlflow", ...]: tracker callbacks
             entry = resolve("callback", name, "run.track")
             out.append(entry.cls.build(entry.cls.Options(), self))
-        return out
+        return out + self.extra_callbacks
 
     def _run(self, resume: bool, stop_after: int | None) -> RunResult:
         config, run_dir = self.config, self.run_dir
@@ -211,6 +217,8 @@ class RunLoop:
             notify(callbacks, "on_round_saved", self)  # the checkpoint no longer waits for it
         notes = world.algorithm.warnings(state.algorithm)
         summary = run_summary(config, world, state, notes)
+        summary["engine"] = self.engine  # the engine that ran, whatever the configuration says
+        summary["pool"] = getattr(self.pool, "name", type(self.pool).__name__)
         if fault is not None:
             # the last good checkpoint stays; --resume retries the round (e.g. with
             # run.on_non_finite = "skip-client")

@@ -114,6 +114,8 @@ class InProcessPool:
     working model. ``order`` changes the order they run in (as a parallel engine would);
     updates still come out in task order."""
 
+    name = "in-process"
+
     def __init__(self, side: WorkerSide, order: TaskOrder | None = None):
         self.side = side
         self.order = order

@@ -241,6 +241,8 @@ class EvaluationHandle:
 class ProcessPool:
     """``workers`` processes running one run's client tasks (see the module's docstring)."""
 
+    name = "processes"
+
     def __init__(self, workers: int):
         """Start ``workers`` processes; they import what they need while this process builds
         the run's world, then wait for :meth:`start`."""

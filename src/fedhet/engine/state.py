@@ -41,8 +41,17 @@ class RunState:
 def comparable(config_dict: dict) -> dict:
     """The parts of a config that must match for a checkpoint to be resumed."""
     out = {k: dict(v) for k, v in config_dict.items()}
-    out["run"] = {k: v for k, v in out["run"].items() if k not in RESUMABLE_CHANGES}
+    skip = set(RESUMABLE_CHANGES) | _engine_option_keys()
+    out["run"] = {k: v for k, v in out["run"].items() if k not in skip}
     return out
+
+
+def _engine_option_keys() -> set[str]:
+    """The ``[run]`` keys that are options of a built-in engine: where a run's clients
+    are placed, never what it computes."""
+    from fedhet.registry import builtins, option_fields
+
+    return {key for entry in builtins("engine").values() for key in option_fields(entry.cls)}
 
 
 RESUMABLE_CHANGES = (

@@ -1,5 +1,9 @@
 """Running a grid's cells: in worker processes on this machine (each with its share of the
-cores) or on a Ray cluster; finished cells are skipped, half-finished ones resume."""
+cores) or on a Ray cluster; finished cells are skipped, half-finished ones resume. Every
+cell runs on the engine its configuration names (:func:`fedhet.engine.launch.run`); cells
+whose engine cannot share the machine (Flower's simulation starts its own Ray) run one
+at a time in this process, and a ``--ray`` grid with such a cell is refused before any
+cell runs."""
 
 from __future__ import annotations
 
@@ -31,12 +35,11 @@ def _run_cell(
     """Run (or resume) one cell; ``overwrite`` starts it again. Threads: ``run.threads``
     (``"auto"`` or 0) within ``core_budget`` cores, a parallel grid's share of the free cores
     (:func:`fedhet.threads.choose_threads`)."""
-    from fedhet.engine.loop import RunLoop
+    from fedhet.engine.launch import run
     from fedhet.threads import set_core_budget
 
     set_core_budget(core_budget)
-    sim = RunLoop(config, out_dir, group=group)
-    return sim.run(resume=not overwrite, overwrite=overwrite).summary
+    return run(config, out_dir, resume=not overwrite, overwrite=overwrite, group=group).summary
 
 
 def settings_changed(cell: Cell, run_dir) -> tuple[list[str], bool]:
@@ -113,6 +116,16 @@ def run_experiment(
                 on_cell(cell, summaries[cell.name])
         else:
             todo.append(cell)
+    from fedhet.engine.launch import check_placement, engine_for
+
+    check_placement([(f"cell {c.name}", c.config) for c in todo], parallel=False, ray=ray is not None,
+                    command="reproduce")  # fmt: skip
+    alone = [c for c in todo if not engine_for(c.config).placement.parallel]
+    todo = [c for c in todo if c not in alone]
+    for cell in alone:  # one at a time, here: the engine uses the machine itself
+        summaries[cell.name] = _cell_here(cell, out_dir, cell.name in fresh, experiment.name)
+        if on_cell:
+            on_cell(cell, summaries[cell.name])
     workers = max(1, min(jobs or experiment.jobs, len(todo) or 1))
     if ray is not None and todo:
         summaries.update(
@@ -122,9 +135,7 @@ def run_experiment(
         return summaries
     if workers == 1:
         for cell in todo:
-            summaries[cell.name] = _run_cell(
-                cell.config, str(out_dir / cell.name), None, cell.name in fresh, experiment.name
-            )
+            summaries[cell.name] = _cell_here(cell, out_dir, cell.name in fresh, experiment.name)
             if on_cell:
                 on_cell(cell, summaries[cell.name])
     else:
@@ -155,6 +166,11 @@ def run_experiment(
                 if on_cell:
                     on_cell(cell, summaries[cell.name])
     return summaries
+
+
+def _cell_here(cell: Cell, out_dir: Path, fresh: bool, group: str) -> dict:
+    """Run one cell in this process."""
+    return _run_cell(cell.config, str(out_dir / cell.name), None, fresh, group)
 
 
 def _preload_datasets(cells: list[Cell]) -> None:

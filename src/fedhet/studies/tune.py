@@ -334,7 +334,7 @@ def _worker(storage: str, study_name: str, space: SearchSpace, raw: dict, algori
     import optuna
     from optuna.trial import TrialState
 
-    from fedhet.engine.loop import RunLoop
+    from fedhet.engine.launch import run
     from fedhet.threads import set_core_budget
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # failed trials: our one line below
@@ -348,10 +348,8 @@ def _worker(storage: str, study_name: str, space: SearchSpace, raw: dict, algori
         folder = Path(out) / study_name / f"trial-{trial.number}"
         config = from_dict(_trial_config(raw, values, trial.number, study_name))
         trial.set_user_attr("run_folder", str(folder))
-        loop = RunLoop(config, folder, group=study_name)
-        pruning, built_in = _Pruning(trial, space), loop.callbacks
-        loop.callbacks = lambda: [*built_in(), pruning]
-        summary = loop.run(overwrite=True).summary
+        pruning = _Pruning(trial, space)
+        summary = run(config, folder, overwrite=True, group=study_name, callbacks=[pruning]).summary
         if summary.get("stopped_by") == "non_finite":  # diverged: the worst outcome, not its last evaluation
             trial.set_user_attr("diverged", True)
             return 0.0 if space.direction == "maximize" and space.target is None else math.inf
@@ -399,6 +397,7 @@ def tune(
     base_name = Path(config_path).stem
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     results = []
+    _check_engines(studies, jobs)
     for algorithm, raw in studies:
         name = _study_name(base_name, algorithm)
         study = _prepare(storage_url, name, space)
@@ -412,6 +411,14 @@ def tune(
         results.append(_write_best(study, name, raw, out, space))
     (out / "tune.json").write_text(json.dumps({"storage": storage_url, "studies": results}, indent=2))
     return results
+
+
+def _check_engines(studies: list[tuple[str | None, dict]], jobs: int) -> None:
+    """Every study's engine accepts its configuration and ``--jobs``, before trial 0."""
+    from fedhet.engine.launch import check_placement
+
+    configs = [(f"study {algorithm or 'tune'}", from_dict(raw)) for algorithm, raw in studies]
+    check_placement(configs, parallel=jobs > 1, ray=False, command="tune")
 
 
 def _parallel(storage, name, space, raw, algorithm, out, trials, jobs) -> None:
