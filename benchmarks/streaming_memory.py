@@ -56,11 +56,11 @@ class PeakMemory(Callback):
     name = "peak-memory"
     result: dict = {}
 
-    def on_start(self, run) -> None:
+    def on_start(self, state) -> None:
         Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
         PeakMemory.result["before"] = _status("VmRSS")
 
-    def on_round_end(self, run, row: dict) -> None:
+    def on_round_end(self, state, row: dict) -> None:
         if row["round"] == 1:
             PeakMemory.result["peak"] = _status("VmHWM")
             PeakMemory.result["participants"] = row["participants"]

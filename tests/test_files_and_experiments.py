@@ -155,8 +155,8 @@ DIE = textwrap.dedent(
     class Die(Callback):
         name = "die"
 
-        def on_round_end(self, run, row):
-            if run.config.run.seed == 2:
+        def on_round_end(self, state, row):
+            if self.context.config.run.seed == 2:
                 os.kill(os.getpid(), signal.SIGKILL)  # as an out-of-memory kill would
     """
 )

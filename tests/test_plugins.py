@@ -175,20 +175,20 @@ class Recorder:
         recorder.tag = options.tag
         return recorder
 
-    def on_start(self, run):
-        Recorder.seen.append((self.tag, "start", run.state.round))
+    def on_start(self, state):
+        Recorder.seen.append((self.tag, "start", state.round))
 
-    def on_round_end(self, run, row):
+    def on_round_end(self, state, row):
         # evaluation and the files ran first: the row is complete and already on disk
-        on_disk = (run.run_dir.path / "metrics.csv").read_text().splitlines()
+        on_disk = (self.context.folder / "metrics.csv").read_text().splitlines()
         Recorder.seen.append(
             (self.tag, "round", row["round"], row["test_accuracy"] is not None, len(on_disk))
         )
 
-    def on_budget_stop(self, run):
+    def on_budget_stop(self, state):
         Recorder.seen.append((self.tag, "budget"))
 
-    def on_end(self, run, summary):
+    def on_end(self, state, summary):
         Recorder.seen.append((self.tag, "end", summary["rounds"]))
 
 

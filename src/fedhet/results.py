@@ -36,6 +36,17 @@ METRIC_COLUMNS = (
 )
 
 
+def metric_columns(rows: list[dict]) -> tuple[str, ...]:
+    """metrics.csv's columns: the standard ones, then every column an algorithm or a callback
+    added, in the order they first appear."""
+    extra: dict[str, None] = {}
+    for row in rows:
+        for key in row:
+            if key not in METRIC_COLUMNS:
+                extra.setdefault(key, None)
+    return METRIC_COLUMNS + tuple(extra)
+
+
 def _cell(value: Any) -> str:
     """A CSV cell: blank only for "not measured" (None); NaN and infinities written as
     ``nan``, ``inf``, ``-inf`` (which ``float()`` reads back)."""
@@ -196,6 +207,7 @@ class RunDirectory:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        self._columns = METRIC_COLUMNS  # metrics.csv's header as last written
 
     @property
     def checkpoint_path(self) -> Path:
@@ -333,7 +345,8 @@ class RunDirectory:
 
     def write_metrics(self, rows: list[dict]) -> None:
         """Rewrite metrics.csv from ``rows`` (used at start and on resume)."""
-        self._write_table(self.metrics_path, METRIC_COLUMNS, rows)
+        self._columns = metric_columns(rows)
+        self._write_table(self.metrics_path, self._columns, rows)
 
     def check_resumed_rows(self, rows: list[dict]) -> None:
         """Before a resume rewrites metrics.csv from the checkpoint's ``rows``: the file must
@@ -363,9 +376,16 @@ class RunDirectory:
                 "resume from the checkpoint)"
             )
 
-    def append_metrics(self, row: dict) -> None:
+    def append_metrics(self, row: dict, rows: list[dict] | None = None) -> None:
+        """Add ``row`` to metrics.csv; a row with a column the file lacks rewrites the file
+        from ``rows`` (the run's rows, up to this one) with the new column."""
+        columns = self._columns
+        if rows is not None and any(key not in columns for key in row):
+            upto = [r for r in rows if r["round"] <= row["round"]]
+            self.write_metrics(upto if upto and upto[-1] is row else [*upto, row])
+            return
         with self.metrics_path.open("a", newline="") as fh:
-            csv.writer(fh).writerow([_cell(row.get(c)) for c in METRIC_COLUMNS])
+            csv.writer(fh).writerow([_cell(row.get(c)) for c in columns])
 
     @property
     def client_metrics_path(self) -> Path:

@@ -47,37 +47,37 @@ class Tracker(Callback):
 
     enabled = True
 
-    def _safely(self, run, method, *args) -> None:
+    def _safely(self, state, method, *args) -> None:
         if not self.enabled:
             return
         try:
-            method(run, *args)
+            method(state, *args)
         except Exception as exc:  # any failure of the tracking library or its store
             self.enabled = False
             log.warning(
                 "%s: %s tracking failed (%s: %s); the run goes on without it",
-                run.config.run.name,
+                self.context.config.run.name,
                 self.name,
                 type(exc).__name__,
                 str(exc).splitlines()[0][:200] if str(exc) else "",
             )
 
-    def on_start(self, run) -> None:
-        self._safely(run, self.start)
+    def on_start(self, state) -> None:
+        self._safely(state, self.start)
 
-    def on_round_end(self, run, row: dict) -> None:
-        self._safely(run, self.round_end, row)
+    def on_round_end(self, state, row: dict) -> None:
+        self._safely(state, self.round_end, row)
 
-    def on_closed(self, run, summary: dict) -> None:
-        self._safely(run, self.close, summary)
+    def on_closed(self, state, summary: dict) -> None:
+        self._safely(state, self.close, summary)
 
-    def start(self, run) -> None:
+    def start(self, state) -> None:
         raise NotImplementedError
 
-    def round_end(self, run, row: dict) -> None:
+    def round_end(self, state, row: dict) -> None:
         raise NotImplementedError
 
-    def close(self, run, summary: dict) -> None:
+    def close(self, state, summary: dict) -> None:
         raise NotImplementedError
 
 
@@ -142,7 +142,7 @@ class MLflowTracking(Tracker):
         except Exception:  # created meanwhile by a parallel cell
             return self.client.get_experiment_by_name(self.experiment).experiment_id
 
-    def start(self, run) -> None:
+    def start(self, state) -> None:
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")  # a dead server: seconds, not minutes
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
         for name in ("mlflow", "alembic"):  # their start-up lines (creating the store's tables)
@@ -150,23 +150,24 @@ class MLflowTracking(Tracker):
         from mlflow import MlflowClient
 
         self.client = MlflowClient(tracking_uri=self.uri)
-        folder = run.run_dir.path
+        context = self.context
+        folder = context.folder
         kept = _read_json(folder / RUN_ID_FILE)
-        if run.state.round > 0 and kept.get("uri") == self.uri and kept.get("run_id"):
+        if state.round > 0 and kept.get("uri") == self.uri and kept.get("run_id"):
             self.run_id = kept["run_id"]  # a resume: the same MLflow run goes on
             self.client.update_run(self.run_id, status="RUNNING")
             return
         experiment = self._experiment_id()
         tags = {"fedhet.run_folder": str(folder.resolve())}
-        group = getattr(run, "group", None)
+        group = context.group
         if group:
             self.parent_id = tags["mlflow.parentRunId"] = self._parent(folder.parent, group, experiment)
-        created = self.client.create_run(experiment, run_name=run.config.run.name, tags=tags)
+        created = self.client.create_run(experiment, run_name=context.config.run.name, tags=tags)
         self.run_id = created.info.run_id
         _write_json(folder / RUN_ID_FILE, {"uri": self.uri, "run_id": self.run_id})
         from mlflow.entities import Param
 
-        params = [Param(k, str(v)[:6000]) for k, v in flatten(run.config.to_dict()).items()]
+        params = [Param(k, str(v)[:6000]) for k, v in flatten(context.config.to_dict()).items()]
         for start in range(0, len(params), 100):
             self.client.log_batch(self.run_id, params=params[start : start + 100])
 
@@ -182,7 +183,7 @@ class MLflowTracking(Tracker):
             _write_json(group_folder / PARENT_FILE, {"uri": self.uri, "run_id": parent.info.run_id})
             return parent.info.run_id
 
-    def round_end(self, run, row: dict) -> None:
+    def round_end(self, state, row: dict) -> None:
         from mlflow.entities import Metric
 
         step, stamp = int(row["round"]), int(time.time() * 1000)
@@ -190,14 +191,14 @@ class MLflowTracking(Tracker):
         if metrics:
             self.client.log_batch(self.run_id, metrics=metrics)
 
-    def close(self, run, summary: dict) -> None:
+    def close(self, state, summary: dict) -> None:
         from mlflow.entities import Metric, RunTag
 
         stamp, rounds = int(time.time() * 1000), int(summary.get("rounds") or 0)
         metrics = [Metric(f"summary.{k}", v, stamp, rounds) for k, v in numbers(summary).items()]
         tags = [RunTag(f"fedhet.{k}", str(summary.get(k))) for k in ("stopped_by", "finished", "algorithm")]
         self.client.log_batch(self.run_id, metrics=metrics, tags=tags)
-        folder = run.run_dir.path
+        folder = self.context.folder
         with tempfile.TemporaryDirectory(prefix="fedhet-mlflow-") as tmp:
             page = Path(tmp) / "report.html"
             from fedhet.studies.report import write_report
@@ -220,10 +221,10 @@ class TensorBoardTracking(Tracker):
     def __init__(self):
         self.writers: dict = {}
 
-    def start(self, run) -> None:
+    def start(self, state) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        folder, state = run.run_dir.path / TENSORBOARD_FOLDER, run.state
+        folder = self.context.folder / TENSORBOARD_FOLDER
         resumed = state.round > 0  # points a kill left beyond the checkpoint are dropped
         self.writers = {
             "round": SummaryWriter(str(folder / "round"), purge_step=state.round + 1 if resumed else None),
@@ -232,14 +233,14 @@ class TensorBoardTracking(Tracker):
             ),
         }
 
-    def round_end(self, run, row: dict) -> None:
+    def round_end(self, state, row: dict) -> None:
         sim_time = float(row.get("sim_time") or 0.0)
         steps = {"round": int(row["round"]), "sim_time": _milliseconds(sim_time)}
         for key, value in numbers(row, skip=("round",)).items():
             for axis, writer in self.writers.items():
                 writer.add_scalar(key, value, global_step=steps[axis], walltime=sim_time)
 
-    def close(self, run, summary: dict) -> None:
+    def close(self, state, summary: dict) -> None:
         text = f"```\n{json.dumps(summary, indent=2, default=str)}\n```"
         self.writers["round"].add_text("summary", text, global_step=int(summary.get("rounds") or 0))
         for writer in self.writers.values():

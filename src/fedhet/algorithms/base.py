@@ -183,6 +183,11 @@ class Algorithm:
         """Things the user must be told when the run starts (e.g. a planner fallback)."""
         return []
 
+    def round_metrics(self, state: dict) -> dict[str, float]:
+        """Numbers of the round just aggregated (server state ``state``) that become
+        columns of its metrics row (metrics.csv, reports, trackers); none by default."""
+        return {}
+
     # -- server: planning and tasks ------------------------------------------------------
     def plan(self, round_index: int, state: dict, system: SystemModel, deadline: float | None) -> RoundPlan:
         """Default plan: every client, the configured batch and steps, the configured deadline

@@ -1,100 +1,154 @@
-"""Run callbacks (in the manner of pfl-research's): what happens around the rounds without
-being part of them. The run loop calls, in order, every callback's
+"""Run callbacks, in the manner of pfl-research's: what happens around the rounds without
+being part of them. A callback gets narrow arguments: the run's state
+(:class:`~fedhet.engine.state.RunState`: round, simulated time, model, metrics rows, ...)
+and a row or the summary; what is fixed for the run (configuration, folder, group,
+engine) is its :class:`RunContext`, given to ``build`` and kept as ``self.context``.
 
-- ``on_start(run)`` once the run's state is ready (fresh or resumed);
-- ``on_round_end(run, row)`` with each round's metrics row once it is complete (evaluated
-  when due: right after its round, or a few rounds later when the evaluation runs in a pool
-  worker while the next rounds train), in round order;
-- ``on_round_saved(run)`` once after every round, the rows done: ``run.state`` is the state
-  after that round (the checkpoint is written here);
-- ``on_budget_stop(run)`` when the next round would pass the time budget;
-- ``on_end(run, summary)`` when the run stops (finished, or stopped by a fault);
-- ``on_closed(run, summary)`` last, once the summary is on disk (when the run wrote one):
+The run loop calls, in order, every callback's
+
+- ``on_start(state)`` once the run's state is ready (fresh or resumed);
+- ``after_round(state, row)`` with each round's metrics row once it is evaluated (right
+  after its round, or a few rounds later when the evaluation runs in a pool worker while
+  the next rounds train), in round order, before the row is written (every callback's
+  ``after_round`` runs before any ``on_round_end``): it may return
+  ``(stop, metrics)`` (pfl's ``after_central_iteration`` shape): ``metrics``, a dict of
+  numbers, become columns of the row (metrics.csv, reports, trackers), and later callbacks
+  see them; ``stop = True`` ends the run after this round (``stopped_by = "callback"``, the
+  summary names the callback);
+- ``on_round_end(state, row)`` with the complete row once it is on disk (trackers,
+  progress);
+- ``on_round_saved(state)`` once after every round, the rows done (the checkpoint is
+  written here);
+- ``on_budget_stop(state)`` when the next round would pass the time budget;
+- ``on_end(state, summary)`` when the run stops (finished, or stopped by a fault);
+- ``on_closed(state, summary)`` last, once the summary is on disk (when the run wrote one):
   what reads the finished run folder (trackers' artifacts) goes here.
 
-Built-ins, in the order they run: ``evaluation`` (test accuracy when due, static
-BatchNorm statistics, per-client evaluation; asked first which rows are complete),
-``reports`` (the algorithm's and system model's JSON documents), ``metrics``
-(metrics.csv, client_metrics.csv, config.toml), ``checkpoint`` (an atomic checkpoint after
-every round), ``progress`` (the ``on_round`` function a caller passes).
-``[run] callbacks = [{ name = "...", ... }]`` adds plug-ins of kind ``callback``
-(:mod:`fedhet.registry`) after them.
+Built-ins, in the order they run: ``reports`` (the algorithm's and system model's JSON
+documents), ``metrics`` (metrics.csv, client_metrics.csv, config.toml), ``checkpoint``
+(an atomic checkpoint after every round); then ``[run] callbacks = [{ name = "...", ... }]``
+(plug-ins of kind ``callback``, :mod:`fedhet.registry`), the trackers of ``run.track``,
+the callbacks a caller passes (a tune's pruning), and progress. Evaluation is not a
+callback: it is a service of the run loop (:class:`EvaluationService`), which completes
+each row before any callback sees it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from fedhet.engine.state import to_checkpoint
-from fedhet.registry import NoOptions, register
+from fedhet.errors import FedhetError
+from fedhet.registry import NoOptions
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What a callback knows of its run beside the state; fixed for the run."""
+
+    config: Any  # fedhet.config.Config
+    folder: Path  # the run folder
+    group: str | None = None  # the grid, [compare] or study the run belongs to
+    engine: str = "embedded"  # the engine running it
 
 
 class Callback:
-    """Base: every hook does nothing."""
+    """Base: every hook does nothing. ``context`` is the run's :class:`RunContext`, set by
+    the run loop before ``on_start``."""
 
     name = "base"
     Options: type = NoOptions
+    context: RunContext | None = None
 
     @classmethod
-    def build(cls, options, ctx=None) -> Callback:
+    def build(cls, options, ctx: RunContext | None = None) -> Callback:
         return cls()
 
-    def on_start(self, run) -> None:
+    def on_start(self, state) -> None:
         pass
 
-    def on_round_end(self, run, row: dict) -> None:
+    def after_round(self, state, row: dict) -> tuple[bool, dict] | None:
+        return None
+
+    def on_round_end(self, state, row: dict) -> None:
         pass
 
-    def on_round_saved(self, run) -> None:
+    def on_round_saved(self, state) -> None:
         pass
 
-    def on_budget_stop(self, run) -> None:
+    def on_budget_stop(self, state) -> None:
         pass
 
-    def on_end(self, run, summary: dict) -> None:
+    def on_end(self, state, summary: dict) -> None:
         pass
 
-    def on_closed(self, run, summary: dict) -> None:
+    def on_closed(self, state, summary: dict) -> None:
         pass
 
 
-@register("callback")
-class Evaluation(Callback):
+def callback_result(callback, result) -> tuple[bool, dict]:
+    """``(stop, metrics)`` from what ``after_round`` returned (None, or pfl's pair); anything
+    else is one line naming the callback."""
+    label = f"run callback {getattr(callback, 'name', type(callback).__name__)!r}"
+    if result is None:
+        return False, {}
+    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], bool)):
+        raise FedhetError(f"{label}: after_round returned {result!r:.80}; expected None or (stop, metrics)")
+    stop, metrics = result
+    if metrics is None:
+        return stop, {}
+    if not isinstance(metrics, dict):
+        raise FedhetError(f"{label}: after_round's metrics must be a dict, got {type(metrics).__name__}")
+    for key, value in metrics.items():
+        if not isinstance(key, str) or not key or "," in key or "\n" in key:
+            raise FedhetError(f"{label}: metric name {key!r} must be a non-empty string without commas")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise FedhetError(f"{label}: metric {key} = {value!r:.40}: must be a number or None")
+    return stop, dict(metrics)
+
+
+class EvaluationService:
     """Test loss and accuracy every ``run.eval_every`` rounds and at the last; with
-    ``run.client_eval`` each client's held-out examples too.
+    ``run.client_eval`` each client's held-out examples too. The run loop asks it, after
+    each round (:meth:`after_round`), which rows are complete.
 
-    The run loop asks it first, after each round (:meth:`after_round`), which rows are
-    complete. Where the pool evaluates elsewhere (worker processes), round ``t``'s model is
-    evaluated while the next rounds train: its row, and the rows after it, complete when the
-    result arrives (at the latest when the next evaluation is due, one at a time, or when the
-    run stops). The run's state keeps the model under evaluation (``RunState.evaluating``:
-    its round, parameters and buffers), so a resume evaluates it from the checkpoint: none
-    is lost or done twice. Static BatchNorm statistics are recomputed here first, since the
-    next round trains with them."""
+    Where the pool evaluates elsewhere (worker processes), round ``t``'s model is evaluated
+    while the next rounds train: its row, and the rows after it, complete when the result
+    arrives (at the latest when the next evaluation is due, one at a time, or when the run
+    stops). The evaluation handle is shaped like a ``concurrent.futures.Future``
+    (``done()``, ``result()``). The run's state keeps the model under evaluation
+    (``RunState.evaluating``: its round, parameters and buffers), so a resume evaluates it
+    from the checkpoint: none is lost or done twice. Static BatchNorm statistics are
+    recomputed here first, since the next round trains with them."""
 
-    name = "evaluation"
-
-    def __init__(self) -> None:
+    def __init__(self, evaluator, pool, world, run_dir, client_eval: bool) -> None:
+        self.evaluator = evaluator
+        self.pool = pool
+        self.world = world
+        self.run_dir = run_dir
+        self.client_eval = client_eval
         self.current: tuple[dict, object] | None = None  # (row, the pool's handle)
         self.waiting: list[dict] = []  # rows after it, complete but held to keep the order
 
-    def after_round(self, run, row: dict) -> list[dict]:
+    def after_round(self, state, row: dict) -> list[dict]:
         """The rows complete after ``row``'s round, in round order."""
-        ready = self._collect(run, block=False)
+        ready = self._collect(state, block=False)
         round_number = int(row["round"])
-        if not run.evaluator.due(round_number):
+        if not self.evaluator.due(round_number):
             if self.current is None:
                 return [*ready, row]
             self.waiting.append(row)
             return ready
-        ready += self._collect(run, block=True)  # one evaluation at a time
-        state = run.state
-        state.buffers = run.evaluator.refresh_buffers(state.params, state.buffers, round_number)
+        ready += self._collect(state, block=True)  # one evaluation at a time
+        state.buffers = self.evaluator.refresh_buffers(state.params, state.buffers, round_number)
         handle = None
-        if not run.config.run.client_eval:  # per-client evaluation stays in this process
-            handle = run.pool.submit_evaluation(state.params, state.buffers)
+        if not self.client_eval:  # per-client evaluation stays in this process
+            handle = self.pool.submit_evaluation(state.params, state.buffers)
         if handle is None:
-            self.evaluate(run, row)
+            self.evaluate(state, row)
             return [*ready, row]
         self.current = (row, handle)
         state.evaluating = {
@@ -104,11 +158,11 @@ class Evaluation(Callback):
         }
         return ready
 
-    def wait(self, run) -> list[dict]:
+    def wait(self, state) -> list[dict]:
         """Every row held back, complete once the evaluation under way has finished."""
-        return self._collect(run, block=True)
+        return self._collect(state, block=True)
 
-    def _collect(self, run, block: bool) -> list[dict]:
+    def _collect(self, state, block: bool) -> list[dict]:
         if self.current is None:
             return []
         row, handle = self.current
@@ -116,110 +170,116 @@ class Evaluation(Callback):
             return []
         row["test_loss"], row["test_accuracy"] = handle.result()
         done, self.waiting, self.current = [row, *self.waiting], [], None
-        run.state.evaluating = None
+        state.evaluating = None
         return done
 
-    def finish_interrupted(self, run) -> None:
+    def finish_interrupted(self, state) -> None:
         """A resumed run that stopped while a round's model was being evaluated: evaluate
         that model (kept in the checkpoint) now."""
-        state = run.state
         if not state.evaluating:
             return
         pending = state.evaluating
         row = next(r for r in state.metrics if int(r["round"]) == pending["round"])
-        row["test_loss"], row["test_accuracy"] = run.evaluator(pending["params"], pending["buffers"])
+        row["test_loss"], row["test_accuracy"] = self.evaluator(pending["params"], pending["buffers"])
         state.evaluating = None
 
-    def on_budget_stop(self, run) -> None:
-        last = run.state.metrics[-1] if run.state.metrics else None
-        if last is not None and last.get("test_accuracy") is None:
-            self.evaluate(run, last)
-            with run.run_dir.writing(run.state.round):
-                run.run_dir.write_metrics(run.state.metrics)
+    def last_row(self, state) -> dict | None:
+        """At a budget stop: the last row, evaluated now if it was not (metrics.csv is
+        rewritten with it), or None when it already was."""
+        last = state.metrics[-1] if state.metrics else None
+        if last is None or last.get("test_accuracy") is not None:
+            return None
+        self.evaluate(state, last)
+        with self.run_dir.writing(state.round):
+            self.run_dir.write_metrics(state.metrics)
+        return last
 
-    @staticmethod
-    def evaluate(run, row: dict) -> None:
+    def evaluate(self, state, row: dict) -> None:
         """Evaluate the run's current model into ``row``, here and now."""
-        state, world, evaluator = run.state, run.world, run.evaluator
+        evaluator, world = self.evaluator, self.world
         state.buffers = evaluator.refresh_buffers(state.params, state.buffers, int(row["round"]))
         row["test_loss"], row["test_accuracy"] = evaluator(state.params, state.buffers)
-        if run.config.run.client_eval:
+        if self.client_eval:
             for entry in evaluator.clients(
                 state.params, state.buffers, world.dataset.x_train, world.train_labels, world.client_holdout
             ):
                 state.client_metrics.append({"round": row["round"], **entry})
-            with run.run_dir.writing(state.round):
-                run.run_dir.write_client_metrics(state.client_metrics)
+            with self.run_dir.writing(state.round):
+                self.run_dir.write_client_metrics(state.client_metrics)
 
 
-@register("callback")
 class Reports(Callback):
     """The system model's and the algorithm's documents, ``<name>.json`` in the run folder."""
 
     name = "reports"
 
-    def write(self, run) -> None:
-        reports = {**run.world.system.reports(), **run.world.algorithm.reports(run.state.algorithm)}
-        with run.run_dir.writing(run.state.round):
+    def __init__(self, world, run_dir) -> None:
+        self.world, self.run_dir = world, run_dir
+
+    def write(self, state) -> None:
+        reports = {**self.world.system.reports(), **self.world.algorithm.reports(state.algorithm)}
+        with self.run_dir.writing(state.round):
             for name, document in reports.items():
-                run.run_dir.write_json(f"{name}.json", document)
+                self.run_dir.write_json(f"{name}.json", document)
 
-    def on_start(self, run) -> None:
-        self.write(run)
+    def on_start(self, state) -> None:
+        self.write(state)
 
-    def on_end(self, run, summary: dict) -> None:
-        self.write(run)
+    def on_end(self, state, summary: dict) -> None:
+        self.write(state)
 
 
-@register("callback")
 class Metrics(Callback):
-    """config.toml and metrics.csv (one row per round, appended as rounds finish)."""
+    """config.toml and metrics.csv (one row per round, appended as rounds finish; a column
+    a callback or the algorithm adds rewrites the file with it)."""
 
     name = "metrics"
 
-    def on_start(self, run) -> None:
-        if run.state.round:  # a resume: the file's rows must agree with the checkpoint's
-            run.run_dir.check_resumed_rows(run.state.metrics)
-        with run.run_dir.writing(run.state.round):
-            run.run_dir.write_config(run.config.to_toml())
-            run.run_dir.write_metrics(run.state.metrics)
-            if run.state.client_metrics:
-                run.run_dir.write_client_metrics(run.state.client_metrics)
+    def __init__(self, run_dir, config_toml: str) -> None:
+        self.run_dir, self.config_toml = run_dir, config_toml
 
-    def on_round_end(self, run, row: dict) -> None:
-        with run.run_dir.writing(run.state.round - 1):
-            run.run_dir.append_metrics(row)
+    def on_start(self, state) -> None:
+        if state.round:  # a resume: the file's rows must agree with the checkpoint's
+            self.run_dir.check_resumed_rows(state.metrics)
+        with self.run_dir.writing(state.round):
+            self.run_dir.write_config(self.config_toml)
+            self.run_dir.write_metrics(state.metrics)
+            if state.client_metrics:
+                self.run_dir.write_client_metrics(state.client_metrics)
+
+    def on_round_end(self, state, row: dict) -> None:
+        with self.run_dir.writing(state.round - 1):
+            self.run_dir.append_metrics(row, state.metrics)
 
 
-@register("callback")
 class Checkpoint(Callback):
     """An atomic checkpoint after every round (and at the budget stop): an interrupted run
     resumes from its last finished round and ends with the metrics of an uninterrupted one."""
 
     name = "checkpoint"
 
-    def save(self, run, rounds_done: int) -> None:
-        run.state.clients = run.pool.states
-        with run.run_dir.writing(rounds_done):
-            run.run_dir.save_checkpoint(to_checkpoint(run.state, run.config.to_dict()))
+    def __init__(self, run_dir, config_dict: dict, pool) -> None:
+        self.run_dir, self.config_dict, self.pool = run_dir, config_dict, pool
 
-    def on_round_saved(self, run) -> None:
-        self.save(run, run.state.round - 1)
+    def save(self, state, rounds_done: int) -> None:
+        state.clients = self.pool.states
+        with self.run_dir.writing(rounds_done):
+            self.run_dir.save_checkpoint(to_checkpoint(state, self.config_dict))
 
-    def on_budget_stop(self, run) -> None:
-        self.save(run, run.state.round)
+    def on_round_saved(self, state) -> None:
+        self.save(state, state.round - 1)
+
+    def on_budget_stop(self, state) -> None:
+        self.save(state, state.round)
 
 
 class Progress(Callback):
-    """Calls a function with each round's row (the command line's progress display)."""
+    """Calls a function with each round's complete row (the command line's progress display)."""
 
     name = "progress"
 
     def __init__(self, on_round: Callable[[dict], None]):
         self.on_round = on_round
 
-    def on_round_end(self, run, row: dict) -> None:
+    def on_round_end(self, state, row: dict) -> None:
         self.on_round(row)
-
-
-BUILT_IN = (Evaluation, Reports, Metrics, Checkpoint)

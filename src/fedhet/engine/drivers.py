@@ -11,12 +11,16 @@
   the system model per start); the algorithm chooses which idle clients start and turns a
   full buffer into a server step, one metrics row each.
 
-A driver's :meth:`step` returns the round's metrics row, a
+A driver's ``step(env, state, t)`` gets a :class:`StepEnvironment` (what stays fixed during
+the run: configuration, world, pool, clock) and the run's state, and returns the round's
+metrics row, a
 :class:`~fedhet.engine.faults.NonFinite` fault, or None when the next round (or arrival)
 would pass the time budget. Evaluation, files and checkpoints are the run loop's callbacks.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -27,6 +31,16 @@ from fedhet.engine.faults import NonFinite, params_fault, update_fault
 from fedhet.engine.records import metrics_row
 from fedhet.errors import FedhetError
 from fedhet.system import Workload
+
+
+@dataclass(frozen=True)
+class StepEnvironment:
+    """What a driver's step may use besides the run state."""
+
+    config: object  # fedhet.config.Config
+    world: object  # fedhet.world.World
+    pool: object  # the client pool (fedhet.engine.pool.ClientPool)
+    clock: object  # fedhet.engine.clock.VirtualClock
 
 
 def upload_bytes(world, depths: np.ndarray) -> np.ndarray:
@@ -42,8 +56,8 @@ class RoundDriver:
 
     name = "round"
 
-    def step(self, run, t: int):
-        config, world, state = run.config, run.world, run.state
+    def step(self, env: StepEnvironment, state, t: int):
+        config, world = env.config, env.world
         algorithm, system = world.algorithm, world.system
         plan = algorithm.plan(t, state.algorithm, system, config.round_deadline)
         work = plan.workload()
@@ -60,7 +74,7 @@ class RoundDriver:
         )
         asked = np.array([a.asked for a in plan.assignments]) & outcomes.participates
         duration = round_duration(plan.deadline, outcomes.finish_time[asked])
-        if not run.clock.fits(duration):
+        if not env.clock.fits(duration):
             return None
         tasks = [
             task
@@ -75,7 +89,7 @@ class RoundDriver:
             state.params, state.buffers, tasks, state.algorithm, context, layout
         )
         delivered, skipped = [], 0
-        for update in run.pool.run(tasks, state.params, state.buffers):
+        for update in env.pool.run(tasks, state.params, state.buffers):
             what = update_fault(update)
             if what and config.run.on_non_finite == "stop":
                 system.observe([*delivered, update.summary()])
@@ -92,12 +106,11 @@ class RoundDriver:
         if what := params_fault(params, buffers):
             return NonFinite(t + 1, None, what)
         state.params, state.buffers = params, buffers
-        state.sim_time = run.clock.advance(duration)
+        state.sim_time = env.clock.advance(duration)
         # depths reached: sampled by the model, or (wall-clock) delivered by the clients
         depths = np.array([u.depth for u in delivered]) if system.wall_clock else outcomes.depth[asked]
-        return metrics_row(
-            t + 1, state.sim_time, duration, plan.deadline, plan.lr, delivered, depths, skipped
-        )
+        row = metrics_row(t + 1, state.sim_time, duration, plan.deadline, plan.lr, delivered, depths, skipped)
+        return {**row, **algorithm.round_metrics(state.algorithm)}
 
 
 class EventDriver:
@@ -113,10 +126,10 @@ class EventDriver:
             state.engine = {"in_flight": [], "buffer": [], "starts": [0] * num_clients, "dispatches": 0}
         return state.engine
 
-    def _start_clients(self, run, now: float, version: int) -> None:
+    def _start_clients(self, env: StepEnvironment, state, now: float, version: int) -> None:
         """Fill the free concurrency with idle clients chosen by the algorithm, on the
         current model."""
-        world, state, config = run.world, run.state, run.config
+        world, config = env.world, env.config
         engine, algorithm = state.engine, world.algorithm
         busy = {entry["client"] for entry in engine["in_flight"]}
         idle = [c for c in range(world.num_clients) if c not in busy]
@@ -130,7 +143,7 @@ class EventDriver:
         chosen = [int(c) for c in algorithm.choose(idle, free, rng)]
         tasks = [algorithm.start_task(c, engine["starts"][c], version) for c in chosen]
         # the chosen clients train at once (in parallel where the pool has workers)
-        updates = {u.client: u for u in run.pool.run(tasks, state.params, state.buffers)}
+        updates = {u.client: u for u in env.pool.run(tasks, state.params, state.buffers)}
         for client in chosen:
             start = engine["starts"][client]
             timing = world.system.sample(
@@ -145,12 +158,12 @@ class EventDriver:
                  "update": updates[client]}
             )  # fmt: skip
 
-    def step(self, run, t: int):
-        world, state, clock = run.world, run.state, run.clock
+    def step(self, env: StepEnvironment, state, t: int):
+        world, clock = env.world, env.clock
         engine = self._engine_state(state, world.num_clients)
         algorithm = world.algorithm
         k = algorithm.buffer_size()
-        self._start_clients(run, state.engine.get("now", state.sim_time), t)
+        self._start_clients(env, state, state.engine.get("now", state.sim_time), t)
         while True:
             if not engine["in_flight"]:
                 raise FedhetError(f"{algorithm.name}: no client could be started (all absent or failed)")
@@ -164,7 +177,7 @@ class EventDriver:
                 break
             if not any(e["time"] == engine["now"] for e in engine["in_flight"]):
                 # idle clients start once every arrival of this instant is in
-                self._start_clients(run, engine["now"], t)
+                self._start_clients(env, state, engine["now"], t)
         entries, engine["buffer"] = engine["buffer"], []
         for update, _ in entries:
             if what := update_fault(update):
@@ -176,7 +189,8 @@ class EventDriver:
         duration = engine["now"] - state.sim_time
         state.sim_time = clock.advance(duration)
         updates = [u for u, _ in entries]
-        return metrics_row(t + 1, state.sim_time, duration, None, algorithm.lr_at(t), updates, np.array([]))
+        row = metrics_row(t + 1, state.sim_time, duration, None, algorithm.lr_at(t), updates, np.array([]))
+        return {**row, **algorithm.round_metrics(state.algorithm)}
 
 
 DRIVERS = {"round": RoundDriver, "event": EventDriver}

@@ -19,9 +19,17 @@ from pathlib import Path
 import torch
 
 from fedhet.config import Config
-from fedhet.engine.callbacks import BUILT_IN, Evaluation, Progress
+from fedhet.engine.callbacks import (
+    Checkpoint,
+    EvaluationService,
+    Metrics,
+    Progress,
+    Reports,
+    RunContext,
+    callback_result,
+)
 from fedhet.engine.clock import VirtualClock
-from fedhet.engine.drivers import DRIVERS
+from fedhet.engine.drivers import DRIVERS, StepEnvironment
 from fedhet.engine.evaluation import make_evaluator
 from fedhet.engine.faults import NonFinite
 from fedhet.engine.pool import ClientPool, InProcessPool, TaskOrder, WorkerDied, WorkerSide
@@ -88,15 +96,23 @@ class RunLoop:
             run_dir.release()
 
     def callbacks(self) -> list:
-        """The built-in callbacks, progress, then the configured plug-ins."""
-        out = [cls() for cls in BUILT_IN]
+        """The built-in callbacks, the configured plug-ins and trackers, the caller's extra
+        ones, then progress; each knows its run by its :class:`RunContext`."""
+        world, config, run_dir = self.world, self.config, self.run_dir
+        context = RunContext(config, run_dir.path, self.group, self.engine)
+        out: list = [Reports(world, run_dir), Metrics(run_dir, config.to_toml()),
+                     Checkpoint(run_dir, config.to_dict(), self.pool)]  # fmt: skip
+        out += [entry.cls.build(options, context) for entry, options in config.run.callback_plugins]
+        for name in config.run.track:  # run.track = ["mlflow", ...]: tracker callbacks
+            entry = resolve("callback", name, "run.track")
+            out.append(entry.cls.build(entry.cls.Options(), context))
+        out += self.extra_callbacks
         if self.on_round:
             out.append(Progress(self.on_round))
-        out += [entry.cls.build(options, self) for entry, options in self.config.run.callback_plugins]
-        for name in self.config.run.track:  # run.track = ["mlflow", ...]: tracker callbacks
-            entry = resolve("callback", name, "run.track")
-            out.append(entry.cls.build(entry.cls.Options(), self))
-        return out + self.extra_callbacks
+        for callback in out:
+            if getattr(callback, "context", None) is None:
+                callback.context = context
+        return out
 
     def _run(self, resume: bool, stop_after: int | None) -> RunResult:
         config, run_dir = self.config, self.run_dir
@@ -134,71 +150,76 @@ class RunLoop:
                 self.pool.close()
 
     def _run_with_pool(self, world: World, saved: dict | None, stop_after: int | None) -> RunResult:
-        config, run_dir = self.config, self.run_dir
-        if saved is not None:
-            self.state = from_checkpoint(
-                saved,
-                config.to_dict(),
-                str(run_dir.checkpoint_path),
-                world.flat.params.numel(),
-                world.flat.buffers.numel(),
-            )
-            world.system.load_state_dict(self.state.system)
-            self.pool.load_state_dict(self.state.clients.state_dict())
-            self.state.clients = self.pool.states
-            run_dir.remove_summary()  # written again when the run finishes
-        else:
-            self.state = self._fresh_state(world)
-            if config.run.max_empty_rounds:  # 0: rounds without updates are accepted, even all
-                check_first_round(config, world, self.state.algorithm)
-        state = self.state
+        config = self.config
+        state = self.state = self._restore(world, saved) if saved is not None else self._start(world)
         callbacks = self.callbacks()
-        evaluation = next(c for c in callbacks if isinstance(c, Evaluation))
-        self.evaluator = make_evaluator(world)
-        evaluation.finish_interrupted(self)
+        evaluation = self.evaluation = EvaluationService(
+            make_evaluator(world), self.pool, world, self.run_dir, config.run.client_eval
+        )
+        evaluation.finish_interrupted(state)
         self.clock = VirtualClock(state.sim_time, config.run.time_budget)
-        notify(callbacks, "on_start", self)
+        notify(callbacks, "on_start", state)
         for note in world.algorithm.warnings(state.algorithm):
             log.warning("%s: %s", config.run.name, note)
+        fault = self._rounds(callbacks, evaluation, stop_after)
+        finished = evaluation.wait(state)  # the last round's evaluation, when under way
+        self._complete(callbacks, finished)
+        if finished and fault is None:
+            notify(callbacks, "on_round_saved", state)  # the checkpoint no longer waits for it
+        return self._finish(world, callbacks, fault)
+
+    def _restore(self, world: World, saved: dict) -> RunState:
+        """The state of a resumed run, from its checkpoint."""
+        state = from_checkpoint(
+            saved,
+            self.config.to_dict(),
+            str(self.run_dir.checkpoint_path),
+            world.flat.params.numel(),
+            world.flat.buffers.numel(),
+        )
+        world.system.load_state_dict(state.system)
+        self.pool.load_state_dict(state.clients.state_dict())
+        state.clients = self.pool.states
+        self.run_dir.remove_summary()  # written again when the run finishes
+        return state
+
+    def _start(self, world: World) -> RunState:
+        """A fresh run's state, after the first-round check."""
+        state = self._fresh_state(world)
+        if self.config.run.max_empty_rounds:  # 0: rounds without updates are accepted, even all
+            check_first_round(self.config, world, state.algorithm)
+        return state
+
+    def _rounds(self, callbacks: list, evaluation: EvaluationService, stop_after: int | None):
+        """Run rounds until the last, a stop or a fault (returned)."""
+        config, state = self.config, self.state
         started, wall_before = time.perf_counter(), state.wall_time
         last = config.run.rounds if stop_after is None else min(stop_after, config.run.rounds)
-        fault = None
-        driver = DRIVERS[world.algorithm.driver]()
+        driver = DRIVERS[self.world.algorithm.driver]()
+        env = StepEnvironment(config, self.world, self.pool, self.clock)
         for t in range(state.round, last):
             if state.stopped_by:
                 break
             try:
-                result = driver.step(self, t)
+                result = driver.step(env, state, t)
             except WorkerDied as died:
                 raise FedhetError(
                     f"{died}; the run stops at round {t + 1}, resume with --resume (the checkpoint of "
                     f"round {state.round} is kept)"
                 ) from None
             if result is None:  # the next round would exceed the time budget
-                if state.round == 0:
-                    took = self.clock.refused
-                    raise FedhetError(
-                        f"run.time_budget = {config.run.time_budget:g}: shorter than the first round"
-                        + (f" ({took:.4g} simulated s)" if took is not None else "")
-                        + "; no round would run"
-                    )
-                state.stopped_by = "time_budget"
-                for row in evaluation.wait(self):
-                    notify(callbacks, "on_round_end", self, row)
-                notify(callbacks, "on_budget_stop", self)
+                self._budget_stop(callbacks, evaluation)
                 break
             if isinstance(result, NonFinite):
-                fault = result
-                break
+                return result
             state.metrics.append(result)
             state.round = t + 1
             state.wall_time = wall_before + time.perf_counter() - started
             empty = self._empty_streak(result)
             # rows are complete once evaluated: at once, or (in a pool worker) during the
             # next round; the state is saved after every round either way
-            for row in evaluation.after_round(self, result):
-                notify(callbacks, "on_round_end", self, row)
-            notify(callbacks, "on_round_saved", self)
+            self._complete(callbacks, evaluation.after_round(state, result))
+            notify(callbacks, "on_round_saved", state)
             if empty and empty >= config.run.max_empty_rounds > 0:
                 state.stopped_by = "no_participants"
                 log.warning(
@@ -210,15 +231,47 @@ class RunLoop:
                     state.round,
                 )
                 break
-        finished = evaluation.wait(self)  # the last round's evaluation, when under way
-        for row in finished:
-            notify(callbacks, "on_round_end", self, row)
-        if finished and fault is None:
-            notify(callbacks, "on_round_saved", self)  # the checkpoint no longer waits for it
+        return None
+
+    def _budget_stop(self, callbacks: list, evaluation: EvaluationService) -> None:
+        state = self.state
+        if state.round == 0:
+            took = self.clock.refused
+            raise FedhetError(
+                f"run.time_budget = {self.config.run.time_budget:g}: shorter than the first round"
+                + (f" ({took:.4g} simulated s)" if took is not None else "")
+                + "; no round would run"
+            )
+        state.stopped_by = "time_budget"
+        self._complete(callbacks, evaluation.wait(state))
+        evaluation.last_row(state)  # evaluated now if it was not due (metrics.csv rewritten)
+        notify(callbacks, "on_budget_stop", state)
+
+    def _complete(self, callbacks: list, rows: list[dict]) -> None:
+        """Hand complete rows to the callbacks: ``after_round`` (their columns join the row;
+        a stop is kept) and then ``on_round_end`` (the row written first)."""
+        state = self.state
+        for row in rows:
+            for callback in callbacks:
+                hook = getattr(callback, "after_round", None)  # a plug-in defines the hooks it needs
+                if hook is None:
+                    continue
+                stop, metrics = callback_result(callback, hook(state, row))
+                row.update(metrics)
+                if stop and state.stopped_by is None:
+                    state.stopped_by = "callback"
+                    state.stopped_by_callback = getattr(callback, "name", type(callback).__name__)
+            notify(callbacks, "on_round_end", state, row)
+
+    def _finish(self, world: World, callbacks: list, fault) -> RunResult:
+        """The summary, written when the run ended; the last hooks."""
+        config, state, run_dir = self.config, self.state, self.run_dir
         notes = world.algorithm.warnings(state.algorithm)
         summary = run_summary(config, world, state, notes)
         summary["engine"] = self.engine  # the engine that ran, whatever the configuration says
         summary["pool"] = getattr(self.pool, "name", type(self.pool).__name__)
+        if state.stopped_by == "callback":
+            summary["stopped_by_callback"] = state.stopped_by_callback
         if fault is not None:
             # the last good checkpoint stays; --resume retries the round (e.g. with
             # run.on_non_finite = "skip-client")
@@ -231,11 +284,11 @@ class RunLoop:
                 fault.describe(),
                 state.round,
             )
-        notify(callbacks, "on_end", self, summary)
-        if summary["finished"] or fault is not None or state.stopped_by == "no_participants":
+        notify(callbacks, "on_end", state, summary)
+        if summary["finished"] or fault is not None or state.stopped_by in ("no_participants", "callback"):
             with run_dir.writing(state.round):
                 run_dir.write_summary(summary)
-        notify(callbacks, "on_closed", self, summary)
+        notify(callbacks, "on_closed", state, summary)
         return RunResult(run_dir.path, summary, state.metrics)
 
     def _empty_streak(self, row: dict) -> int:

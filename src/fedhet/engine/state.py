@@ -33,6 +33,7 @@ class RunState:
     metrics: list[dict] = field(default_factory=list)
     client_metrics: list[dict] = field(default_factory=list)
     stopped_by: str | None = None
+    stopped_by_callback: str | None = None  # the callback that stopped the run (stopped_by = "callback")
     system: dict = field(default_factory=dict)  # what the system model learned (wall-clock)
     engine: dict = field(default_factory=dict)  # the event-driven driver's clients in flight
     evaluating: dict | None = None  # the model under evaluation: {"round", "params", "buffers"}
@@ -126,6 +127,7 @@ def to_checkpoint(state: RunState, config_dict: dict) -> dict:
         "metrics": state.metrics,
         "client_metrics": state.client_metrics,
         "stopped_by": state.stopped_by,
+        "stopped_by_callback": state.stopped_by_callback,
         "system": state.system,
         "engine": state.engine,
         "evaluating": state.evaluating,
@@ -212,6 +214,7 @@ def from_checkpoint(
         metrics=saved["metrics"],
         client_metrics=saved["client_metrics"],
         stopped_by=saved["stopped_by"],
+        stopped_by_callback=saved.get("stopped_by_callback"),
         system=saved.get("system", {}),
         engine=saved.get("engine", {}),
         evaluating=saved.get("evaluating"),

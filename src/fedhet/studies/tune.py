@@ -187,25 +187,28 @@ def objective_value(summary: dict, space: SearchSpace) -> float:
 
 
 class _Pruning:
-    """A run callback: each evaluation goes to the trial; the median pruner may stop it."""
+    """A run callback: each evaluation goes to the trial; when the median pruner says so,
+    the run stops (``stopped_by = "callback"``) and its folder says why (pruned.json)."""
 
     name = "tune-pruning"
+    context = None  # the run's RunContext, set by the run loop
 
     def __init__(self, trial, space: SearchSpace):
         self.trial, self.space = trial, space
+        self.pruned: str | None = None
 
-    def on_round_end(self, run, row: dict) -> None:
+    def after_round(self, state, row: dict):
         key = "test_loss" if self.space.objective == "final_test_loss" else "test_accuracy"
         value = row.get(key)
         if value is None or self.space.target is not None or self.space.pruner == "none":
-            return
+            return None
         step = int(row["round"])
         self.trial.report(float(value), step)
-        if self.trial.should_prune():
-            import optuna
-
-            (run.run_dir.path / PRUNED_FILE).write_text(json.dumps({"round": step, key: value}))
-            raise optuna.TrialPruned(f"pruned at round {step} ({key} {value:.4g})")
+        if not self.trial.should_prune():
+            return None
+        (self.context.folder / PRUNED_FILE).write_text(json.dumps({"round": step, key: value}))
+        self.pruned = f"pruned at round {step} ({key} {value:.4g})"
+        return True, {}
 
 
 def _study_name(base_name: str, algorithm: str | None) -> str:
@@ -350,6 +353,8 @@ def _worker(storage: str, study_name: str, space: SearchSpace, raw: dict, algori
         trial.set_user_attr("run_folder", str(folder))
         pruning = _Pruning(trial, space)
         summary = run(config, folder, overwrite=True, group=study_name, callbacks=[pruning]).summary
+        if pruning.pruned:
+            raise optuna.TrialPruned(pruning.pruned)
         if summary.get("stopped_by") == "non_finite":  # diverged: the worst outcome, not its last evaluation
             trial.set_user_attr("diverged", True)
             return 0.0 if space.direction == "maximize" and space.target is None else math.inf

@@ -83,8 +83,7 @@ def calibrate(config, flat, x_train: torch.Tensor, y_train: torch.Tensor) -> dic
         return read_times(Path(config.system.measured_times), flat.num_layers)
     batch = config.train.batch_size
     key = (
-        config.model.name,
-        tuple(config.model.hidden),
+        json.dumps(config.model.to_dict(), sort_keys=True, default=str),  # any model and its options
         tuple(x_train.shape[1:]),
         batch,
         torch.get_num_threads(),
