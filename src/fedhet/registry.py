@@ -54,6 +54,12 @@ BUILTIN_MODULES: dict[str, tuple[str, ...]] = {
     "callback": ("fedhet.engine.callbacks", "fedhet.tracking"),
 }
 
+# kind -> (module, function) checking a plug-in class against its kind's contract, in one
+# line naming the class; for built-ins (at registration) and plug-ins (when resolved)
+CLASS_CHECKS: dict[str, tuple[str, str]] = {
+    "algorithm": ("fedhet.algorithms.base", "check_algorithm_class"),
+}
+
 # what a configuration calls each kind, for messages
 KIND_LABELS = {
     "algorithm": "algorithm",
@@ -117,6 +123,9 @@ def check_plugin(kind: str, name: str, cls: object) -> None:
         raise ConfigError(f"{label} {name!r}: {cls.__qualname__} has no Options dataclass")
     if not callable(getattr(cls, "build", None)):
         raise ConfigError(f"{label} {name!r}: {cls.__qualname__} has no build(options, ctx)")
+    if kind in CLASS_CHECKS:  # the kind's own contract: declared capabilities against hooks
+        module, function = CLASS_CHECKS[kind]
+        getattr(importlib.import_module(module), function)(cls, name)
 
 
 def _load_builtins(kind: str) -> None:

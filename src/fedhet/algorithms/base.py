@@ -144,7 +144,7 @@ class Algorithm:
     Options: ClassVar[type] = NoOptions
     uses_deadline: ClassVar[bool] = True
     partial_work: ClassVar[str] = "none"
-    tracks_gradient_differences: ClassVar[bool] = False
+    tracks_gradient_differences = False
     # Static BatchNorm (HeteroFL): None = the global model's BatchNorm statistics are the
     # aggregated ones; an integer = before each evaluation, recompute them on the full model
     # from that many of the clients' training examples (0 = all of them).
@@ -156,6 +156,15 @@ class Algorithm:
     def __init__(self, options: Any, train: Any):
         self.options = options
         self.train = train
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Derive the capability flags from the hooks the new class defines, keeping the
+        flags it sets itself for :func:`check_algorithm_class` to compare."""
+        super().__init_subclass__(**kwargs)
+        flags = (*CAPABILITY_HOOKS, "streams")
+        cls._declared_capabilities = {flag: cls.__dict__[flag] for flag in flags if flag in cls.__dict__}
+        for flag, value in _derived_capabilities(cls).items():
+            setattr(cls, flag, value)
 
     @classmethod
     def build(cls, options: Any, ctx: Any) -> Algorithm:
@@ -244,7 +253,11 @@ class Algorithm:
         return {}
 
     # -- client --------------------------------------------------------------------------
-    corrects_gradients = False  # True where gradient_correction returns a correction
+    # Capabilities follow from the hooks a class defines (check_algorithm_class sets them
+    # when the class is registered or resolved): corrects_gradients <- gradient_correction,
+    # tracks_gradient_differences <- observe_gradients, streams <- streaming_aggregator.
+    corrects_gradients = False
+    streams = False
 
     def gradient_correction(
         self, task: ClientTask, state: dict, region: slice, local: torch.Tensor, anchor: torch.Tensor
@@ -287,10 +300,10 @@ class Algorithm:
         layout: ModelLayout,
     ) -> Aggregator:
         """The round's aggregation, fed one update at a time (``tasks``: what was sent, in
-        client order): the rule's :meth:`streaming_aggregator` when it has one for the
-        ``aggregate`` in effect (a subclass that overrides ``aggregate`` alone gets the
-        list), else collect the list and call :meth:`aggregate`."""
-        if _defined_in(type(self), "streaming_aggregator") is _defined_in(type(self), "aggregate"):
+        client order): the rule's :meth:`streaming_aggregator` where the class streams
+        (:attr:`streams`, derived from the hooks it defines), else collect the list and call
+        :meth:`aggregate`."""
+        if self.streams:
             streaming = self.streaming_aggregator(params, buffers, tasks, state, context, layout)
             if streaming is not None:
                 return streaming
@@ -320,13 +333,69 @@ def _defined_in(cls: type, attribute: str) -> type:
     return next(c for c in cls.__mro__ if attribute in c.__dict__)
 
 
+def overrides(cls: type, hook: str, base: type | None = None) -> bool:
+    """Whether ``cls`` (or a parent below ``base``, default :class:`Algorithm`) defines
+    ``hook`` itself: the hooks a class defines are its capabilities."""
+    return _defined_in(cls, hook) is not (base or Algorithm)
+
+
+# capability flag -> the hook whose definition it stands for
+CAPABILITY_HOOKS = {
+    "corrects_gradients": "gradient_correction",
+    "tracks_gradient_differences": "observe_gradients",
+}
+
+
+def _derived_capabilities(cls: type) -> dict[str, bool]:
+    """The capability flags that follow from the hooks ``cls`` defines. A rule streams when
+    it defines :meth:`Algorithm.streaming_aggregator` for the ``aggregate`` in effect (in
+    the class that defines that ``aggregate``, or a subclass of it): a subclass that
+    overrides ``aggregate`` alone is never bypassed by its parent's streaming rule, and one
+    that overrides ``streaming_aggregator`` alone streams with it."""
+    out = {flag: overrides(cls, hook) for flag, hook in CAPABILITY_HOOKS.items()}
+    streaming, aggregate = _defined_in(cls, "streaming_aggregator"), _defined_in(cls, "aggregate")
+    out["streams"] = streaming is not Algorithm and issubclass(streaming, aggregate)
+    return out
+
+
+def check_algorithm_class(cls: type, name: str) -> None:
+    """Refuse, in one line naming the class, an algorithm plug-in whose declarations do not
+    match its hooks: not an :class:`Algorithm`, an unknown ``partial_work`` or ``driver``, a
+    capability flag a class sets against the hook it stands for (a ``gradient_correction``
+    that would never be called), an event-driven rule that is not an :class:`AsyncAlgorithm`.
+    Called for built-ins at registration and for plug-ins when they are resolved."""
+    from fedhet.errors import ConfigError
+
+    label = f"algorithm {name!r} ({cls.__module__}.{cls.__qualname__})"
+    if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
+        raise ConfigError(f"{label}: not a subclass of fedhet.algorithms.Algorithm")
+    if cls.partial_work not in PARTIAL_WORK:
+        raise ConfigError(f"{label}: partial_work = {cls.partial_work!r}: one of {', '.join(PARTIAL_WORK)}")
+    if cls.driver not in ("round", "event"):
+        raise ConfigError(f"{label}: driver = {cls.driver!r}: one of round, event")
+    if cls.driver == "event" and not issubclass(cls, AsyncAlgorithm):
+        raise ConfigError(f"{label}: driver = 'event' needs a subclass of AsyncAlgorithm")
+    derived = _derived_capabilities(cls)
+    for flag, value in derived.items():
+        declared = next(
+            (c.__dict__["_declared_capabilities"][flag] for c in cls.__mro__
+             if flag in c.__dict__.get("_declared_capabilities", {})),
+            None,
+        )  # fmt: skip
+        if declared is not None and bool(declared) != value:
+            hook = CAPABILITY_HOOKS.get(flag, "streaming_aggregator")
+            what = "defines" if value else "does not define"
+            raise ConfigError(
+                f"{label}: {flag} = {declared!r} but the class {what} {hook} for the rule in effect "
+                "(remove the flag: it follows from the hooks)"
+            )
+
+
 ALGORITHMS: dict[str, type[Algorithm]] = {}
 
 
 def register(cls: type[Algorithm]) -> type[Algorithm]:
     """Class decorator adding a built-in algorithm to the registry under ``cls.name``."""
-    if cls.partial_work not in PARTIAL_WORK:
-        raise ValueError(f"{cls.__name__}.partial_work = {cls.partial_work!r}: one of {PARTIAL_WORK}")
     ALGORITHMS[cls.name] = cls
     return registry.register("algorithm")(cls)
 

@@ -140,15 +140,17 @@ class EventDriver:
         engine["dispatches"] += 1
         batch = np.full(world.num_clients, config.train.batch_size)
         steps = np.full(world.num_clients, config.train.local_steps)
+        full_upload = upload_bytes(world, np.ones(world.num_clients, dtype=int))
         chosen = [int(c) for c in algorithm.choose(idle, free, rng)]
         tasks = [algorithm.start_task(c, engine["starts"][c], version) for c in chosen]
         # the chosen clients train at once (in parallel where the pool has workers)
         updates = {u.client: u for u in env.pool.run(tasks, state.params, state.buffers)}
         for client in chosen:
             start = engine["starts"][client]
+            work = Workload(None, batch, steps, start_time=now)
+            work.upload_bytes = full_upload  # the whole model's update travels
             timing = world.system.sample(
-                Workload(None, batch, steps, start_time=now),
-                seeding.client_stream(config.run.seed, start, client, "duration"),
+                work, seeding.client_stream(config.run.seed, start, client, "duration")
             )
             engine["starts"][client] = start + 1
             if client not in updates or not timing.participates[client]:
@@ -186,6 +188,8 @@ class EventDriver:
         if what := params_fault(params, buffers):
             return NonFinite(t + 1, None, what)
         state.params, state.buffers = params, buffers
+        world.system.observe([u.summary() for u, _ in entries])  # as the round driver does
+        state.system = world.system.state_dict()
         duration = engine["now"] - state.sim_time
         state.sim_time = clock.advance(duration)
         updates = [u for u, _ in entries]

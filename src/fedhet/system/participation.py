@@ -130,31 +130,60 @@ class PresenceWrapper(SystemModel):
         return self.base.no_reach_given_presence(work, presence * self.participation_prob)
 
     @property
-    def wall_clock(self) -> bool:
-        return self.base.wall_clock
-
-    @property
-    def independent_clients(self) -> bool:
-        return self.base.independent_clients
-
-    @property
     def always_present(self) -> bool:
         return False
-
-    def time_law(self):
-        return self.base.time_law()
 
     def observe(self, updates) -> None:
         self.base.observe(updates)
 
+    def wrapper_state_dict(self) -> dict:
+        """The wrapper's own state (what it learned or drew beyond the wrapped model's);
+        checkpointed beside the wrapped model's. None by default."""
+        return {}
+
+    def load_wrapper_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`wrapper_state_dict` returned."""
+
     def state_dict(self) -> dict:
-        return self.base.state_dict()
+        own, inner = self.wrapper_state_dict(), self.base.state_dict()
+        return {WRAPPED: inner, WRAPPER: own} if own else inner
 
     def load_state_dict(self, state: dict) -> None:
-        self.base.load_state_dict(state)
+        if WRAPPED in state:
+            self.base.load_state_dict(state[WRAPPED])
+            self.load_wrapper_state_dict(state.get(WRAPPER, {}))
+        else:
+            self.base.load_state_dict(state)
 
     def reports(self) -> dict[str, dict]:
         return self.base.reports()
+
+
+WRAPPED, WRAPPER = "__wrapped__", "__wrapper__"
+# what a presence wrapper answers itself; every other public attribute of SystemModel (a
+# declared capability: time_law, wall_clock, independent_clients, step_time, ... and any
+# added later) is the wrapped model's, forwarded below
+_ANSWERED_BY_WRAPPER = {
+    "sample", "marginals", "no_reach_given_presence", "always_present", "observe", "state_dict",
+    "load_state_dict", "reports", "build", "Options", "name",
+}  # fmt: skip
+
+
+def _forward(name: str, value):
+    if isinstance(value, property) or not callable(value):
+        return property(lambda self: getattr(self.base, name), doc=f"The wrapped model's ``{name}``.")
+
+    def method(self, *args, **kwargs):
+        return getattr(self.base, name)(*args, **kwargs)
+
+    method.__name__ = name
+    method.__doc__ = f"The wrapped model's ``{name}``."
+    return method
+
+
+for _name, _value in vars(SystemModel).items():
+    if not _name.startswith("_") and _name not in _ANSWERED_BY_WRAPPER and _name not in vars(PresenceWrapper):
+        setattr(PresenceWrapper, _name, _forward(_name, _value))
 
 
 class BernoulliParticipation(PresenceWrapper):

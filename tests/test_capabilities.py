@@ -1,0 +1,200 @@
+"""Capabilities are derived from the hooks a class defines, or checked against them: a
+flag set against its hook, an unknown partial_work, a class that is not an Algorithm are
+refused in one line naming the class (built-ins and plug-ins alike); a subclass that
+overrides streaming_aggregator alone streams with it; presence wrappers forward every
+capability of the wrapped model and checkpoint their own state; the event driver keeps
+the system model's state."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedhet.algorithms.base import Algorithm, check_algorithm_class
+from fedhet.algorithms.fedavg import FedAvg
+from fedhet.algorithms.fedprox import FedProx
+from fedhet.algorithms.streaming import ListAggregator
+from fedhet.config import from_dict
+from fedhet.engine.launch import run
+from fedhet.errors import ConfigError
+from fedhet.registry import builtins
+from fedhet.system.base import SystemModel
+from fedhet.system.depth import NoStragglers
+from fedhet.system.participation import BernoulliParticipation
+
+BASE = {
+    "run": {"name": "cap", "seed": 1, "rounds": 2, "threads": 1},
+    "data": {"dataset": "digits", "num_clients": 3, "fraction": 0.3},
+    "model": {"name": "mlp", "hidden": [8]},
+    "system": {"model": "full"},
+}
+
+
+class FlagWithoutHook(FedAvg):
+    corrects_gradients = True  # but no gradient_correction: it would never be called
+
+
+class HookWithoutFlag(FedAvg):
+    corrects_gradients = False
+
+    def gradient_correction(self, task, state, region, local, anchor):
+        return torch.zeros_like(local)
+
+
+class UnknownPartialWork(FedAvg):
+    partial_work = "layer"  # misspelt "layers"
+
+
+class NotAnAlgorithm:
+    from fedhet.registry import NoOptions as Options
+
+    @classmethod
+    def build(cls, options, ctx):
+        return cls()
+
+
+class StreamsAlone(FedAvg):
+    """Overrides streaming_aggregator only: its own streaming rule must be the one used."""
+
+    used = 0
+
+    def streaming_aggregator(self, params, buffers, tasks, state, context, layout):
+        StreamsAlone.used += 1
+        return super().streaming_aggregator(params, buffers, tasks, state, context, layout)
+
+
+def _refused(path: str) -> str:
+    with pytest.raises(ConfigError) as err:
+        from_dict({**BASE, "algorithm": {"name": path}})
+    assert "\n" not in str(err.value)
+    return str(err.value)
+
+
+def test_a_flag_set_against_its_hook_is_refused_in_one_line_naming_the_class():
+    message = _refused("test_capabilities:FlagWithoutHook")
+    assert "test_capabilities.FlagWithoutHook" in message and "corrects_gradients = True" in message
+    assert "does not define gradient_correction" in message
+    message = _refused("test_capabilities:HookWithoutFlag")
+    assert "corrects_gradients = False" in message and "defines gradient_correction" in message
+
+
+def test_an_unknown_partial_work_or_a_class_that_is_no_algorithm_is_refused():
+    assert "partial_work = 'layer': one of none, layers, steps" in _refused(
+        "test_capabilities:UnknownPartialWork"
+    )
+    assert "not a subclass of fedhet.algorithms.Algorithm" in _refused("test_capabilities:NotAnAlgorithm")
+
+
+def test_every_built_in_passes_the_check_and_its_flags_follow_its_hooks():
+    for name, entry in builtins("algorithm").items():
+        check_algorithm_class(entry.cls, name)
+    assert FedProx.corrects_gradients and not FedAvg.corrects_gradients
+    assert FedAvg.streams and builtins("algorithm")["amsfl"].cls.tracks_gradient_differences
+
+
+def test_a_subclass_overriding_streaming_aggregator_alone_streams_with_it(tmp_path):
+    StreamsAlone.used = 0
+    assert StreamsAlone.streams
+    run(from_dict({**BASE, "algorithm": {"name": "test_capabilities:StreamsAlone"}}), tmp_path / "r")
+    assert StreamsAlone.used == 2  # once a round
+
+
+def test_a_subclass_overriding_aggregate_alone_is_not_bypassed():
+    class AggregatesAlone(FedAvg):
+        def aggregate(self, params, buffers, updates, state, context, layout):
+            return params, buffers
+
+    assert not AggregatesAlone.streams
+    rule = AggregatesAlone(FedAvg.Options(), None)
+    aggregator = rule.aggregator(torch.zeros(2), torch.zeros(0), [], {}, None, None)
+    assert isinstance(aggregator, ListAggregator)
+
+
+class Quirky(NoStragglers):
+    """Non-default answers to every declared capability, to see them through a wrapper."""
+
+    wall_clock = True
+    law = object()
+
+    def time_law(self):
+        return self.law
+
+    @property
+    def independent_clients(self) -> bool:
+        return False
+
+
+def test_a_presence_wrapper_forwards_every_capability_of_the_wrapped_model():
+    base = Quirky(4, 3)
+    wrapped = BernoulliParticipation(base, torch.full((4,), 0.5).numpy())
+    assert wrapped.wall_clock is True and wrapped.time_law() is Quirky.law
+    assert wrapped.independent_clients is False and wrapped.always_present is False
+    answered = {"sample", "marginals", "no_reach_given_presence", "always_present", "observe",
+                "state_dict", "load_state_dict", "reports", "build", "Options", "name"}  # fmt: skip
+    for name in vars(SystemModel):
+        if name.startswith("_") or name in answered:
+            continue
+        mine, theirs = getattr(wrapped, name), getattr(base, name)
+        if callable(theirs):
+            assert mine() == theirs(), name
+        else:
+            assert mine == theirs, name
+
+
+class CountingPresence(BernoulliParticipation):
+    def __init__(self, base, probs):
+        super().__init__(base, probs)
+        self.draws = 0
+
+    def present(self, work, rng):
+        self.draws += 1
+        return super().present(work, rng)
+
+    def wrapper_state_dict(self):
+        return {"draws": self.draws}
+
+    def load_wrapper_state_dict(self, state):
+        self.draws = state["draws"]
+
+
+def test_a_wrappers_own_state_is_checkpointed_beside_the_wrapped_models():
+    import numpy as np
+
+    wrapped = CountingPresence(NoStragglers(3, 2), np.full(3, 0.5))
+    wrapped.draws = 7
+    again = CountingPresence(NoStragglers(3, 2), np.full(3, 0.5))
+    again.load_state_dict(wrapped.state_dict())
+    assert again.draws == 7
+    plain = BernoulliParticipation(NoStragglers(3, 2), np.full(3, 0.5))
+    assert plain.state_dict() == NoStragglers(3, 2).state_dict()  # unchanged where a wrapper keeps nothing
+
+
+class ObservingFull(NoStragglers):
+    """Counts the updates it was shown, as a model that learns from arrivals would."""
+
+    name = "observing-full"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.seen = 0
+
+    def observe(self, updates) -> None:
+        self.seen += len(updates)
+
+    def state_dict(self) -> dict:
+        return {"seen": self.seen}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.seen = state.get("seen", 0)
+
+
+def test_the_event_driver_keeps_the_system_models_state(tmp_path):
+    document = {**BASE, "algorithm": {"name": "fedbuff", "buffer_size": 2},
+                "system": {"model": "test_capabilities:ObservingFull"}}  # fmt: skip
+    run(from_dict(document), tmp_path / "r")
+    saved = torch.load(tmp_path / "r" / "checkpoint.pt", weights_only=False)
+    assert saved["system"] == {"seen": 4}  # two server steps of two arrivals each
+
+
+def test_algorithm_base_defaults_are_off():
+    assert not Algorithm.streams and not Algorithm.corrects_gradients
