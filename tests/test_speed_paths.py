@@ -35,7 +35,7 @@ def test_evaluation_in_batches_matches_one_pass():
     torch.manual_seed(0)
     flat = FlatModel(build_model("cnn2", (1, 28, 28), 10))
     x, y = torch.randn(700, 1, 28, 28), torch.randint(0, 10, (700,))
-    loss, accuracy = evaluate(flat, flat.params, flat.buffers, x, y)
+    loss, accuracy = evaluate(flat, flat.params, flat.buffers, x, y).values()
     with torch.no_grad():
         out = torch.nn.Sequential(*flat.model.blocks)(x)
     assert accuracy == pytest.approx(float((out.argmax(1) == y).float().mean()), abs=1e-6)

@@ -34,10 +34,10 @@ def run(config: Config, out_dir: str, **kwargs: Any) -> RunResult:
 
 
 def registries() -> dict[str, tuple[str, ...]]:
-    """Names of every plug-in kind (:mod:`fedhet.registry`) and of the partitions."""
+    """Names of every plug-in kind (:mod:`fedhet.registry`); ``partition`` names the
+    partitioners."""
     from fedhet import registry
-    from fedhet.data import PARTITIONERS
 
     out = {kind: tuple(registry.names(kind)) for kind in registry.KINDS}
-    out["partition"] = tuple(PARTITIONERS)
+    out["partition"] = out["partitioner"]
     return out

@@ -154,7 +154,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     world = build_world(config)  # sets the run's threads
     batch = config.train.batch_size
     x, y = world.dataset.x_train[:batch], world.train_labels[:batch]
-    times = measure_layer_times(world.flat.model, x, y, repeats=args.repeats)
+    times = measure_layer_times(world.flat.model, x, y, repeats=args.repeats, loss_of=world.dataset.task.loss)
     total = sum(times["forward"]) + sum(times["backward"])
     threads = f"{times['threads']} thread" + ("s" if times["threads"] != 1 else "")
     print(
@@ -248,16 +248,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 def cmd_list(args: argparse.Namespace) -> int:
     from fedhet import registry
-    from fedhet.data import PARTITIONERS
 
     for kind in registry.KINDS:
         print(f"{registry.KIND_LABELS[kind]} ({registry.KINDS[kind]}):")
         for entry in registry.entries(kind):
             origin = "" if entry.origin == "fedhet" else f"  [{entry.origin}]"
             print(f"  {entry.name:<18} {entry.summary}{origin}".rstrip())
-    print("partition:")
-    for name in PARTITIONERS:
-        print(f"  {name}")
     return 0
 
 

@@ -315,35 +315,28 @@ class RunConfig(PluginSection):
 @dataclass
 class DataConfig(PluginSection):
     """``[data]``: the dataset (a plug-in, with its own options: ``data_dir``, ``normalize``,
-    ``label_mode``, ...) and how it is split over clients."""
+    ``label_mode``, ...) and how it is split over clients (``partition``, a plug-in with its
+    own options: dirichlet's ``alpha``, shards' ``shards_per_client``)."""
 
     SECTION: ClassVar[str] = "data"
-    SLOTS: ClassVar[dict[str, str]] = {"dataset": "dataset"}
+    SLOTS: ClassVar[dict[str, str]] = {"dataset": "dataset", "partition": "partitioner"}
 
     dataset: str = "digits"
     partition: str = "iid"
     num_clients: int = 10
     fraction: float = 1.0  # keep this random fraction of train and test examples
     validation_fraction: float = 0.0  # hold out this share of the training examples; evaluate on it
-    alpha: float = 0.5  # dirichlet concentration
-    shards_per_client: int = 2
     swap_fraction: float = 0.0  # label-swap: fraction of each label of a pair relabelled
     swap_pairs: list = field(default_factory=lambda: [[0, 1], [8, 9]])
     swap_clients: str = "all"  # "all" or "second-half"
 
     def validate(self) -> None:
-        from fedhet.data import PARTITIONERS
-
-        one_of("data.partition", self.partition, PARTITIONERS)
         one_of("data.swap_clients", self.swap_clients, ("all", "second-half"))
         at_least("data.num_clients", self.num_clients, 1)
         at_most("data.num_clients", self.num_clients, MAX_CLIENTS)
-        at_least("data.shards_per_client", self.shards_per_client, 1)
         in_range("data.fraction", self.fraction, 0.0, 1.0, low_open=True)
         in_range("data.validation_fraction", self.validation_fraction, 0.0, 1.0, high_open=True)
         in_range("data.swap_fraction", self.swap_fraction, 0.0, 1.0)
-        if self.alpha <= 0:
-            raise ConfigError(f"data.alpha = {self.alpha}: must be > 0")
         if self.partition == "label-swap" and not self.swap_pairs:
             raise ConfigError("data.swap_pairs = []: label-swap needs at least one pair of labels")
         for pair in self.swap_pairs:

@@ -38,9 +38,10 @@ def progress_printer(config, label: str, every: float = 5.0):
         def on_round(row: dict) -> None:
             if not progress.live.is_started:
                 progress.start()
-            if row.get("test_accuracy") is not None:
-                state["acc"] = row["test_accuracy"]
-            acc = "" if state["acc"] is None else f" acc {state['acc']:.3f}"
+            score = _score(row)
+            if score is not None:
+                state["acc"] = score
+            acc = "" if state["acc"] is None else f" {state['acc'][0]} {state['acc'][1]:.3f}"
             done = row["sim_time"] if budget else row["round"]
             progress.update(
                 task, completed=done, info=f"round {int(row['round'])} sim {row['sim_time']:.4g}s{acc}"
@@ -54,16 +55,25 @@ def progress_printer(config, label: str, every: float = 5.0):
 
     def on_round_plain(row: dict) -> None:
         now = time.monotonic()
-        evaluated = row.get("test_accuracy") is not None
-        if not (evaluated or row["round"] >= total_rounds or now - last["time"] >= every):
+        score = _score(row)
+        if not (score or row["round"] >= total_rounds or now - last["time"] >= every):
             return
         last["time"] = now
-        acc = f" test_accuracy {row['test_accuracy']:.4f}" if evaluated else ""
+        acc = f" test_{score[0]} {score[1]:.4f}" if score else ""
         rounds = f"round {int(row['round'])}" + ("" if budget else f"/{total_rounds}")
         clock = f"sim_time {row['sim_time']:.4g}" + (f"/{budget:g}" if budget else "")
         console.print(f"{label} {rounds} {clock}{acc}", highlight=False)
 
     return on_round_plain
+
+
+def _score(row: dict) -> tuple[str, float] | None:
+    """The row's test accuracy, or (tasks without one) its RMSE: (name, value)."""
+    if row.get("test_accuracy") is not None:
+        return ("accuracy", row["test_accuracy"])
+    if row.get("test_rmse") is not None:
+        return ("rmse", row["test_rmse"])
+    return None
 
 
 def summary_table(summaries: list[dict], title: str) -> None:
@@ -74,7 +84,9 @@ def summary_table(summaries: list[dict], title: str) -> None:
     targets = sorted(
         {t for s in summaries if isinstance(s.get("targets"), dict) for t in s["targets"]}, key=_as_number
     )
+    rmse = any(s.get("final_test_rmse") is not None for s in summaries)  # a regression's score
     columns = ["run", "algorithm", "rounds", "sim_time", "final acc", "best acc"]
+    columns += ["final rmse", "best rmse"] if rmse else []
     columns += [f"time to {t}" for t in targets] + ["wall s"]
     for col in columns:
         table.add_column(col, justify="left" if col in ("run", "algorithm") else "right")
@@ -90,6 +102,7 @@ def summary_table(summaries: list[dict], title: str) -> None:
             fmt(s.get("sim_time"), ".4g"),
             fmt(s.get("final_test_accuracy"), ".4f"),
             fmt(s.get("best_test_accuracy"), ".4f"),
+            *([fmt(s.get("final_test_rmse"), ".4g"), fmt(s.get("best_test_rmse"), ".4g")] if rmse else []),
             *[reached(s["targets"].get(t) if isinstance(s.get("targets"), dict) else None) for t in targets],
             fmt(s.get("wall_time"), ".1f"),
         )

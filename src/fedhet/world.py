@@ -14,7 +14,7 @@ from fedhet import seeding
 from fedhet.algorithms import Algorithm, AlgorithmContext, RunSetting
 from fedhet.client import ClientData, LocalTrainer
 from fedhet.config import Config
-from fedhet.data import Dataset, open_dataset, partition_indices
+from fedhet.data import Dataset, open_dataset
 from fedhet.data.partition import swap_labels
 from fedhet.data.sources import split_validation, subsample
 from fedhet.errors import ConfigError
@@ -84,8 +84,18 @@ def build_partition(config: Config, dataset: Dataset) -> tuple[list[np.ndarray],
     d = config.data
     rng = seeding.stream(config.run.seed, "data")
     labels = dataset.y_train.numpy()
-    parts = partition_indices(labels, d.num_clients, d.partition, rng, d.alpha, d.shards_per_client)
-    if d.partition == "label-swap" or d.swap_fraction > 0:
+    partitioner = d.entry("partition").cls.build(d.options("partition"), None)
+    relabels = d.partition == "label-swap" or d.swap_fraction > 0
+    if (partitioner.needs_labels or relabels) and not dataset.task.labels:
+        what = f"data.partition = {d.partition!r}" if partitioner.needs_labels else "data.swap_fraction"
+        raise ConfigError(
+            f"{what} works on class labels; dataset {d.dataset!r} is a {dataset.task.name} task "
+            "without them (use iid or natural)"
+        )
+    if d.num_clients > len(labels):
+        raise ConfigError(f"data.num_clients = {d.num_clients}: more clients than {len(labels)} examples")
+    parts = partitioner.split(dataset, d.num_clients, rng)
+    if relabels:
         for pair in d.swap_pairs:
             if max(pair) >= dataset.num_classes:
                 raise ConfigError(
@@ -136,12 +146,13 @@ def build_system(config: Config, num_clients: int, num_layers: int, measure=None
     return model
 
 
-def build_trainer(config: Config, flat: FlatModel) -> LocalTrainer:
-    """The local trainer of ``config``: its local optimizer and postprocessor chain."""
+def build_trainer(config: Config, flat: FlatModel, objective=None) -> LocalTrainer:
+    """The local trainer of ``config``: its local optimizer and postprocessor chain, and the
+    dataset's task (``objective``: its loss; classification by default)."""
     t = config.train
     optimizer = t.entry("optimizer").cls.build(t.options("optimizer"), None)
     chain = [entry.cls.build(options, None) for entry, options in t.postprocessors]
-    return LocalTrainer(flat, optimizer, chain)
+    return LocalTrainer(flat, optimizer, chain, objective)
 
 
 def build_world(config: Config, client_side: bool = False, dataset: Dataset | None = None) -> World:
@@ -188,12 +199,12 @@ def build_world(config: Config, client_side: bool = False, dataset: Dataset | No
     def measure():
         from fedhet.system.measured import calibrate
 
-        return calibrate(config, flat, dataset.x_train, train_labels)
+        return calibrate(config, flat, dataset.x_train, train_labels, loss_of=dataset.task.loss)
 
     system = None if client_side else build_system(config, len(parts), flat.num_layers, measure)
     t = config.train
     algorithm = algorithm_entry.cls.build(config.algorithm.options, AlgorithmContext(t))
-    worker = build_trainer(config, flat)
+    worker = build_trainer(config, flat, dataset.task)
     return World(
         config=config,
         dataset=dataset,

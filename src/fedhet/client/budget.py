@@ -73,7 +73,9 @@ class WallClockBudget:
         return self.fits_another_step()
 
 
-def timed_first_step(model, x: torch.Tensor, y: torch.Tensor, depth: int, clock: WallClockBudget):
+def timed_first_step(
+    model, x: torch.Tensor, y: torch.Tensor, depth: int, clock: WallClockBudget, loss_of=None
+):
     """One local step back-propagated layer by layer from the output, timing each layer and
     stopping before the deadline would pass (SALF on real hardware): returns the layer
     reached (``L + 1`` if not even the output layer fits) and ``(loss, gradients of the
@@ -98,7 +100,7 @@ def timed_first_step(model, x: torch.Tensor, y: torch.Tensor, depth: int, clock:
         inputs.append(inp)
         outputs.append(out)
         h = out
-    loss = F.cross_entropy(h, y)
+    loss = (loss_of or F.cross_entropy)(h, y)  # the task's loss (fedhet.data.task)
     grad_out = torch.autograd.grad(loss, outputs[-1])[0]
     per_layer: dict[int, tuple] = {}
     estimate = 2.0 * forward_times[-1] + clock.layer_delay

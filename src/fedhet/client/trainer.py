@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from fedhet.client.budget import SimulatedBudget, WallClockBudget, timed_first_step
 from fedhet.client.coverage import CoverageView, WidthMasks
@@ -31,6 +30,7 @@ from fedhet.client.optimizers import SGD, LocalOptimizer
 from fedhet.client.postprocess import Postprocessor, generator_for, payload_bytes
 from fedhet.client.rule import ClientRule
 from fedhet.client.state import ClientData, ClientState
+from fedhet.data.task import Classification, Task
 from fedhet.messages import ClientTask, ClientUpdate, Coverage
 from fedhet.models.layers import FlatModel
 
@@ -44,8 +44,10 @@ class LocalTrainer:
         flat: FlatModel,
         optimizer: LocalOptimizer | None = None,
         postprocessors: list[Postprocessor] | None = None,
+        objective: Task | None = None,
     ):
         self.flat = flat
+        self.objective = objective or Classification()  # the dataset's task: its training loss
         self.optimizer = optimizer or SGD()
         self.postprocessors = list(postprocessors or [])
         self.masks = WidthMasks(flat)
@@ -123,7 +125,7 @@ class LocalTrainer:
             flat.load(params, buffers)  # after the warm-up, which may touch BatchNorm statistics
             flat.model.train()
             budget = self.budget_for(task)  # the device's time starts now, warmed up
-            depth, first = timed_first_step(flat.model, x, y, depth, budget)
+            depth, first = timed_first_step(flat.model, x, y, depth, budget, self.objective.loss)
         budget = budget or self.budget_for(task)
         coverage = Coverage(depth, task.coverage.width) if budget.timed else task.coverage
         if depth > flat.num_layers or steps <= 0:
@@ -151,7 +153,7 @@ class LocalTrainer:
                 if not budget.allows_another_step():
                     break
                 x, y = data.batch(rng, task.batch_size)
-                loss = F.cross_entropy(model(x, depth), y)
+                loss = self.objective.loss(model(x, depth), y)
                 grads = gradients(loss, reached)
                 budget.step_done(flat.num_layers + 1 - depth)
             done += 1
@@ -201,7 +203,7 @@ class LocalTrainer:
         if self._warm:
             return
         self.flat.model.train()
-        timed_first_step(self.flat.model, x[:2], y[:2], 1, WallClockBudget(60.0))
+        timed_first_step(self.flat.model, x[:2], y[:2], 1, WallClockBudget(60.0), self.objective.loss)
         self._warm = True
 
     def _gradient_at(
@@ -214,7 +216,7 @@ class LocalTrainer:
             saved_params = flat.params[pslice].clone()
             saved_buffers = flat.buffers.clone()
             flat.params[pslice].copy_(point)
-        loss = F.cross_entropy(flat.model(x, depth), y)
+        loss = self.objective.loss(flat.model(x, depth), y)
         grads = torch.autograd.grad(loss, reached)
         with torch.no_grad():
             flat.params[pslice].copy_(saved_params)
@@ -246,7 +248,7 @@ class LocalTrainer:
             flat.load(params, buffers)
             flat.model.train()
             x, y = data.batch(rng, size)
-            loss = F.cross_entropy(flat.model(x), y)
+            loss = self.objective.loss(flat.model(x), y)
             grads.append(torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params_list)]))
         flat.load(params, buffers)
         stacked = torch.stack(grads).double()

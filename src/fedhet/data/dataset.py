@@ -8,12 +8,19 @@ from pathlib import Path
 
 import torch
 
+from fedhet.data.task import Classification, Task
 from fedhet.registry import NoOptions
 
 
 @dataclass
 class Dataset:
-    """A dataset held in memory: float features, int64 labels, train and test splits."""
+    """A dataset held in memory: float features and targets (int64 labels for
+    classification), train and test splits, and the task they pose (its loss and metrics).
+
+    ``num_classes``: the model's outputs (classes, or a regression's target columns).
+    ``train_users``: where the data has its own users (LEAF's writers, speakers, ...), the
+    user index of each training example, which ``data.partition = "natural"`` makes the
+    clients; ``user_names`` names them."""
 
     name: str
     x_train: torch.Tensor
@@ -23,6 +30,9 @@ class Dataset:
     num_classes: int
     images: bool = False  # pixels in [0, 1], channels first, not yet normalised
     provenance: dict = field(default_factory=dict)  # which files / split it came from (in summaries)
+    task: Task = field(default_factory=Classification)
+    train_users: torch.Tensor | None = None  # int64 user index per training example, or None
+    user_names: list = field(default_factory=list)
 
     @property
     def input_shape(self) -> tuple[int, ...]:

@@ -1,19 +1,29 @@
 """Partitions of a training set over clients: each client is an index array.
 
+Partitioners are plug-ins (kind ``partitioner``, :mod:`fedhet.registry`; ``[data]
+partition = "..."`` with their options in the same table):
+
 - ``iid``: a random permutation cut into near-equal shards.
 - ``dirichlet``: per class, client shares drawn from Dirichlet(alpha) (small alpha = skewed).
 - ``shards``: sort by label, cut into ``num_clients * shards_per_client`` shards, deal them.
 - ``label-swap``: ``iid``, then on the chosen clients a fraction of two labels are relabelled
   to each other (the FedStale experiments' data heterogeneity), see :func:`swap_labels`.
+- ``natural``: the dataset's own users (LEAF's writers, speakers, ...) are the clients.
+
+A partitioner plug-in subclasses :class:`Partitioner`: ``split(dataset, num_clients, rng)``
+returns the index arrays; ``needs_labels`` says it splits by class label (refused, in one
+line, for a task without labels, e.g. a regression).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from fedhet.errors import ConfigError
+from fedhet.registry import NoOptions, register
 
 
 def iid(labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
@@ -93,7 +103,124 @@ def swap_labels(
     return out
 
 
-PARTITIONERS = ("iid", "dirichlet", "shards", "label-swap")
+class Partitioner:
+    """Base of partitioner plug-ins: ``name``, ``Options`` and :meth:`split`."""
+
+    name = "base"
+    Options: type = NoOptions
+    needs_labels = False  # splits by class label (refused where the task has none)
+
+    def __init__(self, options=None) -> None:
+        self.options = options if options is not None else self.Options()
+
+    @classmethod
+    def build(cls, options, ctx=None) -> Partitioner:
+        return cls(options)
+
+    def split(self, dataset, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
+        """Index arrays of the training examples of ``dataset``, one per client."""
+        raise NotImplementedError
+
+
+@register("partitioner")
+class IID(Partitioner):
+    """A random permutation cut into near-equal shards."""
+
+    name = "iid"
+
+    def split(self, dataset, num_clients, rng):
+        return iid(dataset.y_train.numpy(), num_clients, rng)
+
+
+@register("partitioner")
+class LabelSwap(IID):
+    """IID, then pairs of labels partly swapped on chosen clients (FedStale Sec. 5.1).
+
+    ``data.swap_fraction``, ``swap_pairs`` and ``swap_clients`` say how much, which and where."""
+
+    name = "label-swap"
+    needs_labels = True
+
+
+@dataclass
+class DirichletOptions:
+    """``alpha``: the Dirichlet concentration (small = skewed)."""
+
+    alpha: float = 0.5
+
+    def validate(self) -> None:
+        if self.alpha <= 0:
+            raise ConfigError(f"data.alpha = {self.alpha}: must be > 0")
+
+
+@register("partitioner")
+class Dirichlet(Partitioner):
+    """Per class, client shares drawn from Dirichlet(alpha)."""
+
+    name = "dirichlet"
+    Options = DirichletOptions
+    needs_labels = True
+
+    def split(self, dataset, num_clients, rng):
+        return dirichlet(dataset.y_train.numpy(), num_clients, rng, alpha=self.options.alpha)
+
+
+@dataclass
+class ShardsOptions:
+    """``shards_per_client``: label-sorted shards dealt to each client."""
+
+    shards_per_client: int = 2
+
+    def validate(self) -> None:
+        if self.shards_per_client < 1:
+            raise ConfigError(f"data.shards_per_client = {self.shards_per_client}: must be >= 1")
+
+
+@register("partitioner")
+class Shards(Partitioner):
+    """Sort by label, cut into equal shards, deal ``shards_per_client`` to each client."""
+
+    name = "shards"
+    Options = ShardsOptions
+    needs_labels = True
+
+    def split(self, dataset, num_clients, rng):
+        return shards(dataset.y_train.numpy(), num_clients, rng, self.options.shards_per_client)
+
+
+@register("partitioner")
+class Natural(Partitioner):
+    """The dataset's own users are the clients (LEAF's writers, speakers, ...).
+
+    They come with the data (``dataset.train_users``). With fewer clients than users,
+    ``num_clients`` users are drawn at random (the run's data stream), as LEAF samples
+    users; their examples are the clients'."""
+
+    name = "natural"
+
+    def split(self, dataset, num_clients, rng):
+        users = dataset.train_users
+        if users is None:
+            raise ConfigError(
+                f"data.partition = 'natural': dataset {dataset.name!r} brings no users of its own "
+                "(use iid, dirichlet or shards)"
+            )
+        users = users.numpy()
+        present = np.unique(users)
+        if num_clients > len(present):
+            raise ConfigError(
+                f"data.num_clients = {num_clients}: dataset {dataset.name!r} has {len(present)} users "
+                "(data.partition = 'natural' makes each user a client)"
+            )
+        chosen = (
+            present
+            if num_clients == len(present)
+            else np.sort(rng.choice(present, num_clients, replace=False))
+        )
+        return [np.flatnonzero(users == user) for user in chosen]
+
+
+PARTITIONERS = ("iid", "dirichlet", "shards", "label-swap", "natural")
 
 
 def partition_indices(
@@ -104,16 +231,28 @@ def partition_indices(
     alpha: float = 0.5,
     shards_per_client: int = 2,
 ) -> list[np.ndarray]:
-    """Split example indices over ``num_clients`` clients with partitioner ``method``.
+    """Split example indices over ``num_clients`` clients with built-in partitioner
+    ``method`` (a label array stands for the dataset).
 
     ``label-swap`` splits like ``iid``; its relabelling is applied by :func:`swap_labels`.
     """
+    if method not in ("iid", "label-swap", "dirichlet", "shards"):
+        raise ConfigError(f"data.partition = {method!r}: unknown (known: {', '.join(PARTITIONERS)})")
     if num_clients > len(labels):
         raise ConfigError(f"data.num_clients = {num_clients}: more clients than {len(labels)} examples")
-    if method in ("iid", "label-swap"):
-        return iid(labels, num_clients, rng)
-    if method == "dirichlet":
-        return dirichlet(labels, num_clients, rng, alpha=alpha)
-    if method == "shards":
-        return shards(labels, num_clients, rng, shards_per_client=shards_per_client)
-    raise ConfigError(f"data.partition = {method!r}: unknown (known: {', '.join(PARTITIONERS)})")
+    options = {"dirichlet": DirichletOptions(alpha), "shards": ShardsOptions(shards_per_client)}
+    import torch
+
+    from fedhet.registry import builtins
+
+    partitioner = builtins("partitioner")[method].cls(options.get(method))
+    return partitioner.split(_Labels(torch.from_numpy(np.asarray(labels))), num_clients, rng)
+
+
+@dataclass
+class _Labels:
+    """A label array standing for a dataset (for :func:`partition_indices`)."""
+
+    y_train: object
+    name: str = "labels"
+    train_users: object = None

@@ -316,14 +316,14 @@ def subsample(dataset: Dataset, fraction: float, rng: np.random.Generator) -> Da
     keep_tr = np.sort(rng.permutation(dataset.num_train)[: max(1, round(fraction * dataset.num_train))])
     n_te = int(dataset.x_test.shape[0])
     keep_te = np.sort(rng.permutation(n_te)[: max(1, round(fraction * n_te))])
-    return Dataset(
-        name=dataset.name,
+    users = dataset.train_users
+    return replace(
+        dataset,
         x_train=dataset.x_train[keep_tr],
         y_train=dataset.y_train[keep_tr],
         x_test=dataset.x_test[keep_te],
         y_test=dataset.y_test[keep_te],
-        num_classes=dataset.num_classes,
-        provenance=dataset.provenance,
+        train_users=None if users is None else users[keep_tr],
     )
 
 
@@ -342,12 +342,14 @@ def split_validation(dataset: Dataset, fraction: float, rng: np.random.Generator
         )
     order = rng.permutation(n)
     validation, train = np.sort(order[:held]), np.sort(order[held:])
+    users = dataset.train_users
     return replace(
         dataset,
         x_train=dataset.x_train[train],
         y_train=dataset.y_train[train],
         x_test=dataset.x_train[validation],
         y_test=dataset.y_train[validation],
+        train_users=None if users is None else users[train],
     )
 
 
@@ -372,15 +374,11 @@ def normalize_images(dataset: Dataset, mode: str) -> Dataset:
         channels = [x[:, c] for c in range(x.shape[1])]
         mean = torch.tensor([float(ch.mean()) for ch in channels]).view(1, -1, 1, 1)
         std = torch.tensor([float(ch.std()) or 1.0 for ch in channels]).view(1, -1, 1, 1)
-    return Dataset(
-        name=dataset.name,
+    return replace(
+        dataset,
         x_train=(dataset.x_train - mean) / std,
-        y_train=dataset.y_train,
         x_test=(dataset.x_test - mean) / std,
-        y_test=dataset.y_test,
-        num_classes=dataset.num_classes,
         images=False,
-        provenance=dataset.provenance,
     )
 
 

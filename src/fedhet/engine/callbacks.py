@@ -168,7 +168,7 @@ class EvaluationService:
         row, handle = self.current
         if not block and not handle.done():
             return []
-        row["test_loss"], row["test_accuracy"] = handle.result()
+        row.update(handle.result())
         done, self.waiting, self.current = [row, *self.waiting], [], None
         state.evaluating = None
         return done
@@ -180,14 +180,14 @@ class EvaluationService:
             return
         pending = state.evaluating
         row = next(r for r in state.metrics if int(r["round"]) == pending["round"])
-        row["test_loss"], row["test_accuracy"] = self.evaluator(pending["params"], pending["buffers"])
+        row.update(self.evaluator(pending["params"], pending["buffers"]))
         state.evaluating = None
 
     def last_row(self, state) -> dict | None:
         """At a budget stop: the last row, evaluated now if it was not (metrics.csv is
         rewritten with it), or None when it already was."""
         last = state.metrics[-1] if state.metrics else None
-        if last is None or last.get("test_accuracy") is not None:
+        if last is None or last.get("test_loss") is not None:
             return None
         self.evaluate(state, last)
         with self.run_dir.writing(state.round):
@@ -198,7 +198,7 @@ class EvaluationService:
         """Evaluate the run's current model into ``row``, here and now."""
         evaluator, world = self.evaluator, self.world
         state.buffers = evaluator.refresh_buffers(state.params, state.buffers, int(row["round"]))
-        row["test_loss"], row["test_accuracy"] = evaluator(state.params, state.buffers)
+        row.update(evaluator(state.params, state.buffers))
         if self.client_eval:
             for entry in evaluator.clients(
                 state.params, state.buffers, world.dataset.x_train, world.train_labels, world.client_holdout

@@ -9,6 +9,7 @@ import torch
 
 from fedhet import seeding
 from fedhet.client import evaluate
+from fedhet.data.task import Classification, Task
 from fedhet.models.batchnorm import static_batchnorm_buffers
 from fedhet.models.layers import FlatModel
 
@@ -30,6 +31,7 @@ class Evaluator:
         statistics_from: torch.Tensor | None = None,
         statistics_examples: int = 0,
         seed: int = 0,
+        task: Task | None = None,
     ):
         self.flat = flat
         self.x = x
@@ -39,6 +41,7 @@ class Evaluator:
         self.statistics_from = statistics_from
         self.statistics_examples = statistics_examples
         self.seed = seed
+        self.task = task or Classification()
 
     def refresh_buffers(self, params: torch.Tensor, buffers: torch.Tensor, round_number: int) -> torch.Tensor:
         """The buffers to evaluate (and keep) ``params`` with: recomputed BatchNorm statistics
@@ -55,9 +58,11 @@ class Evaluator:
         """Whether round ``round_number`` (1-based) is evaluated."""
         return round_number % self.every == 0 or round_number == self.last_round
 
-    def __call__(self, params: torch.Tensor, buffers: torch.Tensor) -> tuple[float, float]:
-        """(test loss, test accuracy)."""
-        return evaluate(self.flat, params, buffers, self.x, self.y)
+    def __call__(self, params: torch.Tensor, buffers: torch.Tensor) -> dict[str, float]:
+        """The task's metrics on the test set, as metrics-row columns (``test_loss``,
+        ``test_accuracy``; a regression's ``test_rmse``, ...)."""
+        found = evaluate(self.flat, params, buffers, self.x, self.y, task=self.task)
+        return {f"test_{name}": value for name, value in found.items()}
 
     def clients(
         self, params: torch.Tensor, buffers: torch.Tensor, x: torch.Tensor, y: torch.Tensor, holdout: list
@@ -67,8 +72,8 @@ class Evaluator:
         for client, indices in enumerate(holdout):
             if len(indices) == 0:
                 continue
-            loss, accuracy = evaluate(self.flat, params, buffers, x[indices], y[indices])
-            rows.append({"client": client, "examples": len(indices), "loss": loss, "accuracy": accuracy})
+            found = evaluate(self.flat, params, buffers, x[indices], y[indices], task=self.task)
+            rows.append({"client": client, "examples": len(indices), **found})
         return rows
 
 
@@ -103,4 +108,5 @@ def make_evaluator(world) -> Evaluator:
         statistics_from=statistics_from,
         statistics_examples=examples or 0,
         seed=config.run.seed,
+        task=world.dataset.task,
     )

@@ -40,8 +40,10 @@ def metrics_row(
 
 def run_summary(config, world, state, notes: list[str]) -> dict:
     """summary.json: the run's identity, length, clock and accuracy."""
-    evaluated = [r for r in state.metrics if r.get("test_accuracy") is not None]
-    best = max(evaluated, key=lambda r: r["test_accuracy"], default=None)
+    task = world.dataset.task
+    evaluated = [r for r in state.metrics if r.get("test_loss") is not None]
+    scored = [r for r in evaluated if r.get("test_accuracy") is not None]
+    best = max(scored, key=lambda r: r["test_accuracy"], default=None)
     final = evaluated[-1] if evaluated else None
     return {
         "name": config.run.name,
@@ -61,8 +63,10 @@ def run_summary(config, world, state, notes: list[str]) -> dict:
         "rounds": state.round,
         "sim_time": state.sim_time,
         "wall_time": state.wall_time,
-        "final_test_accuracy": final["test_accuracy"] if final else None,
+        "task": task.name,
+        "final_test_accuracy": final.get("test_accuracy") if final else None,
         "final_test_loss": final["test_loss"] if final else None,
+        **_task_metrics(task, evaluated),
         "best_test_accuracy": best["test_accuracy"] if best else None,
         "best_round": int(best["round"]) if best else None,
         "time_budget": config.run.time_budget or None,
@@ -74,6 +78,20 @@ def run_summary(config, world, state, notes: list[str]) -> dict:
         "final_client_accuracy": _final_client_accuracy(state.client_metrics),
         "notes": notes,
     }
+
+
+def _task_metrics(task, evaluated: list[dict]) -> dict:
+    """``final_test_<m>`` and ``best_test_<m>`` for the task's metrics beyond loss and
+    accuracy (a regression's RMSE), best in the direction of the task's score."""
+    out = {}
+    pick = max if task.higher_is_better else min
+    for name in task.metric_names():
+        if name in ("loss", "accuracy"):
+            continue
+        values = [r[f"test_{name}"] for r in evaluated if r.get(f"test_{name}") is not None]
+        out[f"final_test_{name}"] = values[-1] if values else None
+        out[f"best_test_{name}"] = pick(values) if values else None
+    return out
 
 
 def _final_client_accuracy(rows: list[dict]) -> dict[str, float] | None:

@@ -207,6 +207,66 @@ class SimpleCNN(ZooModel):
     make = staticmethod(simple_cnn)
 
 
+class CharEmbedding(nn.Module):
+    """Character indices (a float tensor, as datasets hold features) -> learned vectors."""
+
+    def __init__(self, vocabulary: int, dimension: int):
+        super().__init__()
+        self.embedding = nn.Embedding(vocabulary, dimension)
+
+    def forward(self, x):
+        return self.embedding(x.long().clamp_(0, self.embedding.num_embeddings - 1)).flatten(1)
+
+
+def char_mlp(input_shape: Sequence[int], num_classes: int, vocabulary: int = 80, dimension: int = 8,
+             hidden: int = 256) -> LayeredModel:  # fmt: skip
+    """Sequences of character indices (LEAF's Shakespeare): layer 1 embeds each character
+    (``vocabulary`` x ``dimension``), layer 2 a ReLU Linear over the whole sequence, layer 3
+    the classifier (the next character)."""
+    if len(input_shape) != 1:
+        raise ConfigError(
+            f"model.name = 'char-mlp' needs sequences of character indices, got {tuple(input_shape)}"
+        )
+    length = int(input_shape[0])
+    return LayeredModel(
+        [
+            nn.Sequential(CharEmbedding(vocabulary, dimension)),
+            nn.Sequential(nn.Linear(length * dimension, hidden), nn.ReLU()),
+            nn.Sequential(nn.Linear(hidden, num_classes)),
+        ]
+    )
+
+
+@dataclass
+class CharMLPOptions:
+    """``vocabulary``: characters (LEAF's 80); ``dimension``: the embedding's; ``hidden``:
+    the dense layer's width."""
+
+    vocabulary: int = 80
+    dimension: int = 8
+    hidden: int = 256
+
+    def validate(self) -> None:
+        for key in ("vocabulary", "dimension", "hidden"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_HIDDEN:
+                raise ConfigError(f"model.{key} = {value!r}: must be an integer in 1..{MAX_HIDDEN}")
+
+
+@register("model")
+class CharMLP(ZooModel):
+    """Embedded characters, a dense layer, a classifier (LEAF's Shakespeare)."""
+
+    name = "char-mlp"
+    Options = CharMLPOptions
+
+    @classmethod
+    def build(cls, options: CharMLPOptions, ctx: ModelContext) -> LayeredModel:
+        return char_mlp(
+            ctx.input_shape, ctx.num_classes, options.vocabulary, options.dimension, options.hidden
+        )
+
+
 def _vgg_plugin(variant: str) -> type:
     @register("model", variant)
     class VGG(ZooModel):

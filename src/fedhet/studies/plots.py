@@ -110,24 +110,26 @@ def plot_runs(
     make_folder(out_prefix.parent, "figure folder")
     written = []
 
-    evaluated = {
-        run.path: [r for r in run.read_metrics() if r.get("test_accuracy") is not None] for run in runs
-    }
+    tables = {run.path: run.read_metrics() for run in runs}
+    column = score_column([row for rows in tables.values() for row in rows])
+    evaluated = {path: [r for r in rows if r.get(column) is not None] for path, rows in tables.items()}
     if not any(evaluated.values()):
         names = ", ".join(str(run.metrics_path) for run in runs[:3]) + (" ..." if len(runs) > 3 else "")
-        raise FedhetError(f"{names}: no evaluated round yet (no test_accuracy); nothing to plot")
+        raise FedhetError(f"{names}: no evaluated round yet (no {column}); nothing to plot")
     fig, ax = plt.subplots(figsize=(6, 4))
     for run in runs:
         rows = evaluated[run.path]
         if rows:
             ax.plot(
                 [r[x] for r in rows],
-                [r["test_accuracy"] for r in rows],
+                [r[column] for r in rows],
                 label=labels[run.path],
                 **styles[run.path],
             )
     xlabel = "simulated time [s]" if x == "sim_time" else "round"
-    written.append(_save(plt, fig, ax, xlabel, "test accuracy", title, out_prefix, "accuracy"))
+    name = column.removeprefix("test_")
+    ylabel = "test RMSE" if name == "rmse" else f"test {name}"
+    written.append(_save(plt, fig, ax, xlabel, ylabel, title, out_prefix, name))
 
     with_deadlines = [(run, run.read_metrics()) for run in runs] if deadlines else []
     with_deadlines = [(run, rows) for run, rows in with_deadlines if any(r.get("deadline") for r in rows)]
@@ -142,6 +144,14 @@ def plot_runs(
             )
         written.append(_save(plt, fig, ax, "round", "deadline [s]", title, out_prefix, "deadlines"))
     return written
+
+
+def score_column(rows: list[dict]) -> str:
+    """The metrics column that scores a model: ``test_accuracy``, or for a task without
+    accuracy (a regression) ``test_rmse``."""
+    if any(r.get("test_accuracy") is not None for r in rows):
+        return "test_accuracy"
+    return "test_rmse" if any(r.get("test_rmse") is not None for r in rows) else "test_accuracy"
 
 
 def _save(plt, fig, ax, xlabel: str, ylabel: str, title: str, out_prefix: Path, kind: str) -> Path:

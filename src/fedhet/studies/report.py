@@ -241,23 +241,25 @@ def _png(fig) -> bytes:
 
 
 def _accuracy_figure(runs: list[RunDirectory], x: str) -> bytes | None:
-    from fedhet.studies.plots import _labels, _pyplot, _styles
+    from fedhet.studies.plots import _labels, _pyplot, _styles, score_column
 
     plt = _pyplot()
     labels, styles = _labels(runs), _styles(runs)
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
     drawn = False
+    tables = {run.path: run.read_metrics() for run in runs}
+    column = score_column([row for rows in tables.values() for row in rows])
     for run in runs:
-        rows = [r for r in run.read_metrics() if r.get("test_accuracy") is not None]
+        rows = [r for r in tables[run.path] if r.get(column) is not None]
         if rows:
-            ax.plot([r[x] for r in rows], [r["test_accuracy"] for r in rows], label=labels[run.path],
+            ax.plot([r[x] for r in rows], [r[column] for r in rows], label=labels[run.path],
                     **styles[run.path])  # fmt: skip
             drawn = True
     if not drawn:
         plt.close(fig)
         return None
     ax.set_xlabel("simulated time [s]" if x == "sim_time" else "round")
-    ax.set_ylabel("test accuracy")
+    ax.set_ylabel("test RMSE" if column == "test_rmse" else "test accuracy")
     ax.grid(alpha=0.3)
     if len(runs) <= 20:
         ax.legend(fontsize=8)

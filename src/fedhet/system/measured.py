@@ -41,9 +41,11 @@ from fedhet.system.types import Marginals, Outcomes, Workload
 _CACHE: dict[tuple, dict] = {}
 
 
-def measure_layer_times(model, x: torch.Tensor, y: torch.Tensor, repeats: int = 7) -> dict:
+def measure_layer_times(model, x: torch.Tensor, y: torch.Tensor, repeats: int = 7, loss_of=None) -> dict:
     """Median forward and backward seconds of each layer (input to output) for the batch
-    ``(x, y)``: two warm-up passes, then ``repeats`` timed ones."""
+    ``(x, y)``: two warm-up passes, then ``repeats`` timed ones. ``loss_of``: the task's
+    loss (default cross-entropy), whose gradient back-propagation starts from."""
+    loss_of = loss_of or F.cross_entropy
     blocks = model.blocks
     forward = np.zeros((repeats, len(blocks)))
     backward = np.zeros((repeats, len(blocks)))
@@ -59,7 +61,7 @@ def measure_layer_times(model, x: torch.Tensor, y: torch.Tensor, repeats: int = 
             inputs.append(inp)
             outputs.append(out)
             h = out
-        grad = torch.autograd.grad(F.cross_entropy(h, y), outputs[-1])[0]
+        grad = torch.autograd.grad(loss_of(h, y), outputs[-1])[0]
         for index in reversed(range(len(blocks))):
             wanted = list(blocks[index].parameters()) + ([inputs[index]] if index > 0 else [])
             start = time.perf_counter()
@@ -76,7 +78,7 @@ def measure_layer_times(model, x: torch.Tensor, y: torch.Tensor, repeats: int = 
     }
 
 
-def calibrate(config, flat, x_train: torch.Tensor, y_train: torch.Tensor) -> dict:
+def calibrate(config, flat, x_train: torch.Tensor, y_train: torch.Tensor, loss_of=None) -> dict:
     """The layer times for ``config``'s model and batch (cached per model, batch and threads
     in this process; read from ``system.measured_times`` when it names a file)."""
     if config.system.measured_times:
@@ -92,7 +94,7 @@ def calibrate(config, flat, x_train: torch.Tensor, y_train: torch.Tensor) -> dic
         generator = torch.Generator().manual_seed(0)
         chosen = torch.randint(0, len(x_train), (batch,), generator=generator)
         saved = flat.params.clone(), flat.buffers.clone()
-        _CACHE[key] = measure_layer_times(flat.model, x_train[chosen], y_train[chosen])
+        _CACHE[key] = measure_layer_times(flat.model, x_train[chosen], y_train[chosen], loss_of=loss_of)
         flat.load(*saved)
     return dict(_CACHE[key])
 
