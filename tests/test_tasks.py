@@ -211,7 +211,7 @@ def test_shakespeare_and_sent140_records_are_read(tmp_path):
         "algorithm": {"name": "fedavg"},
     }  # fmt: skip
     assert run(from_dict(document), tmp_path / "r").summary["finished"]
-    records = [["1", "Mon", "NO_QUERY", "alice", "I love this"], ["2", "Mon", "NO_QUERY", "alice", "so awful"]]
+    records = [["1", "Mon", "NO_QUERY", "alice", "I love this"], ["2", "Mon", "NO_QUERY", "alice", "awful"]]
     tweets = {"alice": (records, [1, 0])}
     _write_leaf(tmp_path / "sent140", tweets, "train", files=1)
     _write_leaf(tmp_path / "sent140", tweets, "test", files=1)
