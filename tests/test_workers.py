@@ -17,7 +17,6 @@ from conftest import make_config
 
 import fedhet
 from fedhet.engine.loop import RunLoop
-from fedhet.errors import FedhetError
 
 CASES = {
     "salf-momentum": {"algorithm.name": "salf", "train.momentum": 0.5, "train.keep_momentum": True},
@@ -64,7 +63,9 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_a_killed_worker_stops_the_run_in_one_line_and_the_run_resumes_identically(tmp_path):
+def test_a_worker_killed_between_rounds_is_replaced_and_the_run_loses_nothing(tmp_path, caplog):
+    """A worker that dies while idle (killed, out of memory) had no task under way: a new
+    worker takes its place and the run ends with the metrics of an undisturbed one."""
     overrides = CASES["salf-momentum"]
     reference = fedhet.run(_config(1, **overrides), tmp_path / "reference")
     loop = RunLoop(_config(2, **overrides), tmp_path / "killed")
@@ -74,20 +75,16 @@ def test_a_killed_worker_stops_the_run_in_one_line_and_the_run_resumes_identical
         if row["round"] == 3 and not seen:
             seen["pids"] = loop.pool.pids
             os.kill(seen["pids"][1], signal.SIGKILL)
+            deadline = time.time() + 10
+            while _alive(seen["pids"][1]) and time.time() < deadline:
+                time.sleep(0.01)  # dead before the next round's tasks are dealt
 
     loop.on_round = kill_at_round_3
-    with pytest.raises(FedhetError) as caught:
-        loop.run()
-    message = str(caught.value)
-    assert "\n" not in message and "worker 1" in message and "SIGKILL" in message
-    assert "resume with --resume" in message
-    deadline = time.time() + 10
-    while any(_alive(pid) for pid in seen["pids"]) and time.time() < deadline:
-        time.sleep(0.1)
-    assert not any(_alive(pid) for pid in seen["pids"])  # the other worker was stopped too
-    resumed = fedhet.run(_config(2, **overrides), tmp_path / "killed", resume=True)
-    assert len(resumed.metrics) == 8
-    assert _metrics(resumed.path) == _metrics(reference.path)
+    with caplog.at_level("WARNING", logger="fedhet"):
+        result = loop.run()
+    assert result.summary["finished"] and len(result.metrics) == 8
+    assert not any(row["faults"] for row in result.metrics) and "absent" not in caplog.text
+    assert _metrics(result.path) == _metrics(reference.path)
 
 
 def _descendants(pid: int) -> set[int]:

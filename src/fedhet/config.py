@@ -232,7 +232,7 @@ class RunConfig(PluginSection):
     (``round_timeout`` and ``flower_cpus_per_client`` are the Flower engine's)."""
 
     SECTION: ClassVar[str] = "run"
-    SLOTS: ClassVar[dict[str, str]] = {"engine": "engine"}
+    SLOTS: ClassVar[dict[str, str]] = {"engine": "engine", "pool": "pool"}
 
     name: str = "run"
     seed: int = 0
@@ -246,9 +246,11 @@ class RunConfig(PluginSection):
     client_eval_fraction: float = 0.2  # share of each client's data held out for it
     targets: list = field(default_factory=list)  # accuracies whose first round and time are recorded
     on_non_finite: str = "stop"  # a NaN/inf loss or update: stop the run, or skip that client's update
+    on_client_error: str = "stop"  # an exception in client code: stop the run (a bug), or "skip" the client
     max_empty_rounds: int = 10  # stop after this many rounds in a row without a participant (0 = never,
     # and a first round nobody can deliver in is run instead of refused: deadline sweeps)
     engine: str = "embedded"  # embedded (one process) | flower (Flower's simulation runtime) | a plug-in
+    pool: str = "auto"  # where client tasks run: auto | in-process | processes | a plug-in (embedded engine)
     callbacks: list = field(default_factory=list)  # run callback plug-ins: [{ name = "...", ... }]
     track: list = field(default_factory=list)  # run tracking: "mlflow", "tensorboard"
     mlflow_uri: str = "sqlite:///mlruns.db"  # the MLflow tracking store of track = ["mlflow"]
@@ -273,6 +275,7 @@ class RunConfig(PluginSection):
             raise ConfigError(f"run.time_budget = {self.time_budget}: must be >= 0 (0 = none)")
         check_name("run.name", self.name)
         one_of("run.on_non_finite", self.on_non_finite, NON_FINITE_POLICIES)
+        one_of("run.on_client_error", self.on_client_error, ("stop", "skip"))
         engine = self.entry("engine")
         if self.workers != 1 and not engine.cls.runs_workers:
             raise ConfigError(

@@ -33,6 +33,7 @@ METRIC_COLUMNS = (
     "train_loss",
     "test_loss",
     "test_accuracy",
+    "faults",
 )
 
 

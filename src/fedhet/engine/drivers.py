@@ -43,6 +43,12 @@ class StepEnvironment:
     clock: object  # fedhet.engine.clock.VirtualClock
 
 
+def take_faults(pool) -> list:
+    """The faults the pool met since last asked (clients whose update was not delivered)."""
+    log = getattr(pool, "faults", None)
+    return log.take() if log is not None else []
+
+
 def upload_bytes(world, depths: np.ndarray) -> np.ndarray:
     """Per client, the bytes of its update as it travels (its planned coverage ``depths``,
     after the trainer's postprocessors): what system models with an upload bandwidth charge."""
@@ -109,7 +115,10 @@ class RoundDriver:
         state.sim_time = env.clock.advance(duration)
         # depths reached: sampled by the model, or (wall-clock) delivered by the clients
         depths = np.array([u.depth for u in delivered]) if system.wall_clock else outcomes.depth[asked]
-        row = metrics_row(t + 1, state.sim_time, duration, plan.deadline, plan.lr, delivered, depths, skipped)
+        faults = len(take_faults(env.pool))
+        row = metrics_row(
+            t + 1, state.sim_time, duration, plan.deadline, plan.lr, delivered, depths, skipped, faults
+        )
         return {**row, **algorithm.round_metrics(state.algorithm)}
 
 
@@ -193,7 +202,9 @@ class EventDriver:
         duration = engine["now"] - state.sim_time
         state.sim_time = clock.advance(duration)
         updates = [u for u, _ in entries]
-        row = metrics_row(t + 1, state.sim_time, duration, None, algorithm.lr_at(t), updates, np.array([]))
+        faults = len(take_faults(env.pool))
+        lr = algorithm.lr_at(t)
+        row = metrics_row(t + 1, state.sim_time, duration, None, lr, updates, np.array([]), faults=faults)
         return {**row, **algorithm.round_metrics(state.algorithm)}
 
 

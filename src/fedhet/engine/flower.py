@@ -34,8 +34,10 @@ import numpy as np
 import torch
 
 from fedhet.client import ClientStates
-from fedhet.errors import FedhetError
+from fedhet.engine.client_errors import FaultLog, client_error_detail, client_failed
+from fedhet.errors import ConfigError, FedhetError
 from fedhet.messages import ClientTask, ClientUpdate
+from fedhet.registry import NoOptions, register
 
 log = logging.getLogger("fedhet")
 
@@ -191,7 +193,7 @@ def make_client_app(
     def train(msg: Message, context) -> Message:
         partition = partition_of(context)
         if partition in fail_clients:
-            raise RuntimeError(f"client {partition} fails on purpose")
+            raise RuntimeError(f"ClientApp.train raised RuntimeError: client {partition} fails on purpose")
         if partition in delay_clients:
             time.sleep(delay_clients[partition])
         config_toml = config_of(context)
@@ -202,7 +204,12 @@ def make_client_app(
         world = side.world
         world.worker.slowdown = float(context.node_config.get("slowdown", 1.0))  # wall-clock tasks
         world.worker.layer_delay = float(context.node_config.get("layer-delay", 0.0))
-        update = side.execute(task, params, buffers, state)
+        try:
+            update = side.execute(task, params, buffers, state)
+        except FedhetError:
+            raise
+        except Exception as exc:  # the server reads where it was raised from the error's text
+            raise RuntimeError(client_error_detail(exc)) from None
         return Message(encode_update(update, state), reply_to=msg)
 
     return app
@@ -211,19 +218,29 @@ def make_client_app(
 # --- the server side -----------------------------------------------------------------------
 
 
+@register("pool")
 class FlowerPool:
     """A client pool over a Flower ``Grid``: one message per task to the node serving that
     client, carrying the client's state out and back; replies that are errors or late are
     absent clients (they yield no update and keep their state)."""
 
     name = "flower"
+    Options = NoOptions
 
-    def __init__(self, grid, nodes: dict[int, int], timeout: float | None):
+    @classmethod
+    def build(cls, options, ctx=None):
+        raise ConfigError(
+            "run.pool = 'flower': Flower's pool runs on the flower engine (run.engine = 'flower')"
+        )
+
+    def __init__(self, grid, nodes: dict[int, int], timeout: float | None, on_client_error: str = "stop"):
         self.grid = grid
         self.nodes = nodes  # client index -> node id
         self.timeout = timeout
         self.states = ClientStates()
         self.failures: list[tuple[int, int, str]] = []  # (round, client, why)
+        self.on_client_error = on_client_error
+        self.faults = FaultLog()
 
     def run(self, tasks: list[ClientTask], params, buffers):
         from flwr.app import Message
@@ -239,7 +256,10 @@ class FlowerPool:
         for reply in replies:
             if reply.has_error():
                 client = self._client_of(reply.metadata.src_node_id)
-                self._fail(sent, client, f"client error: {_reason(reply)}")
+                reason = _reason(reply)
+                self.failures.append((sent[client].round, client, f"client error: {reason}"))
+                detail = reason if " raised " in reason else f"the ClientApp raised: {reason}"
+                client_failed(self, None, client, sent[client].round, detail)
                 continue
             update, state = decode_update(reply.content)
             self.states.of(update.client).update(state)
@@ -268,9 +288,10 @@ class FlowerPool:
         return next(c for c, n in self.nodes.items() if n == node_id)
 
     def _fail(self, sent: dict, client: int, why: str) -> None:
+        """A fault (a lost node, a late reply): the client is absent this round."""
         task = sent[client]
         self.failures.append((task.round, client, why))
-        log.warning("round %d: client %d absent: %s", task.round + 1, client, why)
+        self.faults.add(task.round, client, why)
 
 
 def discover_nodes(grid, num_clients: int, wait: float = 120.0) -> dict[int, int]:
@@ -350,7 +371,7 @@ def serve(grid, config, out_dir, resume=False, overwrite=False, on_round=None, *
     timeout = config.run.get("round_timeout", 0.0) or None
 
     def pool(world):
-        return FlowerPool(grid, nodes, timeout)
+        return FlowerPool(grid, nodes, timeout, config.run.on_client_error)
 
     loop_kwargs.setdefault("engine", "flower")
     return RunLoop(config, out_dir, on_round=on_round, pool_factory=pool, **loop_kwargs).run(

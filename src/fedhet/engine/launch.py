@@ -89,6 +89,12 @@ class EmbeddedEngine(Engine):
     name = "embedded"
     runs_workers = True
 
+    def check(self, config: Config) -> None:
+        if config.run.pool == "flower":
+            raise ConfigError(
+                "run.pool = 'flower': Flower's pool runs on the flower engine (run.engine = 'flower')"
+            )
+
     def run(self, config: Config, out_dir: str | Path, launch: Launch) -> RunResult:
         loop = RunLoop(
             config,
@@ -130,6 +136,11 @@ class FlowerEngine(Engine):
     def check(self, config: Config) -> None:
         from fedhet.engine.flower import require_flower
 
+        if config.run.pool not in ("auto", "flower"):
+            raise ConfigError(
+                f"run.pool = {config.run.pool!r}: the flower engine sends each task to the client's "
+                "node (its own pool); leave run.pool unset"
+            )
         require_flower()
 
     def run(self, config: Config, out_dir: str | Path, launch: Launch) -> RunResult:

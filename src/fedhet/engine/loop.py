@@ -16,8 +16,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from fedhet.config import Config
 from fedhet.engine.callbacks import (
     Checkpoint,
@@ -32,15 +30,14 @@ from fedhet.engine.clock import VirtualClock
 from fedhet.engine.drivers import DRIVERS, StepEnvironment
 from fedhet.engine.evaluation import make_evaluator
 from fedhet.engine.faults import NonFinite
-from fedhet.engine.pool import ClientPool, InProcessPool, TaskOrder, WorkerDied, WorkerSide
+from fedhet.engine.pool import ClientPool, PoolContext, TaskOrder, WorkerDied
 from fedhet.engine.preflight import check_first_round
 from fedhet.engine.records import run_summary
 from fedhet.engine.state import RunState, check_checkpoint, from_checkpoint
 from fedhet.errors import FedhetError
 from fedhet.registry import resolve
 from fedhet.results import RunDirectory
-from fedhet.threads import pool_workers
-from fedhet.world import World, build_world, open_configured_dataset
+from fedhet.world import World, build_world
 
 log = logging.getLogger("fedhet")
 
@@ -124,30 +121,24 @@ class RunLoop:
                 f"run.rounds = {config.run.rounds}: {run_dir.path} already holds {saved['round']} "
                 f"rounds; --resume needs run.rounds >= {saved['round']}"
             )
-        workers = 1 if self.pool_factory is not None else pool_workers(config.run.workers)
-        processes = self.pool = None
-        if workers > 1:  # they start while this process builds the world
-            from fedhet.engine.processes import ProcessPool
-
-            processes = ProcessPool(workers)
+        self.pool = None
         try:
+            if self.pool_factory is None:  # the configured pool starts while the world is built
+                self.pool = self._build_pool()
             self.world = world = build_world(config)
-            if processes is not None:
-                torch.set_num_threads(1)  # this process plans and aggregates; the workers train
-                flat = world.flat
-                dataset = open_configured_dataset(config)
-                processes.start(config.to_toml(), dataset, flat.params.numel(), flat.buffers.numel())
-                self.pool = processes
-            elif self.pool_factory is not None:
+            if self.pool_factory is not None:
                 self.pool = self.pool_factory(world)
             else:
-                self.pool = InProcessPool(WorkerSide(world, config.run.seed), order=self.client_order)
+                self.pool.attach(world)
             return self._run_with_pool(world, saved, stop_after)
         finally:
-            if processes is not None:
-                processes.close()
-            elif self.pool is not None:
+            if self.pool is not None:
                 self.pool.close()
+
+    def _build_pool(self):
+        """The pool ``run.pool`` names (:mod:`fedhet.engine.pool`), built with its options."""
+        entry, options = self.config.run.plugins["pool"]
+        return entry.cls.build(options, PoolContext(self.config, self.client_order))
 
     def _run_with_pool(self, world: World, saved: dict | None, stop_after: int | None) -> RunResult:
         config = self.config

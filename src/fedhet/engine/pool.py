@@ -12,9 +12,22 @@ process: Flower's nodes by :func:`bootstrap_worker` from the configuration, the 
 pool's workers from the configuration and the run's shared dataset
 (:mod:`fedhet.engine.processes`).
 
-Implementations: :class:`InProcessPool` (this process, the embedded engine),
-:class:`~fedhet.engine.processes.ProcessPool` (worker processes on this machine,
-``run.workers``) and :class:`~fedhet.engine.flower.FlowerPool` (one Flower message per task).
+Pools are plug-ins (kind ``pool``, ``[run] pool = "..."``): ``build(options, ctx)`` (a
+:class:`PoolContext`; it may start its workers now) before the run builds its world,
+:meth:`attach` once the world is built, then the :class:`ClientPool` protocol. Built-ins:
+``auto`` (the default: in-process, or ``run.workers`` worker processes when it is > 1),
+``in-process`` (:class:`InProcessPool`, the embedded engine's), ``processes``
+(:class:`~fedhet.engine.processes.ProcessPool`, ``run.workers`` processes on this machine)
+and ``flower`` (:class:`~fedhet.engine.flower.FlowerPool`, one Flower message per task; the
+Flower engine's own).
+
+Every pool follows one contract (tests/test_pools.py): updates in task order; a client's
+state merged back after its task (and left as it was when the task is not delivered);
+``submit_evaluation`` returns None or a handle shaped like a ``concurrent.futures.Future``
+(``done()``, ``result()`` giving the metrics); failure semantics of
+:mod:`fedhet.engine.client_errors` (a dead worker, a lost node, a timeout: a fault, the run
+goes on; a client's exception: one line naming the hook, or a fault with
+``run.on_client_error = "skip"``). A pool's :attr:`faults` log is what the driver counts.
 """
 
 from __future__ import annotations
@@ -29,8 +42,10 @@ import torch
 from fedhet import seeding
 from fedhet.client import ClientStates
 from fedhet.client.state import ClientState
+from fedhet.engine.client_errors import FaultLog, client_failed
 from fedhet.errors import FedhetError
 from fedhet.messages import ClientTask, ClientUpdate
+from fedhet.registry import NoOptions, register
 
 TaskOrder = Callable[[list[ClientTask]], Sequence[ClientTask]]
 
@@ -40,10 +55,23 @@ class WorkerDied(FedhetError):
     the run stops with one line naming it and the round."""
 
 
+@dataclass
+class PoolContext:
+    """What a pool is built with: the run's configuration and, for tests, a task order."""
+
+    config: object  # fedhet.config.Config
+    client_order: TaskOrder | None = None
+
+
 class ClientPool(Protocol):
     """Runs client tasks; owns the client-state store."""
 
     states: ClientStates
+    faults: FaultLog
+
+    def attach(self, world) -> None:
+        """The run's world is built: get ready to run its clients."""
+        ...
 
     def run(
         self, tasks: list[ClientTask], params: torch.Tensor, buffers: torch.Tensor
@@ -115,28 +143,55 @@ class InProcessPool:
     updates still come out in task order."""
 
     name = "in-process"
+    Options = NoOptions
 
-    def __init__(self, side: WorkerSide, order: TaskOrder | None = None):
+    @classmethod
+    def build(cls, options, ctx: PoolContext) -> InProcessPool:
+        pool = cls(None, ctx.client_order, ctx.config.run.on_client_error)
+        pool.seed = ctx.config.run.seed
+        return pool
+
+    def attach(self, world) -> None:
+        self.side = WorkerSide(world, self.seed)
+
+    def __init__(self, side: WorkerSide, order: TaskOrder | None = None, on_client_error: str = "stop"):
         self.side = side
         self.order = order
         self.states = ClientStates()
+        self.on_client_error = on_client_error
+        self.faults = FaultLog()
+
+    def _execute(self, task: ClientTask, params, buffers) -> ClientUpdate | None:
+        """One task; a client error stops the run in one line, or (skip) is a fault."""
+        state = self.states.of(task.client)
+        kept = None
+        if self.on_client_error == "skip":  # a skipped client keeps the state it had
+            kept = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+        try:
+            return self.side.execute(task, params, buffers, state)
+        except FedhetError:
+            raise
+        except Exception as exc:  # noqa: BLE001  (client code: a rule's or plug-in's bug)
+            client_failed(self, exc, task.client, task.round)
+            state.clear()
+            state.update(kept or {})
+            return None
 
     def run(
         self, tasks: list[ClientTask], params: torch.Tensor, buffers: torch.Tensor
     ) -> Iterator[ClientUpdate]:
         tasks = list(tasks)
-        if self.order is None:
-            for task in tasks:
-                yield self.side.execute(task, params, buffers, self.states.of(task.client))
-            return
+        order = self.order(list(tasks)) if self.order is not None else tasks
         position = {id(task): i for i, task in enumerate(tasks)}
-        done: dict[int, ClientUpdate] = {}
+        done: dict[int, ClientUpdate | None] = {}
         following = 0
-        for task in self.order(list(tasks)):
-            done[position[id(task)]] = self.side.execute(task, params, buffers, self.states.of(task.client))
+        for task in order:
+            done[position[id(task)]] = self._execute(task, params, buffers)
             while following in done:  # hand out in task order as soon as possible
-                yield done.pop(following)
+                update = done.pop(following)
                 following += 1
+                if update is not None:
+                    yield update
 
     def submit_evaluation(self, params: torch.Tensor, buffers: torch.Tensor) -> None:
         return None  # evaluated by the run, in this process
@@ -149,3 +204,23 @@ class InProcessPool:
 
     def close(self) -> None:
         pass
+
+
+class AutoPool:
+    """The default pool: in this process, or ``run.workers`` worker processes when it is
+    more than one (``"auto"``: the free cores)."""
+
+    name = "auto"
+    Options = NoOptions
+
+    @classmethod
+    def build(cls, options, ctx: PoolContext):
+        from fedhet.registry import builtins
+        from fedhet.threads import pool_workers
+
+        chosen = "processes" if pool_workers(ctx.config.run.workers) > 1 else "in-process"
+        return builtins("pool")[chosen].cls.build(NoOptions(), ctx)
+
+
+register("pool")(InProcessPool)
+register("pool")(AutoPool)

@@ -54,11 +54,12 @@ import numpy as np
 import torch
 
 from fedhet.client import ClientStates
+from fedhet.engine.client_errors import FaultLog, client_failed
 from fedhet.engine.pool import WorkerDied
 from fedhet.errors import FedhetError
 from fedhet.messages import ClientTask, ClientUpdate
+from fedhet.registry import NoOptions, register
 
-IN_FLIGHT = 4  # tasks sent ahead to each worker: it never waits for this process to hand it one
 START_TIMEOUT = 600.0  # seconds a worker may take to build the run's clients
 
 
@@ -116,11 +117,12 @@ def serve(fd: int) -> None:
     blocks = []
     try:
         from fedhet.config import from_dict
+        from fedhet.engine.client_errors import client_error_detail
         from fedhet.engine.evaluation import make_evaluator
         from fedhet.engine.pool import WorkerSide
         from fedhet.world import build_world
 
-        _, config_toml, shared_dataset, names, sizes = _receive(conn)
+        _, config_toml, shared_dataset, names, sizes, status_name, index = _receive(conn)
         dataset, dataset_blocks = _attach_dataset(shared_dataset)
         blocks.extend(dataset_blocks)
         config = from_dict(tomllib.loads(config_toml))
@@ -133,6 +135,9 @@ def serve(fd: int) -> None:
             blocks.append(block)
             flat = torch.frombuffer(block.buf, dtype=torch.float32, count=num_params + num_buffers)
             models.append((flat[:num_params], flat[num_params:]))
+        status_block = _attach(status_name)
+        blocks.append(status_block)
+        running = np.ndarray((1,), np.int64, buffer=status_block.buf, offset=8 * index)  # the job under way
         _send(conn, ("ready", os.getpid()))
     except BaseException as exc:  # noqa: BLE001  (reported to the run, which stops)
         with contextlib.suppress(OSError):
@@ -147,20 +152,22 @@ def serve(fd: int) -> None:
         kind = message[0]
         if kind == "stop":
             return
-        job = message[1]
-        try:
-            if kind == "task":
-                task, state = message[2], message[3]
-                update = side.execute(task, params, buffers, state)
-                reply = ("done", job, update, state)
-            else:  # "evaluate"
-                reply = ("evaluated", job, evaluator(eval_params, eval_buffers))
-        except BaseException as exc:  # noqa: BLE001  (the run raises it)
-            reply = ("failed", job, _describe(exc))
-        try:
-            _send(conn, reply)
-        except OSError:
-            return
+        jobs = message[1] if kind == "tasks" else [(message[1], None, None)]
+        for job, task, state in jobs:
+            running[0] = job  # read by the run if this process dies: that job is the one lost
+            try:
+                if kind == "tasks":
+                    update = side.execute(task, params, buffers, state)
+                    reply = ("done", job, update, state)
+                else:  # "evaluate"
+                    reply = ("evaluated", job, evaluator(eval_params, eval_buffers))
+            except BaseException as exc:  # noqa: BLE001  (the run decides: stop, or skip the client)
+                reply = ("failed", job, _describe(exc), client_error_detail(exc))
+            running[0] = 0
+            try:
+                _send(conn, reply)
+            except OSError:
+                return
 
 
 def _share_dataset(dataset) -> tuple[dict, list[SharedMemory]]:
@@ -224,7 +231,8 @@ def _death(process) -> str:
 
 
 class EvaluationHandle:
-    """An evaluation running in a worker: :meth:`result` waits for (test loss, accuracy)."""
+    """An evaluation running in a worker, shaped like a ``concurrent.futures.Future``:
+    :meth:`done` says whether it finished, :meth:`result` waits for its metrics."""
 
     def __init__(self, pool: ProcessPool, job: int):
         self.pool = pool
@@ -234,51 +242,87 @@ class EvaluationHandle:
         """Whether the result has arrived (takes the replies already there, waits for none)."""
         return self.pool._arrived(self.job)  # noqa: SLF001
 
-    def result(self) -> tuple[float, float]:
+    def result(self) -> dict[str, float]:
         return self.pool._wait_for(self.job)  # noqa: SLF001
 
 
+MAX_RESTARTS = 10  # worker processes started again in one run before the run gives up
+
+
 class ProcessPool:
-    """``workers`` processes running one run's client tasks (see the module's docstring)."""
+    """``workers`` processes running one run's client tasks (see the module's docstring).
+
+    Each round's tasks are dealt to the workers up front, one message per worker (the
+    longest first, each to the least loaded worker by its multiply-adds, then in task order
+    within a worker). A worker that dies mid-round is a fault for the task it was running:
+    that client is not delivered, the tasks queued behind it go to the other workers (and
+    the worker's replacement), a new worker takes its place, and the run goes on."""
 
     name = "processes"
+    Options = NoOptions
 
-    def __init__(self, workers: int):
+    @classmethod
+    def build(cls, options, ctx) -> ProcessPool:
+        from fedhet.threads import pool_workers
+
+        pool = cls(max(1, pool_workers(ctx.config.run.workers)), ctx.config.run.on_client_error)
+        pool.config = ctx.config
+        return pool
+
+    def attach(self, world) -> None:
+        """Hand the workers the run: they build its clients from the shared dataset."""
+        from fedhet.world import open_configured_dataset
+
+        torch.set_num_threads(1)  # this process plans and aggregates; the workers train
+        self.layer_cost = np.asarray(world.layer_multiply_adds or [1] * world.flat.num_layers, dtype=float)
+        dataset = open_configured_dataset(self.config)
+        self.start(self.config.to_toml(), dataset, world.flat.params.numel(), world.flat.buffers.numel())
+
+    def __init__(self, workers: int, on_client_error: str = "stop"):
         """Start ``workers`` processes; they import what they need while this process builds
         the run's world, then wait for :meth:`start`."""
         self.states = ClientStates()
+        self.faults = FaultLog()
+        self.on_client_error = on_client_error
         self.blocks: list[SharedMemory] = []
         self.model = self.eval_model = None
         self.processes: list[subprocess.Popen] = []
         self.conns: list[connection.Connection] = []
+        self.layer_cost = None
         self._closed = False
         self._job = 0
         self._results: dict[int, tuple] = {}
-        self._load = [0] * workers
-        self._weight: dict[int, int] = {}  # job -> its share of its worker's load
+        self._pending: list[deque] = [deque() for _ in range(workers)]  # jobs sent, in order
+        self._messages: dict[int, tuple] = {}  # job -> what it was (to send it again)
+        self._alias: dict[int, int] = {}  # a job sent again -> its new number
+        self._restarts = 0
+        self._start_message = None
+        self._running = None
+        try:
+            for _ in range(workers):
+                process, conn = self._spawn()
+                self.processes.append(process)
+                self.conns.append(conn)
+        except BaseException:
+            self.close()
+            raise
+
+    @staticmethod
+    def _spawn() -> tuple[subprocess.Popen, connection.Connection]:
         env = {
             **os.environ,
             "OMP_NUM_THREADS": "1",
             "MKL_NUM_THREADS": "1",
             "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
         }
-        try:
-            for _ in range(workers):
-                mine, theirs = socket.socketpair()
-                # os._exit: nothing to flush, and no interpreter teardown to wait for
-                code = f"import os, fedhet.engine.processes as p; p.serve({theirs.fileno()}); os._exit(0)"
-                process = subprocess.Popen(
-                    [sys.executable, "-c", code],
-                    pass_fds=(theirs.fileno(),),
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                )
-                theirs.close()
-                self.processes.append(process)
-                self.conns.append(connection.Connection(mine.detach()))
-        except BaseException:
-            self.close()
-            raise
+        mine, theirs = socket.socketpair()
+        # os._exit: nothing to flush, and no interpreter teardown to wait for
+        code = f"import os, fedhet.engine.processes as p; p.serve({theirs.fileno()}); os._exit(0)"
+        process = subprocess.Popen(
+            [sys.executable, "-c", code], pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL
+        )
+        theirs.close()
+        return process, connection.Connection(mine.detach())
 
     def start(self, config_toml: str, dataset, num_params: int, num_buffers: int) -> None:
         """Hand the workers the run: its configuration, its dataset as opened (before any
@@ -294,8 +338,13 @@ class ProcessPool:
                 torch.frombuffer(block.buf, dtype=torch.float32, count=sum(self.sizes)) for block in models
             )
             names = tuple(block.name for block in models)
-            for conn in self.conns:
-                _send(conn, ("start", config_toml, shared_dataset, names, self.sizes))
+            status = SharedMemory(create=True, size=8 * len(self.conns))
+            self.blocks.append(status)
+            self._running = np.ndarray((len(self.conns),), np.int64, buffer=status.buf)
+            self._running[:] = 0
+            self._start_message = ("start", config_toml, shared_dataset, names, self.sizes, status.name)
+            for index, conn in enumerate(self.conns):
+                _send(conn, (*self._start_message, index))
             for index in range(len(self.conns)):
                 self._wait_ready(index)
         except BaseException:
@@ -314,7 +363,7 @@ class ProcessPool:
         try:
             message = _receive(conn)
         except (EOFError, OSError):
-            raise FedhetError(f"worker {index} died while starting ({_death(process)})") from None
+            raise WorkerDied(f"worker {index} died while starting ({_death(process)})") from None
         if message[0] == "failed":
             raise message[2]
 
@@ -329,29 +378,58 @@ class ProcessPool:
         num_params = self.sizes[0]
         self.model[:num_params].copy_(params)
         self.model[num_params:].copy_(buffers)
-        waiting = deque(enumerate(tasks))
-        jobs: dict[int, int] = {}  # position -> job
+        jobs = self._deal(tasks)  # position -> job
         following = 0
         try:
             while following < len(tasks):
-                while waiting and min(self._load) < IN_FLIGHT:
-                    position, task = waiting.popleft()
-                    jobs[position] = self._send_job(("task", task, self.states.of(task.client)))
-                job = jobs[following]
+                job = self._current(jobs[following])
                 if job not in self._results:
                     self._receive_one()
                     continue
-                _, update, state = self._results.pop(job)
-                self.states.of(update.client).clear()
-                self.states.of(update.client).update(state)
+                reply = self._results.pop(job)
+                task = tasks[following]
                 del jobs[following]
                 following += 1
-                yield update
+                if reply[0] == "done":
+                    _, update, state = reply
+                    self.states.of(update.client).clear()
+                    self.states.of(update.client).update(state)
+                    yield update
+                elif reply[0] == "lost":
+                    self.faults.add(task.round, task.client, reply[1])
+                else:  # "error": the client's code raised
+                    client_failed(self, None, task.client, task.round, reply[2])
         finally:  # a caller that stops early (a fault): let the tasks sent finish, drop them
             for job in jobs.values():
                 if not self._closed:
                     with contextlib.suppress(FedhetError):
                         self._wait_for(job)
+
+    def _cost(self, task: ClientTask) -> float:
+        """A task's multiply-adds, roughly: steps x batch x the covered layers' work."""
+        cost = self.layer_cost
+        covered = float(cost[task.coverage.depth - 1 :].sum()) if cost is not None else 1.0
+        return task.local_steps * task.batch_size * covered * task.coverage.width**2
+
+    def _deal(self, tasks: list[ClientTask]) -> dict[int, int]:
+        """Send the round's tasks, one message per worker: each task, longest first, to the
+        worker with the least work so far; a worker runs its own in task order."""
+        load = [0.0] * len(self.conns)
+        mine: list[list[int]] = [[] for _ in self.conns]
+        for position in sorted(range(len(tasks)), key=lambda i: -self._cost(tasks[i])):
+            worker = min(range(len(load)), key=load.__getitem__)
+            load[worker] += self._cost(tasks[position])
+            mine[worker].append(position)
+        jobs: dict[int, int] = {}
+        for worker, positions in enumerate(mine):
+            batch = []
+            for position in sorted(positions):
+                task = tasks[position]
+                jobs[position] = job = self._new_job(("task", task, self.states.of(task.client)))
+                batch.append((job, task, self.states.of(task.client)))
+            if batch:
+                self._send_to(worker, ("tasks", batch), [job for job, _, _ in batch])
+        return jobs
 
     def submit_evaluation(self, params: torch.Tensor, buffers: torch.Tensor) -> EvaluationHandle:
         """Evaluate ``(params, buffers)`` in a worker while the run goes on (one at a time:
@@ -359,7 +437,10 @@ class ProcessPool:
         num_params = self.sizes[0]
         self.eval_model[:num_params].copy_(params)
         self.eval_model[num_params:].copy_(buffers)
-        return EvaluationHandle(self, self._send_job(("evaluate",), weight=IN_FLIGHT))
+        job = self._new_job(("evaluate",))
+        worker = min(range(len(self.conns)), key=lambda w: len(self._pending[w]))
+        self._send_to(worker, ("evaluate", job), [job])
+        return EvaluationHandle(self, job)
 
     def state_dict(self) -> dict:
         return self.states.state_dict()
@@ -368,34 +449,44 @@ class ProcessPool:
         self.states.load_state_dict(saved)
 
     # -- messages ------------------------------------------------------------------------
-    def _send_job(self, message: tuple, weight: int = 1) -> int:
-        """Send a job to the least loaded worker; ``weight``: how much of that worker's
-        :data:`IN_FLIGHT` it takes (an evaluation takes all: no task waits behind it)."""
-        worker = min(range(len(self._load)), key=self._load.__getitem__)
+    def _new_job(self, what: tuple) -> int:
         self._job += 1
-        job = self._job
+        self._messages[self._job] = what
+        return self._job
+
+    def _send_to(self, worker: int, message: tuple, jobs: list[int]) -> None:
+        self._pending[worker].extend(jobs)
         try:
-            _send(self.conns[worker], (message[0], job, *message[1:]))
+            _send(self.conns[worker], message)
         except (BrokenPipeError, OSError):
-            self._raise_death(worker)
-        self._load[worker] += weight
-        self._weight[job] = weight
+            self._worker_died(worker)
+
+    def _current(self, job: int) -> int:
+        """The number a job goes by now (a job sent again after its worker died is renumbered)."""
+        while job in self._alias:
+            job = self._alias[job]
         return job
 
     def _wait_for(self, job: int):
+        job = self._current(job)
         while job not in self._results:
             self._receive_one()
+            job = self._current(job)
         reply = self._results.pop(job)
-        return reply[0] if len(reply) == 1 else reply
+        if reply[0] == "evaluated":
+            return reply[1]
+        if reply[0] == "error":
+            raise FedhetError(f"evaluation in a worker: {reply[2]}")
+        return reply
 
     def _arrived(self, job: int) -> bool:
-        while job not in self._results and self._receive_one(timeout=0.0):
+        while self._current(job) not in self._results and self._receive_one(timeout=0.0):
             pass
-        return job in self._results
+        return self._current(job) in self._results
 
     def _receive_one(self, timeout: float | None = None) -> bool:
         """Take one reply (waiting up to ``timeout`` seconds, None = as long as it takes);
-        whether one came. A dead worker (its pipe closed) raises."""
+        whether one came. A dead worker is replaced (see :meth:`_worker_died`)."""
         ready = connection.wait(self.conns, timeout)
         if not ready:
             return False
@@ -405,20 +496,54 @@ class ProcessPool:
             try:
                 message = _receive(conn)
             except (EOFError, OSError):
-                self._raise_death(worker)
+                self._worker_died(worker)
+                return True
             kind, job = message[0], message[1]
-            self._load[worker] -= self._weight.pop(job, 1)
+            if self._pending[worker] and self._pending[worker][0] == job:
+                self._pending[worker].popleft()
+            self._messages.pop(job, None)
             if kind == "failed":
-                raise message[2]
-            self._results[job] = (message[2],) if kind == "evaluated" else message[1:]
+                if isinstance(message[2], FedhetError):
+                    raise message[2]  # one line already (a data file, a configuration)
+                self._results[job] = ("error", message[2], message[3])
+            elif kind == "evaluated":
+                self._results[job] = ("evaluated", message[2])
+            else:
+                self._results[job] = ("done", message[2], message[3])
             return True
         return False
 
-    def _raise_death(self, worker: int) -> None:
+    def _worker_died(self, worker: int) -> None:
+        """A fault: the job the worker was running (it says which in shared memory) is lost
+        (its client not delivered; an evaluation is sent again), the jobs queued behind it
+        are sent again, and a new worker takes its place. A worker that died idle loses
+        nothing."""
         process = self.processes[worker]
-        how = _death(process)
-        self.close()
-        raise WorkerDied(f"worker {worker} (pid {process.pid}) died ({how})")
+        how = f"worker {worker} (pid {process.pid}) died ({_death(process)})"
+        self._restarts += 1
+        if self._restarts > MAX_RESTARTS or self._start_message is None:
+            self.close()
+            raise WorkerDied(f"{how}; {self._restarts - 1} workers were replaced already, the run stops")
+        running = int(self._running[worker])  # the job it had started, 0 when idle
+        with contextlib.suppress(OSError):
+            self.conns[worker].close()
+        self._running[worker] = 0
+        self.processes[worker], self.conns[worker] = self._spawn()
+        _send(self.conns[worker], (*self._start_message, worker))
+        self._wait_ready(worker)
+        lost, self._pending[worker] = list(self._pending[worker]), deque()
+        for job in lost:
+            what = self._messages.pop(job)
+            if job == running and what[0] == "task":
+                self._results[job] = ("lost", how)
+                continue
+            renumbered = self._alias[job] = self._new_job(what)
+            target = min(range(len(self.conns)), key=lambda w: len(self._pending[w]))
+            if what[0] == "task":
+                _, task, state = what
+                self._send_to(target, ("tasks", [(renumbered, task, state)]), [renumbered])
+            else:
+                self._send_to(target, ("evaluate", renumbered), [renumbered])
 
     def close(self) -> None:
         """Stop the workers (politely, then by force) and free the shared memory."""
@@ -442,3 +567,6 @@ class ProcessPool:
                 block.close()
             with contextlib.suppress(FileNotFoundError):
                 block.unlink()
+
+
+register("pool")(ProcessPool)

@@ -17,10 +17,12 @@ def metrics_row(
     updates: list[ClientUpdate],
     depths: np.ndarray,
     skipped: int = 0,
+    faults: int = 0,
 ) -> dict:
     """A metrics.csv row (test columns filled by the evaluator when due). ``depths``: the
     sampled depths of the asked, present clients; ``skipped``: clients whose non-finite
-    update was left out (``run.on_non_finite = "skip-client"``)."""
+    update was left out (``run.on_non_finite = "skip-client"``); ``faults``: clients whose
+    update was not delivered (a dead worker, a lost node, a client error skipped)."""
     trained = [u.loss for u in updates if u.steps > 0]
     return {
         "round": round_number,
@@ -35,6 +37,7 @@ def metrics_row(
         "train_loss": float(np.mean(trained)) if trained else None,
         "test_loss": None,
         "test_accuracy": None,
+        "faults": faults,
     }
 
 
