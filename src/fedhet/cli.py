@@ -266,7 +266,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"fedhet {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
+    for add in (_add_run, _add_reproduce, _add_inspection, _add_outputs, _add_tune_and_list):
+        add(sub)
+    return parser
 
+
+def _add_run(sub) -> None:
     p = sub.add_parser(
         "run", help="train one configuration (or each algorithm of its [compare]) and print a table"
     )
@@ -284,11 +289,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress output, only the final table")
     p.add_argument(
         "--engine",
-        choices=("embedded", "flower"),
-        help="run.engine: embedded (one process, default) or flower (Flower's simulation runtime)",
+        metavar="ENGINE",
+        help="run.engine: embedded (one process, default), flower (Flower's simulation runtime) "
+        "or an engine plug-in's name",
     )
     p.set_defaults(func=cmd_run)
 
+
+def _add_reproduce(sub) -> None:
     p = sub.add_parser(
         "reproduce", help="run every cell of an experiment grid (resumable) and print its table"
     )
@@ -320,6 +328,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_reproduce)
 
+
+def _add_inspection(sub) -> None:
+    """compare, plan, calibrate, trace."""
     p = sub.add_parser("compare", help="a table of finished runs side by side")
     p.add_argument("runs", nargs="+", help="run folders, or folders of runs")
     p.set_defaults(func=cmd_compare)
@@ -347,6 +358,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="the trace file to write (system.availability_trace)")
     p.set_defaults(func=cmd_trace)
 
+
+def _add_outputs(sub) -> None:
+    """plot, report."""
     p = sub.add_parser("plot", help="figures of accuracy against simulated time and of deadlines")
     p.add_argument("runs", nargs="+", help="run directories (or folders holding them)")
     p.add_argument("--out", required=True, help="output file prefix, e.g. figures/fig2")
@@ -359,6 +373,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="the HTML file (default <path>/report.html)")
     p.set_defaults(func=cmd_report)
 
+
+def _add_tune_and_list(sub) -> None:
     p = sub.add_parser("tune", help="search hyperparameters on Optuna; each trial is a run folder")
     p.add_argument("config", help="TOML configuration file (a [compare] gives one study per algorithm)")
     p.add_argument("--space", required=True, help="the search space TOML file")
@@ -372,7 +388,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("list", help="the algorithms, datasets, models and system models there are")
     p.set_defaults(func=cmd_list)
-    return parser
 
 
 def _show_warnings() -> None:

@@ -20,6 +20,8 @@ touches only their flat region (SALF Sec. III-A).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
@@ -33,6 +35,21 @@ from fedhet.client.state import ClientData, ClientState
 from fedhet.data.task import Classification, Task
 from fedhet.messages import ClientTask, ClientUpdate, Coverage
 from fedhet.models.layers import FlatModel
+
+
+@dataclass
+class _LocalRun:
+    """One task's local work in progress: what its steps read."""
+
+    task: ClientTask
+    params: torch.Tensor
+    data: ClientData
+    state: ClientState
+    rng: np.random.Generator
+    rule: ClientRule | None
+    view: CoverageView
+    budget: object
+    depth: int
 
 
 class LocalTrainer:
@@ -112,81 +129,37 @@ class LocalTrainer:
         task's budget. Each step draws a batch of ``task.batch_size`` examples without
         replacement from the client's data; the gradient gets the rule's correction, then
         the optimizer's step."""
-        rate = task.coverage.width
-        if rate != 1.0 and (task.coverage.depth != 1 or task.time_limit):
+        if task.coverage.width != 1.0 and (task.coverage.depth != 1 or task.time_limit):
             raise ValueError("a width-reduced sub-model trains every layer on the simulated clock")
-        depth, steps = task.coverage.depth, task.local_steps
         flat = self.flat
-        n = len(data)
-        budget, first = None, None
-        if task.time_limit and depth <= flat.num_layers and steps > 0:
-            x, y = data.batch(rng, task.batch_size)
-            self._warm_up(x, y)
-            flat.load(params, buffers)  # after the warm-up, which may touch BatchNorm statistics
-            flat.model.train()
-            budget = self.budget_for(task)  # the device's time starts now, warmed up
-            depth, first = timed_first_step(flat.model, x, y, depth, budget, self.objective.loss)
-        budget = budget or self.budget_for(task)
+        budget, depth, first = self._begin(task, params, buffers, data, rng)
         coverage = Coverage(depth, task.coverage.width) if budget.timed else task.coverage
-        if depth > flat.num_layers or steps <= 0:
+        if depth > flat.num_layers or task.local_steps <= 0:
             return ClientUpdate(
-                task.client, coverage, 0, n, float("nan"), torch.zeros(0), model_round=task.model_round
+                task.client,
+                coverage,
+                0,
+                len(data),
+                float("nan"),
+                torch.zeros(0),
+                model_round=task.model_round,
             )
         if first is None:
             flat.load(params, buffers)
-        model = flat.model
-        model.train()
-        view = CoverageView(flat, depth, rate, self.masks)
+        flat.model.train()
+        view = CoverageView(flat, depth, task.coverage.width, self.masks)
         view.enter()
-        optimizer = self.optimizer
-        optimizer.begin(state, flat.params.numel())
-        track = rule is not None and rule.tracks_gradient_differences
-        corrects = rule is not None and rule.corrects_gradients
-        plain = view.mask is None and not track and not corrects and optimizer.plain
-        reached, region, pslice = view.reached, view.region, view.param_slice
-        losses = []
-        done = 0
-        for step in range(steps):
-            if step == 0 and first is not None:  # the timed step already ran
-                loss, grads = first
-            else:
-                if not budget.allows_another_step():
-                    break
-                x, y = data.batch(rng, task.batch_size)
-                loss = self.objective.loss(model(x, depth), y)
-                grads = gradients(loss, reached)
-                budget.step_done(flat.num_layers + 1 - depth)
-            done += 1
-            losses.append(float(loss.detach()))
-            if plain:  # w <- w - lr g on the reached parameters, in place: no flat copy of g
-                with torch.no_grad():
-                    for parameter, g in zip(reached, grads, strict=True):
-                        parameter.sub_(g, alpha=task.lr)
-                continue
-            with torch.no_grad():
-                grad = view.restrict(torch.cat([g.reshape(-1) for g in grads]))
-            if track:  # step 1 starts at the received model: its own gradient is the anchor's
-                if done == 1 and first is None:
-                    anchor_grad = grad.clone()
-                else:
-                    anchor_grad = self._gradient_at(params[pslice], x, y, depth, reached, pslice)
-                with torch.no_grad():
-                    distance = float((region - params[pslice]).norm())
-                rule.observe_gradients(task, state, grad, anchor_grad, distance)
-            with torch.no_grad():
-                if corrects:  # the algorithm's gradient transform
-                    correction = rule.gradient_correction(task, state, pslice, flat.params, params)
-                    if correction is not None:
-                        grad.add_(correction)
-                optimizer.step(region, grad, task.lr, pslice)
+        self.optimizer.begin(state, flat.params.numel())
+        run = _LocalRun(task, params, data, state, rng, rule, view, budget, depth)
+        losses = self._steps(run, first)
         view.exit()
-        optimizer.end(state)
+        self.optimizer.end(state)
         delta, delta_buffers = view.deltas(params, buffers)
         update = ClientUpdate(
             client=task.client,
             coverage=coverage,
-            steps=done,
-            num_samples=n,
+            steps=len(losses),
+            num_samples=len(data),
             loss=float(np.mean(losses)),
             delta=delta,
             delta_buffers=delta_buffers,
@@ -194,8 +167,73 @@ class LocalTrainer:
         )
         if rule is not None:
             with torch.no_grad():
-                rule.finish_local_work(task, update, state, pslice, flat.params, params)
+                rule.finish_local_work(task, update, state, view.param_slice, flat.params, params)
         return update
+
+    def _begin(self, task, params, buffers, data, rng):
+        """The task's work budget, the depth it starts from and, for a wall-clock task, its
+        first step, timed layer by layer (None on the simulated clock)."""
+        flat, depth = self.flat, task.coverage.depth
+        if not (task.time_limit and depth <= flat.num_layers and task.local_steps > 0):
+            return self.budget_for(task), depth, None
+        x, y = data.batch(rng, task.batch_size)
+        self._warm_up(x, y)
+        flat.load(params, buffers)  # after the warm-up, which may touch BatchNorm statistics
+        flat.model.train()
+        budget = self.budget_for(task)  # the device's time starts now, warmed up
+        depth, first = timed_first_step(flat.model, x, y, depth, budget, self.objective.loss)
+        return budget, depth, None if first is None else (*first, x, y)
+
+    def _steps(self, run: _LocalRun, first) -> list[float]:
+        """The local steps the budget allows; their losses."""
+        flat, task, view = self.flat, run.task, run.view
+        rule = run.rule
+        track = rule is not None and rule.tracks_gradient_differences
+        corrects = rule is not None and rule.corrects_gradients
+        plain = view.mask is None and not track and not corrects and self.optimizer.plain
+        losses: list[float] = []
+        x = y = None
+        for step in range(task.local_steps):
+            if step == 0 and first is not None:  # the timed step already ran, on batch (x, y)
+                loss, grads, x, y = first
+            else:
+                if not run.budget.allows_another_step():
+                    break
+                x, y = run.data.batch(run.rng, task.batch_size)
+                loss = self.objective.loss(flat.model(x, run.depth), y)
+                grads = gradients(loss, view.reached)
+                run.budget.step_done(flat.num_layers + 1 - run.depth)
+            losses.append(float(loss.detach()))
+            if plain:  # w <- w - lr g on the reached parameters, in place: no flat copy of g
+                with torch.no_grad():
+                    for parameter, g in zip(view.reached, grads, strict=True):
+                        parameter.sub_(g, alpha=task.lr)
+                continue
+            with torch.no_grad():
+                grad = view.restrict(torch.cat([g.reshape(-1) for g in grads]))
+            if track:
+                self._observe(run, grad, x, y, own=len(losses) == 1 and first is None)
+            with torch.no_grad():
+                if corrects:  # the algorithm's gradient transform
+                    correction = rule.gradient_correction(
+                        task, run.state, view.param_slice, flat.params, run.params
+                    )
+                    if correction is not None:
+                        grad.add_(correction)
+                self.optimizer.step(view.region, grad, task.lr, view.param_slice)
+        return losses
+
+    def _observe(self, run: _LocalRun, grad: torch.Tensor, x, y, own: bool) -> None:
+        """AMSFL's gradient differences: the step's gradient beside the gradient at the
+        received model on the same batch (step 1 starts there: its own gradient is it)."""
+        view, pslice = run.view, run.view.param_slice
+        if own:
+            anchor_grad = grad.clone()
+        else:
+            anchor_grad = self._gradient_at(run.params[pslice], x, y, run.depth, view.reached, pslice)
+        with torch.no_grad():
+            distance = float((view.region - run.params[pslice]).norm())
+        run.rule.observe_gradients(run.task, run.state, grad, anchor_grad, distance)
 
     def _warm_up(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """Once per process, before the first timed task: autograd's first calls are slow
