@@ -198,3 +198,76 @@ def test_the_event_driver_keeps_the_system_models_state(tmp_path):
 
 def test_algorithm_base_defaults_are_off():
     assert not Algorithm.streams and not Algorithm.corrects_gradients
+
+
+def _same(a, b) -> bool:
+    """Structural equality of server states (tensors by value; a client memory kept in files
+    is its own object, compared by its tensors elsewhere)."""
+    import numpy as np
+
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, np.ndarray):
+        return np.array_equal(a, b, equal_nan=True)
+    if hasattr(a, "persist"):
+        return type(a) is type(b)
+    return a == b or (a != a and b != b)
+
+
+EXPONENTIAL = {"model": "exponential", "deadline": 0.0, "time_per_sample_layer": 0.02}
+PER_STEP = {"model": "per-step", "time_per_sample_step": 0.01, "comm_time": 0.05}
+PLAN_SETTINGS = {
+    "adel-fl": ({"time_budget": 6.0}, EXPONENTIAL, {}),
+    "amsfl": ({}, PER_STEP, {"round_budget": 20.0}),
+}
+
+
+@pytest.mark.parametrize(
+    "name", sorted(n for n, e in builtins("algorithm").items() if e.cls.driver == "round")
+)
+def test_plan_is_pure(name):
+    """plan() reads the server state and writes none of it: a plan can be priced and
+    dropped (the first-round check, a round past the time budget) without a trace."""
+    import copy
+
+    from fedhet.engine.pool import InProcessPool, WorkerSide
+    from fedhet.world import build_world
+
+    run_keys, system, options = PLAN_SETTINGS.get(
+        name, ({}, {"model": "straggler-ratio", "straggler_ratio": 0.5, "deadline": 1.0}, {})
+    )
+    config = from_dict({**BASE, "run": {**BASE["run"], **run_keys}, "system": system,
+                        "algorithm": {"name": name, **options}})  # fmt: skip
+    world = build_world(config)
+    setting = world.setting()
+    probes = world.algorithm.probe_tasks(setting)
+    if probes:
+        setting.probes = list(
+            InProcessPool(WorkerSide(world, 0)).run(probes, world.initial_params, world.initial_buffers)
+        )
+    state = world.algorithm.init_state(setting)
+    before = copy.deepcopy(state)
+    for round_index in range(2):
+        world.algorithm.plan(round_index, state, world.system, config.round_deadline)
+    assert _same(before, state)
+
+
+class ListInState(FedAvg):
+    def finish_local_work(self, task, update, state, region, local, anchor):
+        state["seen"] = [task.round]  # not a tensor: it could not be checkpointed or sent
+
+
+@pytest.mark.parametrize("pool", ["in-process", "processes"])
+def test_client_state_that_is_not_tensors_is_refused_in_one_line_in_every_pool(tmp_path, pool):
+    from fedhet.errors import FedhetError
+
+    document = {**BASE, "run": {**BASE["run"], "pool": pool, "workers": 2 if pool == "processes" else 1},
+                "algorithm": {"name": "test_capabilities:ListInState"}}  # fmt: skip
+    with pytest.raises(
+        FedhetError, match="client 0: its state 'seen'.* is a list; client state must be tensors"
+    ):
+        run(from_dict(document), tmp_path / "r")

@@ -389,23 +389,22 @@ class AMSFL(FedAvg):
             steps = greedy_steps(
                 state["weights"], step_cost, comm_cost, o.round_budget, alpha, beta, o.allocation, o.max_steps
             )
-        state["history"].append(
-            {
-                "round": round_index + 1,
-                "steps": steps.tolist(),
-                "alpha": float(alpha),
-                "beta": float(beta),
-                **{k: (float(v) if isinstance(v, int | float) else v) for k, v in (est or {}).items()},
-                "step_cost": [float(v) for v in step_cost],
-                "comm_cost": [float(v) for v in comm_cost],
-                "budget_used": float(np.sum(step_cost * steps + comm_cost)),
-            }
-        )
+        record = {
+            "round": round_index + 1,
+            "steps": steps.tolist(),
+            "alpha": float(alpha),
+            "beta": float(beta),
+            **{k: (float(v) if isinstance(v, int | float) else v) for k, v in (est or {}).items()},
+            "step_cost": [float(v) for v in step_cost],
+            "comm_cost": [float(v) for v in comm_cost],
+            "budget_used": float(np.sum(step_cost * steps + comm_cost)),
+        }  # kept in the history by aggregate: plan() writes no state
         extra = o.gda_cost == "charged"
         return RoundPlan(
             round=round_index,
             deadline=None,
             lr=lr,
+            record=record,
             assignments=[
                 ClientAssignment(self.train.batch_size, int(t), extra_gradients=int(t) - 1 if extra else 0)
                 for t in steps
@@ -460,6 +459,7 @@ class AMSFL(FedAvg):
         reports = [u for u in updates if "ratio_max" in u.payload]
         weights = state["weights"][[u.client for u in reports]]
         estimates = gda_estimates([u.payload for u in reports], weights)
+        state["history"].append(dict(context.plan.record))  # the plan of the round aggregated
         history = state["history"][-1]
         across = self._smoothness_across_rounds(params, reports, weights, state)
         if estimates is not None:

@@ -7,7 +7,10 @@ Server side:
   read the replies in ``setting.probes``.
 - ``plan(round, state, system, deadline)`` -> :class:`RoundPlan`: deadline (``None`` = wait
   for all), learning rate, per-client assignments (batch size, local steps, planned coverage,
-  asked or not).
+  asked or not). ``plan`` is pure: it reads the server state and never writes it (a plan
+  may be priced and dropped: the first-round check, a round past the time budget); what
+  the rule wants to remember of its decision goes in ``RoundPlan.record``, which
+  ``aggregate`` reads from ``context.plan``.
 - ``client_task(context, client, state)`` -> the :class:`~fedhet.messages.ClientTask` sent to
   one client, its work cut to what the client's sampled outcome allows by the deadline
   (``partial_work``: ``"layers"`` keeps all steps over the layers it reached, ``"steps"``
@@ -75,6 +78,7 @@ class RoundPlan:
     deadline: float | None
     lr: float
     assignments: list[ClientAssignment]
+    record: dict = field(default_factory=dict)  # what the rule decided and why, for its report
 
     @property
     def batch_sizes(self) -> np.ndarray:

@@ -8,7 +8,22 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from fedhet.errors import FedhetError
+
 ClientState = dict[str, torch.Tensor]
+
+
+def check_serialisable(store: dict, client: int) -> None:
+    """Every value of a client's state is a tensor (it is checkpointed and travels between
+    processes and as Flower records): one line naming the component and key otherwise."""
+    for key, value in store.items():
+        if not isinstance(value, torch.Tensor):
+            raise FedhetError(
+                f"client {client}: its state {key!r} (kept by the algorithm, the local optimizer or a "
+                f"postprocessor) is a "
+                f"{type(value).__name__}; client state must be tensors: it is checkpointed and travels "
+                "between processes and in Flower messages"
+            )
 
 
 @dataclass

@@ -31,7 +31,7 @@ from fedhet.client.gradients import gradients
 from fedhet.client.optimizers import SGD, LocalOptimizer
 from fedhet.client.postprocess import Postprocessor, generator_for, payload_bytes
 from fedhet.client.rule import ClientRule
-from fedhet.client.state import ClientData, ClientState
+from fedhet.client.state import ClientData, ClientState, check_serialisable
 from fedhet.data.task import Classification, Task
 from fedhet.messages import ClientTask, ClientUpdate, Coverage
 from fedhet.models.layers import FlatModel
@@ -106,6 +106,7 @@ class LocalTrainer:
             generator = generator_for(rng)
             for step in self.postprocessors:
                 update = step.process(update, state, generator)
+        check_serialisable(state, task.client)
         return update
 
     def budget_for(self, task: ClientTask) -> SimulatedBudget | WallClockBudget:

@@ -504,6 +504,7 @@ class ProcessPool:
             self._messages.pop(job, None)
             if kind == "failed":
                 if isinstance(message[2], FedhetError):
+                    self._results[job] = ("fatal", message[2])  # nobody waits for it any more
                     raise message[2]  # one line already (a data file, a configuration)
                 self._results[job] = ("error", message[2], message[3])
             elif kind == "evaluated":
