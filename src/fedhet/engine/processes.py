@@ -246,15 +246,17 @@ class EvaluationHandle:
         return self.pool._wait_for(self.job)  # noqa: SLF001
 
 
+IN_FLIGHT = 4  # tasks sent ahead to each worker: it never waits for this process to hand it one
 MAX_RESTARTS = 10  # worker processes started again in one run before the run gives up
 
 
 class ProcessPool:
     """``workers`` processes running one run's client tasks (see the module's docstring).
 
-    Each round's tasks are dealt to the workers up front, one message per worker (the
-    longest first, each to the least loaded worker by its multiply-adds, then in task order
-    within a worker). A worker that dies mid-round is a fault for the task it was running:
+    Tasks go to whichever worker is least loaded, at most :data:`IN_FLIGHT` ahead (dealing a
+    round's tasks up front, one message per worker, measured slower on SALF's Table II
+    workload: the workers wait while this process pickles every task). A worker that dies
+    mid-round is a fault for the task it was running:
     that client is not delivered, the tasks queued behind it go to the other workers (and
     the worker's replacement), a new worker takes its place, and the run goes on."""
 
@@ -274,7 +276,6 @@ class ProcessPool:
         from fedhet.world import open_configured_dataset
 
         torch.set_num_threads(1)  # this process plans and aggregates; the workers train
-        self.layer_cost = np.asarray(world.layer_multiply_adds or [1] * world.flat.num_layers, dtype=float)
         dataset = open_configured_dataset(self.config)
         self.start(self.config.to_toml(), dataset, world.flat.params.numel(), world.flat.buffers.numel())
 
@@ -288,13 +289,13 @@ class ProcessPool:
         self.model = self.eval_model = None
         self.processes: list[subprocess.Popen] = []
         self.conns: list[connection.Connection] = []
-        self.layer_cost = None
         self._closed = False
         self._job = 0
         self._results: dict[int, tuple] = {}
         self._pending: list[deque] = [deque() for _ in range(workers)]  # jobs sent, in order
         self._messages: dict[int, tuple] = {}  # job -> what it was (to send it again)
         self._alias: dict[int, int] = {}  # a job sent again -> its new number
+        self._weight: dict[int, int] = {}  # job -> its share of its worker's load (evaluations)
         self._restarts = 0
         self._start_message = None
         self._running = None
@@ -378,10 +379,14 @@ class ProcessPool:
         num_params = self.sizes[0]
         self.model[:num_params].copy_(params)
         self.model[num_params:].copy_(buffers)
-        jobs = self._deal(tasks)  # position -> job
+        waiting = deque(range(len(tasks)))  # positions not yet sent
+        jobs: dict[int, int] = {}  # position -> job
         following = 0
         try:
             while following < len(tasks):
+                while waiting and min(self._loads()) < IN_FLIGHT:  # a worker never waits for a task
+                    position = waiting.popleft()
+                    jobs[position] = self._send_task(tasks[position])
                 job = self._current(jobs[following])
                 if job not in self._results:
                     self._receive_one()
@@ -405,31 +410,19 @@ class ProcessPool:
                     with contextlib.suppress(FedhetError):
                         self._wait_for(job)
 
-    def _cost(self, task: ClientTask) -> float:
-        """A task's multiply-adds, roughly: steps x batch x the covered layers' work."""
-        cost = self.layer_cost
-        covered = float(cost[task.coverage.depth - 1 :].sum()) if cost is not None else 1.0
-        return task.local_steps * task.batch_size * covered * task.coverage.width**2
+    def _loads(self) -> list[int]:
+        """Each worker's jobs under way, an evaluation counting :data:`IN_FLIGHT` (no task
+        of the round waits behind it)."""
+        return [sum(self._weight.get(job, 1) for job in pending) for pending in self._pending]
 
-    def _deal(self, tasks: list[ClientTask]) -> dict[int, int]:
-        """Send the round's tasks, one message per worker: each task, longest first, to the
-        worker with the least work so far; a worker runs its own in task order."""
-        load = [0.0] * len(self.conns)
-        mine: list[list[int]] = [[] for _ in self.conns]
-        for position in sorted(range(len(tasks)), key=lambda i: -self._cost(tasks[i])):
-            worker = min(range(len(load)), key=load.__getitem__)
-            load[worker] += self._cost(tasks[position])
-            mine[worker].append(position)
-        jobs: dict[int, int] = {}
-        for worker, positions in enumerate(mine):
-            batch = []
-            for position in sorted(positions):
-                task = tasks[position]
-                jobs[position] = job = self._new_job(("task", task, self.states.of(task.client)))
-                batch.append((job, task, self.states.of(task.client)))
-            if batch:
-                self._send_to(worker, ("tasks", batch), [job for job, _, _ in batch])
-        return jobs
+    def _send_task(self, task: ClientTask) -> int:
+        """Send one task, with the client's state, to the least loaded worker."""
+        state = self.states.of(task.client)
+        job = self._new_job(("task", task, state))
+        loads = self._loads()
+        worker = min(range(len(loads)), key=loads.__getitem__)
+        self._send_to(worker, ("tasks", [(job, task, state)]), [job])
+        return job
 
     def submit_evaluation(self, params: torch.Tensor, buffers: torch.Tensor) -> EvaluationHandle:
         """Evaluate ``(params, buffers)`` in a worker while the run goes on (one at a time:
@@ -438,7 +431,9 @@ class ProcessPool:
         self.eval_model[:num_params].copy_(params)
         self.eval_model[num_params:].copy_(buffers)
         job = self._new_job(("evaluate",))
-        worker = min(range(len(self.conns)), key=lambda w: len(self._pending[w]))
+        self._weight[job] = IN_FLIGHT
+        loads = self._loads()
+        worker = min(range(len(loads)), key=loads.__getitem__)
         self._send_to(worker, ("evaluate", job), [job])
         return EvaluationHandle(self, job)
 
@@ -502,6 +497,7 @@ class ProcessPool:
             if self._pending[worker] and self._pending[worker][0] == job:
                 self._pending[worker].popleft()
             self._messages.pop(job, None)
+            self._weight.pop(job, None)
             if kind == "failed":
                 if isinstance(message[2], FedhetError):
                     self._results[job] = ("fatal", message[2])  # nobody waits for it any more
@@ -544,6 +540,7 @@ class ProcessPool:
                 _, task, state = what
                 self._send_to(target, ("tasks", [(renumbered, task, state)]), [renumbered])
             else:
+                self._weight[renumbered] = self._weight.pop(job, IN_FLIGHT)
                 self._send_to(target, ("evaluate", renumbered), [renumbered])
 
     def close(self) -> None:
