@@ -267,7 +267,6 @@ def test_client_state_that_is_not_tensors_is_refused_in_one_line_in_every_pool(t
 
     document = {**BASE, "run": {**BASE["run"], "pool": pool, "workers": 2 if pool == "processes" else 1},
                 "algorithm": {"name": "test_capabilities:ListInState"}}  # fmt: skip
-    with pytest.raises(
-        FedhetError, match="client 0: its state 'seen'.* is a list; client state must be tensors"
-    ):
+    # with two workers, whichever client finishes first is the one named
+    with pytest.raises(FedhetError, match=r"client \d+: its state 'seen'.* is a list; client state must be"):
         run(from_dict(document), tmp_path / "r")
