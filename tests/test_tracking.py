@@ -29,9 +29,11 @@ BASE = {
 }
 
 
-def _document(tmp_path, **run) -> dict:
-    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
-    return {**BASE, "run": {**BASE["run"], "mlflow_uri": uri, **run}}
+def _document(tmp_path, uri: str | None = None, **run) -> dict:
+    """The base run, its MLflow tracker (if tracked) writing to ``uri`` (a store in tmp_path)."""
+    uri = uri or f"sqlite:///{tmp_path / 'mlruns.db'}"
+    track = [{"name": "mlflow", "uri": uri} if t == "mlflow" else t for t in run.pop("track", [])]
+    return {**BASE, "run": {**BASE["run"], "track": track, **run}}
 
 
 def _runs(tmp_path):
@@ -126,8 +128,7 @@ def test_tensorboard_event_files_hold_every_metric_by_round_and_by_simulated_tim
 
 
 def test_a_failing_tracker_is_one_warning_and_the_run_goes_on(tmp_path, caplog):
-    document = _document(tmp_path, track=["mlflow"])
-    document["run"]["mlflow_uri"] = "nosuchscheme://nowhere"
+    document = _document(tmp_path, uri="nosuchscheme://nowhere", track=["mlflow"])
     with caplog.at_level(logging.WARNING, logger="fedhet"):
         result = RunLoop(from_dict(document), tmp_path / "run").run()
     assert result.summary["finished"] and result.summary["rounds"] == 6
@@ -142,3 +143,19 @@ def test_unknown_trackers_are_refused_in_one_line():
         from_dict({**BASE, "run": {**BASE["run"], "track": ["wandb"]}})
     with pytest.raises(ConfigError, match="run.track = 'mlflow': expected a list"):
         from_dict({**BASE, "run": {**BASE["run"], "track": "mlflow"}})
+
+
+def test_a_tracker_is_a_callback_plugin_whose_uri_is_its_own_option(tmp_path):
+    """``run.track`` tables carry the tracker's options (checked like any plug-in's); the
+    old ``run.mlflow_uri`` key is refused in one line that says where it went."""
+    from fedhet.errors import ConfigError
+
+    config = from_dict(_document(tmp_path, uri="sqlite:///elsewhere.db", track=["mlflow", "tensorboard"]))
+    (mlflow, options), (tensorboard, _) = config.run.tracker_plugins
+    assert (mlflow.name, options.uri, tensorboard.name) == ("mlflow", "sqlite:///elsewhere.db", "tensorboard")
+    with pytest.raises(ConfigError, match=r"run.track\[0\].urii: unknown option for run callback mlflow"):
+        from_dict({**BASE, "run": {**BASE["run"], "track": [{"name": "mlflow", "urii": "x"}]}})
+    with pytest.raises(ConfigError, match=r"run.mlflow_uri: now the MLflow tracker's own option"):
+        from_dict({**BASE, "run": {**BASE["run"], "mlflow_uri": "sqlite:///x.db"}})
+    with pytest.raises(ConfigError, match="a tracker listed twice"):
+        from_dict({**BASE, "run": {**BASE["run"], "track": ["mlflow", {"name": "mlflow"}]}})

@@ -166,6 +166,8 @@ def parse_plugin_section(cls: type, values: Any) -> PluginSection:
         if owner is not None:  # another choice's option: checked there, kept, not used
             unused.setdefault(owner, {})[key] = value
             continue
+        if key in cls.MOVED:
+            raise ConfigError(f"{name}.{key}: {cls.MOVED[key]}")
         known = [*own, *(k for s in entries for k in fields_of[s])]
         raise ConfigError(f"{name}.{key}: unknown key (known: {', '.join(known)})")
     section.__dict__["_plugins"] = _plugin_options(section, per_slot)
@@ -233,6 +235,9 @@ class RunConfig(PluginSection):
 
     SECTION: ClassVar[str] = "run"
     SLOTS: ClassVar[dict[str, str]] = {"engine": "engine", "pool": "pool"}
+    MOVED: ClassVar[dict[str, str]] = {
+        "mlflow_uri": 'now the MLflow tracker\'s own option: track = [{ name = "mlflow", uri = "..." }]'
+    }
 
     name: str = "run"
     seed: int = 0
@@ -252,8 +257,7 @@ class RunConfig(PluginSection):
     engine: str = "embedded"  # embedded (one process) | flower (Flower's simulation runtime) | a plug-in
     pool: str = "auto"  # where client tasks run: auto | in-process | processes | a plug-in (embedded engine)
     callbacks: list = field(default_factory=list)  # run callback plug-ins: [{ name = "...", ... }]
-    track: list = field(default_factory=list)  # run tracking: "mlflow", "tensorboard"
-    mlflow_uri: str = "sqlite:///mlruns.db"  # the MLflow tracking store of track = ["mlflow"]
+    track: list = field(default_factory=list)  # trackers: "mlflow", "tensorboard", or { name = ..., options }
 
     def validate(self) -> None:
         at_least("run.seed", self.seed, 0)
@@ -293,21 +297,27 @@ class RunConfig(PluginSection):
                 raise ConfigError(f"run.targets: {target!r} is not an accuracy in (0, 1]")
 
     def _check_track(self) -> None:
+        """``run.track``: tracker callbacks by name (``"mlflow"``) or as a table with their
+        options (``{ name = "mlflow", uri = "sqlite:///runs.db" }``); each once."""
         import importlib.util
 
         if not isinstance(self.track, list):
             raise ConfigError(f'run.track = {self.track!r}: expected a list, e.g. ["mlflow", "tensorboard"]')
-        for name in self.track:
+        names = [item.get("name") if isinstance(item, dict) else item for item in self.track]
+        for name in names:
             if name not in TRACKERS:
                 raise ConfigError(f"run.track: {name!r} is not a tracker (known: {', '.join(TRACKERS)})")
             if importlib.util.find_spec(PACKAGES[name]) is None:
                 raise ConfigError(f"run.track: {name!r} needs its package: pip install 'fedhet[track]'")
-        if self.track.count("mlflow") > 1 or self.track.count("tensorboard") > 1:
+        if len(set(names)) < len(names):
             raise ConfigError(f"run.track = {self.track!r}: a tracker listed twice")
-        if not isinstance(self.mlflow_uri, str) or not self.mlflow_uri.strip():
-            raise ConfigError(
-                f"run.mlflow_uri = {self.mlflow_uri!r}: expected a tracking URI, e.g. sqlite:///mlruns.db"
-            )
+        self.tracker_plugins  # noqa: B018  (their options' errors are configuration errors)
+
+    @property
+    def tracker_plugins(self) -> list:
+        """The trackers of ``run.track``: (registry entry, typed options) in order."""
+        tables = [item if isinstance(item, dict) else {"name": item} for item in self.track]
+        return _listed_plugins(self, "callback", "run.track", tables)
 
     @property
     def callback_plugins(self) -> list:

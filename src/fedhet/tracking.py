@@ -1,9 +1,9 @@
 """Run tracking in the tools researchers already use, as run callbacks
 (``run.track = ["mlflow", "tensorboard"]``, or ``run.callbacks = [{ name = "mlflow" }]``).
 
-- ``mlflow``: one MLflow run per fedhet run in the tracking store ``run.mlflow_uri``
-  (default ``sqlite:///mlruns.db``, a local SQLite database; its artifacts in
-  ``mlartifacts/`` beside it): the flattened configuration as parameters, every metrics
+- ``mlflow``: one MLflow run per fedhet run in the tracking store of its ``uri`` option
+  (``run.track = [{ name = "mlflow", uri = "..." }]``; default ``sqlite:///mlruns.db``, a
+  local SQLite database; its artifacts in ``mlartifacts/`` beside it): the flattened configuration as parameters, every metrics
   row as metrics at step = round (the simulated time is the ``sim_time`` metric), the
   summary's numbers, and the run's ``config.toml``, ``summary.json`` and HTML report as
   artifacts. The runs of a grid or a ``[compare]`` are nested under one parent run named
@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedhet.engine.callbacks import Callback
+from fedhet.errors import ConfigError
 from fedhet.registry import register
 
 log = logging.getLogger("fedhet")
@@ -107,11 +108,17 @@ def flatten(config: dict, prefix: str = "") -> dict[str, str]:
 
 @dataclass
 class MLflowOptions:
-    """``uri``: the tracking store (default ``run.mlflow_uri``); ``experiment``: the MLflow
-    experiment the runs go to."""
+    """``uri``: the tracking store (a local SQLite file by default, artifacts beside it in
+    ``mlartifacts/``); ``experiment``: the MLflow experiment the runs go to."""
 
-    uri: str = ""
+    uri: str = "sqlite:///mlruns.db"
     experiment: str = "fedhet"
+
+    def validate(self) -> None:
+        if not self.uri.strip():
+            raise ConfigError(f"mlflow tracker: uri = {self.uri!r}: expected a tracking URI, e.g. sqlite:///mlruns.db")
+        if not self.experiment.strip():
+            raise ConfigError("mlflow tracker: experiment = '': expected an MLflow experiment name")
 
 
 @register("callback")
@@ -123,8 +130,7 @@ class MLflowTracking(Tracker):
 
     @classmethod
     def build(cls, options: MLflowOptions, ctx=None) -> MLflowTracking:
-        uri = options.uri or (ctx.config.run.mlflow_uri if ctx is not None else "sqlite:///mlruns.db")
-        return cls(uri, options.experiment)
+        return cls(options.uri, options.experiment)
 
     def __init__(self, uri: str, experiment: str = "fedhet"):
         self.uri, self.experiment = uri, experiment

@@ -35,7 +35,6 @@ from fedhet.engine.preflight import check_first_round
 from fedhet.engine.records import run_summary
 from fedhet.engine.state import RunState, check_checkpoint, from_checkpoint
 from fedhet.errors import FedhetError
-from fedhet.registry import resolve
 from fedhet.results import RunDirectory
 from fedhet.world import World, build_world
 
@@ -99,10 +98,8 @@ class RunLoop:
         context = RunContext(config, run_dir.path, self.group, self.engine)
         out: list = [Reports(world, run_dir), Metrics(run_dir, config.to_toml()),
                      Checkpoint(run_dir, config.to_dict(), self.pool)]  # fmt: skip
-        out += [entry.cls.build(options, context) for entry, options in config.run.callback_plugins]
-        for name in config.run.track:  # run.track = ["mlflow", ...]: tracker callbacks
-            entry = resolve("callback", name, "run.track")
-            out.append(entry.cls.build(entry.cls.Options(), context))
+        plugins = config.run.callback_plugins + config.run.tracker_plugins
+        out += [entry.cls.build(options, context) for entry, options in plugins]
         out += self.extra_callbacks
         if self.on_round:
             out.append(Progress(self.on_round))
