@@ -141,7 +141,7 @@ def test_scaffold_rounds_match_a_hand_computation():
         assert torch.allclose(params, w, atol=1e-5)
         assert torch.allclose(state["control"], c, atol=1e-5)
         for i in clients:
-            assert torch.allclose(states.of(i)["control"], c_i[i], atol=1e-5)
+            assert torch.allclose(states.part(i, "algorithm")["control"], c_i[i], atol=1e-5)
 
 
 def test_scaffold_server_control_is_the_mean_of_client_controls(tmp_path):
@@ -151,7 +151,7 @@ def test_scaffold_server_control_is_the_mean_of_client_controls(tmp_path):
         make_config({"run.rounds": 5, "algorithm.name": "scaffold", "train.local_steps": 2}), tmp_path / "s"
     )
     saved = torch.load(result.path / "checkpoint.pt", weights_only=False)
-    total = sum(s["control"] for s in saved["client_states"].values())
+    total = sum(s["algorithm/control"] for s in saved["client_states"].values())
     assert torch.allclose(saved["algorithm"]["control"], total / 10, atol=1e-5)
 
 
@@ -181,7 +181,7 @@ def test_feddyn_rounds_match_a_hand_computation():
         assert torch.allclose(params, theta, atol=1e-5)
         assert torch.allclose(state["h"], h, atol=1e-6)
         for i in clients:
-            assert torch.allclose(states.of(i)["linear"], g[i], atol=1e-6)
+            assert torch.allclose(states.part(i, "algorithm")["linear"], g[i], atol=1e-6)
 
 
 def test_fedprox_gradient_is_the_proximal_objective():

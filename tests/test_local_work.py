@@ -18,6 +18,7 @@ import torch
 from fedhet.client import Adam, ClientData, LocalTrainer
 from fedhet.client.optimizers import AdamOptions
 from fedhet.client.postprocess import ClipNoise, ClipNoiseOptions, Compress, CompressOptions, payload_bytes
+from fedhet.client.state import OPTIMIZER, Namespace
 from fedhet.config import from_dict
 from fedhet.engine.drivers import upload_bytes
 from fedhet.engine.launch import run
@@ -63,10 +64,11 @@ def test_adam_state_is_kept_in_the_client_state_only_when_asked():
     data = ClientData(x, y, np.arange(16))
     task = ClientTask(0, 0, 0.01, 16, 2, Coverage(2))  # layers 2..L only
     for keep in (True, False):
-        state: dict = {}
+        store: dict = {}
         LocalTrainer(flat, Adam(AdamOptions(keep_state=keep))).execute(
-            task, flat.params.clone(), flat.buffers.clone(), data, state, np.random.default_rng(0)
+            task, flat.params.clone(), flat.buffers.clone(), data, store, np.random.default_rng(0)
         )
+        state = Namespace(store, OPTIMIZER)  # the optimizer's part of the client's state
         assert set(state) == ({"adam.exp_avg", "adam.exp_avg_sq", "adam.steps"} if keep else set())
         if keep:  # layer 1 was not reached: its moments and step counts stay zero
             first = flat.param_slices.from_depth(1).start, flat.param_slices.start(2)

@@ -120,7 +120,7 @@ def test_client_state_is_checkpointed_and_resumes_identically(tmp_path):
     saved = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=False)
     stored = saved["client_states"]
     assert len(stored) >= 5 and set(stored) <= set(range(10))  # clients that have trained
-    assert all(s["control"].abs().sum() > 0 for s in stored.values())
+    assert all(s["algorithm/control"].abs().sum() > 0 for s in stored.values())
     resumed = RunLoop(config, tmp_path / "cut").run(resume=True)
     assert resumed.metrics == whole.metrics
 

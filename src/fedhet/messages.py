@@ -138,7 +138,10 @@ class ClientUpdate:
     region ``coverage.region(layout)``), ``delta_buffers`` likewise for float buffers;
     ``steps`` local steps were done on ``num_samples`` examples with mean training loss
     ``loss``; ``model_round`` is the round of the model the work started from; ``payload``
-    carries algorithm data (e.g. SCAFFOLD's change of c_i, a probe's gradient statistics).
+    carries algorithm data (e.g. SCAFFOLD's change of c_i, a probe's gradient statistics);
+    ``wire`` names the payload tensors that are part of the update itself (the algorithm's
+    :meth:`~fedhet.algorithms.base.Algorithm.upload_payload`): the postprocessors process
+    them with the delta and the upload's byte count includes them.
     """
 
     client: int
@@ -150,10 +153,22 @@ class ClientUpdate:
     delta_buffers: torch.Tensor = field(default_factory=lambda: torch.zeros(0))
     model_round: int = 0
     payload: Payload = field(default_factory=dict)
+    wire: tuple[str, ...] = ()
 
     @property
     def depth(self) -> int:
         return self.coverage.depth
+
+    def vectors(self) -> dict[str, torch.Tensor]:
+        """The update's vectors as they travel: ``"delta"``, then each ``wire`` payload tensor."""
+        return {"delta": self.delta, **{key: self.payload[key] for key in self.wire if key in self.payload}}
+
+    def set_vector(self, key: str, value: torch.Tensor) -> None:
+        """Replace one of :meth:`vectors` (a postprocessor's output)."""
+        if key == "delta":
+            self.delta = value
+        else:
+            self.payload[key] = value
 
     def summary(self) -> UpdateSummary:
         """The update without its tensors (what round metrics need)."""
@@ -170,6 +185,7 @@ class ClientUpdate:
             "num_samples": self.num_samples,
             "loss": float(self.loss),
             "model_round": self.model_round,
+            "wire": ",".join(self.wire),
         }
         arrays = {
             "delta": self.delta.detach().cpu().numpy(),
@@ -190,6 +206,7 @@ class ClientUpdate:
             delta_buffers=torch.from_numpy(np.array(data["delta_buffers"])),
             model_round=int(data["model_round"]),
             payload=_payload_from_dict(data, "payload."),
+            wire=tuple(key for key in str(data.get("wire", "")).split(",") if key),
         )
 
 

@@ -3,12 +3,12 @@
 
 - ``mlflow``: one MLflow run per fedhet run in the tracking store of its ``uri`` option
   (``run.track = [{ name = "mlflow", uri = "..." }]``; default ``sqlite:///mlruns.db``, a
-  local SQLite database; its artifacts in ``mlartifacts/`` beside it): the flattened configuration as parameters, every metrics
-  row as metrics at step = round (the simulated time is the ``sim_time`` metric), the
-  summary's numbers, and the run's ``config.toml``, ``summary.json`` and HTML report as
-  artifacts. The runs of a grid or a ``[compare]`` are nested under one parent run named
-  after it. A resumed fedhet run continues the same MLflow run (its id is kept in the run
-  folder, ``.mlflow-run``).
+  local SQLite database; its artifacts in ``mlartifacts/`` beside it): the flattened
+  configuration as parameters, every metrics row as metrics at step = round (the simulated
+  time is the ``sim_time`` metric), the summary's numbers, and the run's ``config.toml``,
+  ``summary.json`` and HTML report as artifacts. The runs of a grid or a ``[compare]`` are
+  nested under one parent run named after it. A resumed fedhet run continues the same
+  MLflow run (its id is kept in the run folder, ``.mlflow-run``).
 - ``tensorboard``: event files in ``<run folder>/tensorboard``, two TensorBoard runs with
   the same tags (the metrics.csv columns): ``round`` (step = round) and ``sim_time`` (step =
   simulated milliseconds; TensorBoard's steps are integers); each point's wall time is its
@@ -116,7 +116,9 @@ class MLflowOptions:
 
     def validate(self) -> None:
         if not self.uri.strip():
-            raise ConfigError(f"mlflow tracker: uri = {self.uri!r}: expected a tracking URI, e.g. sqlite:///mlruns.db")
+            raise ConfigError(
+                f"mlflow tracker: uri = {self.uri!r}: expected a tracking URI, e.g. sqlite:///mlruns.db"
+            )
         if not self.experiment.strip():
             raise ConfigError("mlflow tracker: experiment = '': expected an MLflow experiment name")
 

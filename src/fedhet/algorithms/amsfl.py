@@ -412,6 +412,12 @@ class AMSFL(FedAvg):
         )
 
     # -- client: GDA along the local steps ---------------------------------------------------
+    def upload_payload(self, covered: int) -> dict[str, int]:
+        """The gradient at the received model (step 1's batch) travels with the update: the
+        server's smoothness estimate across rounds needs it (the GDA statistics are a few
+        scalars per step, metadata)."""
+        return {"gda_anchor_gradient": covered}
+
     def observe_gradients(self, task, state, local_grad, anchor_grad, distance):
         """Record ||grad F_i(w_t) - grad F_i(w^(k))|| and ||w_t - w^(k)|| (same batch), and
         accumulate Delta_i^(t) = sum_t sum_{j<=t} Delta g_j (Sec. 3.2) for the drift check."""

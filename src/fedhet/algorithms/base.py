@@ -256,6 +256,14 @@ class Algorithm:
         """Algorithm data sent with a client's task (default: nothing)."""
         return {}
 
+    def upload_payload(self, covered: int) -> dict[str, int]:
+        """The payload tensors that travel as part of every trained update covering
+        ``covered`` parameter elements, by key, with their element counts (SCAFFOLD's control
+        change: ``covered``). They pass through the postprocessors with the delta and count
+        in the upload's bytes on the clock. Default: none (scalars and statistics that
+        :meth:`finish_local_work` adds are metadata, neither processed nor counted)."""
+        return {}
+
     # -- client --------------------------------------------------------------------------
     # Capabilities follow from the hooks a class defines (check_algorithm_class sets them
     # when the class is registered or resolved): corrects_gradients <- gradient_correction,

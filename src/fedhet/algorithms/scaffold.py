@@ -30,7 +30,8 @@ class Scaffold(Algorithm):
     Server: w += eta_g mean_S (y_i - w_t); c += (1/N) sum_S Delta c_i.
 
     State: server c (P floats, ``state["control"]``); client c_i (P floats each, client state
-    ``"control"``, zeros until its first round)."""
+    ``"control"``, zeros until its first round). Each update carries Delta c_i beside its
+    delta (``upload_payload``): postprocessors process it and the clock counts its bytes."""
 
     name = "scaffold"
     summary = "SCAFFOLD (option II): control variates correct client drift; partial steps accepted"
@@ -42,6 +43,10 @@ class Scaffold(Algorithm):
 
     def task_payload(self, client, state):
         return {"control": state["control"]}
+
+    def upload_payload(self, covered: int) -> dict[str, int]:
+        """Delta c_i travels with Delta y_i: the update is twice the model's size."""
+        return {"control_change": covered}
 
     def _client_control(self, state: dict, size: int) -> torch.Tensor:
         if "control" not in state:

@@ -3,25 +3,28 @@ sent (the shape of Flower's client mods and pfl-research's postprocessors).
 
 A postprocessor is a ``postprocessor`` plug-in (:mod:`fedhet.registry`) listed in
 ``[train] postprocess = [{ name = "...", ...options }, ...]``. It changes the update's
-``delta`` (never its coverage), may keep state in the client's own state, and declares the
-size the update has on the wire (:meth:`Postprocessor.payload_bytes`): system models with an
-``upload_bandwidth`` charge that many bytes as communication time, so a compressed client
-really finishes sooner on the virtual clock.
+vectors (``update.vectors()``: the ``delta`` and the payload tensors the algorithm sends as
+part of the update, such as SCAFFOLD's control change; never the coverage), may keep state
+in its own part of the client's state (its namespace, :mod:`fedhet.client.state`), and
+declares the size each vector has on the wire (:meth:`Postprocessor.payload_bytes`): system
+models with an ``upload_bandwidth`` charge the whole update's bytes as communication time, so
+a compressed client really finishes sooner on the virtual clock.
 
-- ``clip-noise``: scale the update to L2 norm at most ``max_norm``, then add Gaussian noise of
-  standard deviation ``noise_multiplier * max_norm`` to every element (the per-update
-  clipping and noise of DP-FedAvg, McMahan et al., arXiv:1710.06963; no privacy accounting
-  is done here).
-- ``compress``: ``method = "int8"`` (one scale per update, unbiased stochastic rounding to 255
-  levels: 1 byte per element + 4) or ``"topk"`` (the ``fraction`` of elements largest in
-  magnitude, as (index, value) pairs: 8 bytes each + 4), with optional error feedback (the
-  part not sent is added to the next round's update; Stich et al., arXiv:1809.07599).
-  The server receives the decompressed float32 values.
+- ``clip-noise``: scale the whole update (all its vectors together) to L2 norm at most
+  ``max_norm``, then add Gaussian noise of standard deviation ``noise_multiplier * max_norm``
+  to every element (the per-update clipping and noise of DP-FedAvg, McMahan et al.,
+  arXiv:1710.06963; no privacy accounting is done here).
+- ``compress``: each vector on its own: ``method = "int8"`` (one scale per vector, unbiased
+  stochastic rounding to 255 levels: 1 byte per element + 4) or ``"topk"`` (the ``fraction``
+  of elements largest in magnitude, as (index, value) pairs: 8 bytes each + 4), with optional
+  error feedback (the part not sent is added to the next round's vector; Stich et al.,
+  arXiv:1809.07599). The server receives the decompressed float32 values.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,8 +40,10 @@ FLOAT_BYTES = 4
 
 
 class Postprocessor:
-    """Base: ``process`` returns the update to send; ``payload_bytes`` its size on the wire
-    given the size after the previous postprocessors (``incoming``)."""
+    """Base: ``process`` returns the update to send (its ``vectors()`` changed in place or
+    replaced through ``set_vector``), ``state`` being this postprocessor's part of the
+    client's state; ``payload_bytes`` one vector's size on the wire given its element count
+    and its size after the previous postprocessors (``incoming``)."""
 
     name = "base"
 
@@ -49,12 +54,16 @@ class Postprocessor:
         return incoming
 
 
-def payload_bytes(chain: list[Postprocessor], elements: int) -> int:
-    """Bytes of an update of ``elements`` float32 values after the whole chain."""
-    size = FLOAT_BYTES * int(elements)
-    for step in chain:
-        size = step.payload_bytes(int(elements), size)
-    return size
+def payload_bytes(chain: list[Postprocessor], elements: int, payload: Iterable[int] = ()) -> int:
+    """Bytes of an update on the wire after the whole chain: its delta of ``elements``
+    float32 values and each payload vector sent with it (``payload``: their element counts)."""
+    total = 0
+    for count in (int(elements), *(int(n) for n in payload)):
+        size = FLOAT_BYTES * count
+        for step in chain:
+            size = step.payload_bytes(count, size)
+        total += size
+    return total
 
 
 @dataclass
@@ -88,15 +97,17 @@ class ClipNoise(Postprocessor):
         return cls(options)
 
     def process(self, update, state, generator):
-        delta = update.delta
-        if delta.numel() == 0 or update.steps <= 0:
+        vectors = update.vectors()
+        if update.delta.numel() == 0 or update.steps <= 0:
             return update
         clip, std = self.options.max_norm, self.options.noise_multiplier * self.options.max_norm
-        norm = float(delta.norm())
-        out = delta * min(1.0, clip / norm) if norm > 0 else delta.clone()
-        if std > 0:
-            out.add_(torch.randn(out.shape, generator=generator, dtype=out.dtype), alpha=std)
-        update.delta = out
+        whole = torch.cat([v.reshape(-1) for v in vectors.values()]) if len(vectors) > 1 else update.delta
+        norm = float(whole.norm())  # the whole update's
+        for key, vector in vectors.items():
+            out = vector * min(1.0, clip / norm) if norm > 0 else vector.clone()
+            if std > 0:
+                out.add_(torch.randn(out.shape, generator=generator, dtype=out.dtype), alpha=std)
+            update.set_vector(key, out)
         return update
 
 
@@ -139,10 +150,16 @@ class Compress(Postprocessor):
         return 2 * FLOAT_BYTES * min(self.kept(elements), elements) + FLOAT_BYTES  # (index, value) + count
 
     def process(self, update, state, generator):
-        delta = update.delta
-        if delta.numel() == 0 or update.steps <= 0:
+        if update.delta.numel() == 0 or update.steps <= 0:
             return update
-        residual = state.get(self.RESIDUAL) if self.options.error_feedback else None
+        for key, vector in update.vectors().items():
+            residual_key = self.RESIDUAL if key == "delta" else f"{self.RESIDUAL}.{key}"
+            update.set_vector(key, self._compress(vector, state, residual_key, generator))
+        return update
+
+    def _compress(self, delta, state, key: str, generator) -> torch.Tensor:
+        """One vector compressed, with its own error-feedback residual under ``key``."""
+        residual = state.get(key) if self.options.error_feedback else None
         covered = delta.numel()
         target = delta.clone()
         if residual is not None:  # kept aligned to the model's end: the output layer is always covered
@@ -155,9 +172,8 @@ class Compress(Postprocessor):
             if residual is not None:
                 kept[size - residual.numel() :] = residual  # layers not covered now keep theirs
             kept[size - covered :] = target - sent
-            state[self.RESIDUAL] = kept
-        update.delta = sent
-        return update
+            state[key] = kept
+        return sent
 
     @staticmethod
     def _int8(values: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import MutableMapping
+from typing import Any, Protocol
 
 import torch
 
-from fedhet.client.state import ClientState
 from fedhet.messages import ClientTask, ClientUpdate
+
+OwnState = MutableMapping[str, Any]  # the algorithm's part of a client's state (a Namespace)
 
 
 class ClientRule(Protocol):
@@ -19,14 +21,14 @@ class ClientRule(Protocol):
     tracks_gradient_differences: bool
 
     def gradient_correction(
-        self, task: ClientTask, state: ClientState, region: slice, local: torch.Tensor, anchor: torch.Tensor
+        self, task: ClientTask, state: OwnState, region: slice, local: torch.Tensor, anchor: torch.Tensor
     ) -> torch.Tensor | None: ...
 
     def finish_local_work(
         self,
         task: ClientTask,
         update: ClientUpdate,
-        state: ClientState,
+        state: OwnState,
         region: slice,
         local: torch.Tensor,
         anchor: torch.Tensor,
@@ -35,8 +37,10 @@ class ClientRule(Protocol):
     def observe_gradients(
         self,
         task: ClientTask,
-        state: ClientState,
+        state: OwnState,
         local_grad: torch.Tensor,
         anchor_grad: torch.Tensor,
         distance: float,
     ) -> None: ...
+
+    def upload_payload(self, covered: int) -> dict[str, int]: ...

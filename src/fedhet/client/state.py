@@ -1,9 +1,18 @@
 """A client's own things: its data (an index array into the shared tensors) and its state
-(named tensors kept between rounds: optimizer state, SCAFFOLD's c_i, FedDyn's g_i, ...)."""
+(named tensors kept between rounds: optimizer state, SCAFFOLD's c_i, FedDyn's g_i, ...).
+
+A client's state is one flat mapping of tensors (it travels as such between processes and
+in Flower's records), namespaced per component: the algorithm writes ``algorithm/<key>``,
+the local optimizer ``optimizer/<key>``, each postprocessor ``<its name>/<key>``. Each
+component sees only its own part, through a :class:`Namespace` view, so two components can
+never overwrite each other's keys.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -11,6 +20,64 @@ import torch
 from fedhet.errors import FedhetError
 
 ClientState = dict[str, torch.Tensor]
+SEPARATOR = "/"
+ALGORITHM, OPTIMIZER = "algorithm", "optimizer"
+
+
+class Namespace(MutableMapping[str, Any]):
+    """One component's part of a client's state: key ``k`` is stored as ``"<name>/k"`` in
+    the client's flat store; iteration, ``in``, ``get``, ``pop`` and ``update`` see this
+    part only."""
+
+    __slots__ = ("store", "prefix")
+
+    def __init__(self, store: dict, name: str):
+        self.store, self.prefix = store, name + SEPARATOR
+
+    def __getitem__(self, key: str) -> Any:
+        return self.store[self.prefix + key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.store[self.prefix + key] = value
+
+    def __delitem__(self, key: str) -> None:
+        del self.store[self.prefix + key]
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self.prefix + key in self.store
+
+    def __iter__(self) -> Iterator[str]:
+        n = len(self.prefix)
+        return iter([key[n:] for key in self.store if key.startswith(self.prefix)])
+
+    def __len__(self) -> int:
+        return sum(1 for key in self.store if key.startswith(self.prefix))
+
+    def __repr__(self) -> str:
+        return f"Namespace({self.prefix[:-1]!r}, {dict(self)!r})"
+
+
+def component_names(names: list[str]) -> list[str]:
+    """The namespaces of a postprocessor chain: each one's name, numbered from its second
+    occurrence (``compress``, ``compress.2``) so that two of a kind keep apart."""
+    seen: dict[str, int] = {}
+    out = []
+    for name in names:
+        seen[name] = seen.get(name, 0) + 1
+        out.append(name if seen[name] == 1 else f"{name}.{seen[name]}")
+    return out
+
+
+def _namespaced(key: str) -> str:
+    """A key of a store written before client state was namespaced, under its owner's
+    namespace (optimizers wrote ``momentum`` and ``adam.*``, compression ``compress.*``)."""
+    if SEPARATOR in key:
+        return key
+    if key == "momentum" or key.startswith("adam."):
+        return OPTIMIZER + SEPARATOR + key
+    if key.startswith("compress."):
+        return "compress" + SEPARATOR + key
+    return ALGORITHM + SEPARATOR + key
 
 
 def check_serialisable(store: dict, client: int) -> None:
@@ -18,11 +85,13 @@ def check_serialisable(store: dict, client: int) -> None:
     processes and as Flower records): one line naming the component and key otherwise."""
     for key, value in store.items():
         if not isinstance(value, torch.Tensor):
+            owner, _, name = key.rpartition(SEPARATOR)
+            owners = {ALGORITHM: "the algorithm", OPTIMIZER: "the local optimizer"}
+            by = owners.get(owner, f"postprocessor {owner}")
             raise FedhetError(
-                f"client {client}: its state {key!r} (kept by the algorithm, the local optimizer or a "
-                f"postprocessor) is a "
-                f"{type(value).__name__}; client state must be tensors: it is checkpointed and travels "
-                "between processes and in Flower messages"
+                f"client {client}: its state {name!r} (kept by {by}) is a {type(value).__name__}; client "
+                "state must be tensors: it is checkpointed and travels between processes and in Flower "
+                "messages"
             )
 
 
@@ -54,8 +123,15 @@ class ClientStates:
         """Client ``client``'s state (created empty on first use)."""
         return self._states.setdefault(int(client), {})
 
+    def part(self, client: int, name: str) -> Namespace:
+        """One component's part (``"algorithm"``, ``"optimizer"``, a postprocessor's name) of
+        client ``client``'s state."""
+        return Namespace(self.of(client), name)
+
     def state_dict(self) -> dict[int, ClientState]:
         return self._states
 
     def load_state_dict(self, states: dict[int, ClientState]) -> None:
-        self._states = {int(k): dict(v) for k, v in states.items()}
+        """Restore saved states (a store written before namespacing is moved under its
+        components' namespaces)."""
+        self._states = {int(k): {_namespaced(key): v for key, v in s.items()} for k, s in states.items()}

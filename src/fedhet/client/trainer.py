@@ -31,7 +31,15 @@ from fedhet.client.gradients import gradients
 from fedhet.client.optimizers import SGD, LocalOptimizer
 from fedhet.client.postprocess import Postprocessor, generator_for, payload_bytes
 from fedhet.client.rule import ClientRule
-from fedhet.client.state import ClientData, ClientState, check_serialisable
+from fedhet.client.state import (
+    ALGORITHM,
+    OPTIMIZER,
+    ClientData,
+    ClientState,
+    Namespace,
+    check_serialisable,
+    component_names,
+)
 from fedhet.data.task import Classification, Task
 from fedhet.messages import ClientTask, ClientUpdate, Coverage
 from fedhet.models.layers import FlatModel
@@ -44,7 +52,7 @@ class _LocalRun:
     task: ClientTask
     params: torch.Tensor
     data: ClientData
-    state: ClientState
+    state: Namespace  # the algorithm's part of the client's state
     rng: np.random.Generator
     rule: ClientRule | None
     view: CoverageView
@@ -67,6 +75,7 @@ class LocalTrainer:
         self.objective = objective or Classification()  # the dataset's task: its training loss
         self.optimizer = optimizer or SGD()
         self.postprocessors = list(postprocessors or [])
+        self.namespaces = component_names([step.name for step in self.postprocessors])
         self.masks = WidthMasks(flat)
         self.slowdown = 1.0  # wall-clock tasks: this device runs `slowdown` times slower
         self.layer_delay = 0.0  # wall-clock tasks: extra seconds per layer back-propagated
@@ -76,15 +85,18 @@ class LocalTrainer:
     def num_layers(self) -> int:
         return self.flat.num_layers
 
-    def payload_bytes(self, depth: int = 1) -> int:
-        """Bytes a full-width update covering layers ``depth..L`` has on the wire (float32
-        parameters and buffers, after the postprocessors)."""
+    def payload_bytes(self, depth: int = 1, rule: ClientRule | None = None) -> int:
+        """Bytes a full-width update covering layers ``depth..L`` has on the wire: its
+        float32 parameters, the payload vectors the ``rule`` sends with it
+        (:meth:`~fedhet.algorithms.base.Algorithm.upload_payload`), both after the
+        postprocessors, and its float32 buffers."""
         flat = self.flat
         params = flat.param_slices.from_depth(depth)
         buffers = flat.buffer_slices.from_depth(depth)
         elements = (params.stop - params.start) if depth <= flat.num_layers else 0
         extra = (buffers.stop - buffers.start) * 4 if depth <= flat.num_layers else 0
-        return payload_bytes(self.postprocessors, elements) + extra
+        payload = rule.upload_payload(elements).values() if rule is not None and elements else ()
+        return payload_bytes(self.postprocessors, elements, payload) + extra
 
     def execute(
         self,
@@ -102,10 +114,12 @@ class LocalTrainer:
         if task.kind != "train":
             raise ValueError(f"unknown task kind {task.kind!r}")
         update = self.train(task, params, buffers, data, state, rng, rule)
+        if rule is not None and update.steps > 0:
+            update.wire = tuple(rule.upload_payload(int(update.delta.numel())))
         if self.postprocessors and update.steps > 0:
             generator = generator_for(rng)
-            for step in self.postprocessors:
-                update = step.process(update, state, generator)
+            for step, name in zip(self.postprocessors, self.namespaces, strict=True):
+                update = step.process(update, Namespace(state, name), generator)
         check_serialisable(state, task.client)
         return update
 
@@ -150,11 +164,12 @@ class LocalTrainer:
         flat.model.train()
         view = CoverageView(flat, depth, task.coverage.width, self.masks)
         view.enter()
-        self.optimizer.begin(state, flat.params.numel())
-        run = _LocalRun(task, params, data, state, rng, rule, view, budget, depth)
+        own, optimizer_state = Namespace(state, ALGORITHM), Namespace(state, OPTIMIZER)
+        self.optimizer.begin(optimizer_state, flat.params.numel())
+        run = _LocalRun(task, params, data, own, rng, rule, view, budget, depth)
         losses = self._steps(run, first)
         view.exit()
-        self.optimizer.end(state)
+        self.optimizer.end(optimizer_state)
         delta, delta_buffers = view.deltas(params, buffers)
         update = ClientUpdate(
             client=task.client,
@@ -168,7 +183,7 @@ class LocalTrainer:
         )
         if rule is not None:
             with torch.no_grad():
-                rule.finish_local_work(task, update, state, view.param_slice, flat.params, params)
+                rule.finish_local_work(task, update, own, view.param_slice, flat.params, params)
         return update
 
     def _begin(self, task, params, buffers, data, rng):

@@ -51,9 +51,11 @@ def take_faults(pool) -> list:
 
 def upload_bytes(world, depths: np.ndarray) -> np.ndarray:
     """Per client, the bytes of its update as it travels (its planned coverage ``depths``,
-    after the trainer's postprocessors): what system models with an upload bandwidth charge."""
+    the payload vectors its algorithm sends with it, after the trainer's postprocessors):
+    what system models with an upload bandwidth charge."""
     levels, where = np.unique(depths, return_inverse=True)
-    sizes = np.array([world.worker.payload_bytes(int(depth)) for depth in levels], dtype=float)
+    worker, rule = world.worker, world.algorithm
+    sizes = np.array([worker.payload_bytes(int(depth), rule) for depth in levels], dtype=float)
     return sizes[where]
 
 
