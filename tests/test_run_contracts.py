@@ -126,3 +126,45 @@ def test_a_malformed_callback_answer_is_one_line_naming_it(tmp_path):
     with pytest.raises(FedhetError, match="run callback 'malformed': after_round returned") as err:
         run(config, tmp_path / "r")
     assert "\n" not in str(err.value)
+
+
+class CountsDeliveries(FedAvg):
+    """Keeps a Python object (a Counter of deliveries per client) in its server state and
+    converts it in its own state_dict / load_state_dict."""
+
+    def init_state(self, setting):
+        from collections import Counter
+
+        return {"delivered": Counter()}
+
+    def aggregate(self, params, buffers, updates, state, context, layout):
+        state["delivered"].update(u.client for u in updates)
+        return super().aggregate(params, buffers, updates, state, context, layout)
+
+    def round_metrics(self, state):
+        return {"deliveries": float(sum(state["delivered"].values()))}
+
+    def state_dict(self, state, work_dir=None):
+        return {"delivered": sorted(state["delivered"].items())}
+
+    def load_state_dict(self, saved, work_dir=None):
+        from collections import Counter
+
+        return {"delivered": Counter(dict(saved["delivered"]))}
+
+
+def test_an_algorithm_checkpoints_its_server_state_through_its_own_state_dict(tmp_path):
+    """The checkpoint holds what state_dict returned; a resumed run, rebuilt through
+    load_state_dict, ends with the metrics of the uninterrupted one."""
+    import torch
+
+    from fedhet.engine.loop import RunLoop
+
+    config = from_dict({**BASE, "algorithm": {"name": "test_run_contracts:CountsDeliveries"}})
+    whole = run(config, tmp_path / "whole")
+    RunLoop(config, tmp_path / "cut").run(stop_after=2)
+    saved = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=False)["algorithm"]
+    assert isinstance(saved["delivered"], list) and sum(n for _, n in saved["delivered"]) > 0
+    resumed = RunLoop(config, tmp_path / "cut").run(resume=True)
+    assert resumed.metrics == whole.metrics
+    assert [row["deliveries"] for row in whole.metrics] == sorted(row["deliveries"] for row in whole.metrics)

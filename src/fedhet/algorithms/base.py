@@ -188,6 +188,16 @@ class Algorithm:
         """Server memory kept across rounds (checkpointed with the run)."""
         return {}
 
+    def state_dict(self, state: dict, work_dir: Path | None = None) -> dict:
+        """The server state ``state`` as the run's checkpoint keeps it (``torch.save``-able
+        values; ``work_dir`` is the run's folder, for state kept in files). Default: the
+        state as it is. Overridden where part of it lives in files (FedStale's memory)."""
+        return dict(state)
+
+    def load_state_dict(self, saved: dict, work_dir: Path | None = None) -> dict:
+        """The server state back from :meth:`state_dict`'s output, when a run resumes."""
+        return dict(saved)
+
     def reports(self, state: dict) -> dict[str, dict]:
         """Documents to write into the run directory as ``<name>.json`` (e.g. a plan)."""
         return {}

@@ -19,6 +19,7 @@ for partial updates.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -28,6 +29,7 @@ from fedhet.algorithms.base import Algorithm, RoundContext, RunSetting, register
 from fedhet.algorithms.fedau import FedAUEstimator
 from fedhet.algorithms.fedavg import FedAvgOptions
 from fedhet.algorithms.memory import DTYPES, STORAGES, ClientMemory
+from fedhet.algorithms.memory import FOLDER as MEMORY_FOLDER
 from fedhet.errors import ConfigError
 from fedhet.messages import ClientUpdate
 
@@ -105,7 +107,7 @@ class MemoryAlgorithm(Algorithm):
             q = sizes / sizes.sum()
         else:
             q = np.full(setting.num_clients, 1.0 / setting.num_clients)
-        folder = None if setting.work_dir is None else setting.work_dir / "client-memory"
+        folder = None if setting.work_dir is None else setting.work_dir / MEMORY_FOLDER
         memory = ClientMemory(
             setting.num_clients,
             setting.num_params,
@@ -126,6 +128,21 @@ class MemoryAlgorithm(Algorithm):
             state["fedau"] = FedAUEstimator(setting.num_clients, self.options.fedau_cutoff).state_dict()
             state["estimate_history"] = []
         return state
+
+    def state_dict(self, state: dict, work_dir: Path | None = None) -> dict:
+        """The memory writes what changed since the last checkpoint into its files (the run
+        folder's ``client-memory``) and is kept as the reference it returns (named with the
+        class that reads it back)."""
+        memory = state["memory"]
+        kind = f"{type(memory).__module__}:{type(memory).__qualname__}"
+        return {**state, "memory": {"__persisted__": kind, "reference": memory.persist()}}
+
+    def load_state_dict(self, saved: dict, work_dir: Path | None = None) -> dict:
+        """The memory rebuilt from its files as they were at the checkpoint."""
+        reference = saved["memory"]["reference"]
+        if work_dir is None:
+            raise ValueError("a memory-based algorithm's state is restored from its run folder")
+        return {**saved, "memory": ClientMemory.restore(reference, work_dir / MEMORY_FOLDER)}
 
     def direction(
         self,

@@ -258,13 +258,14 @@ class Checkpoint(Callback):
 
     name = "checkpoint"
 
-    def __init__(self, run_dir, config_dict: dict, pool) -> None:
-        self.run_dir, self.config_dict, self.pool = run_dir, config_dict, pool
+    def __init__(self, run_dir, config_dict: dict, pool, algorithm) -> None:
+        self.run_dir, self.config_dict, self.pool, self.algorithm = run_dir, config_dict, pool, algorithm
 
     def save(self, state, rounds_done: int) -> None:
         state.clients = self.pool.states
         with self.run_dir.writing(rounds_done):
-            self.run_dir.save_checkpoint(to_checkpoint(state, self.config_dict))
+            checkpoint = to_checkpoint(state, self.config_dict, self.algorithm, self.run_dir.path)
+            self.run_dir.save_checkpoint(checkpoint)
 
     def on_round_saved(self, state) -> None:
         self.save(state, state.round - 1)

@@ -97,7 +97,7 @@ class RunLoop:
         world, config, run_dir = self.world, self.config, self.run_dir
         context = RunContext(config, run_dir.path, self.group, self.engine)
         out: list = [Reports(world, run_dir), Metrics(run_dir, config.to_toml()),
-                     Checkpoint(run_dir, config.to_dict(), self.pool)]  # fmt: skip
+                     Checkpoint(run_dir, config.to_dict(), self.pool, world.algorithm)]  # fmt: skip
         plugins = config.run.callback_plugins + config.run.tracker_plugins
         out += [entry.cls.build(options, context) for entry, options in plugins]
         out += self.extra_callbacks
@@ -162,6 +162,7 @@ class RunLoop:
             saved,
             self.config.to_dict(),
             str(self.run_dir.checkpoint_path),
+            world.algorithm,
             world.flat.params.numel(),
             world.flat.buffers.numel(),
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -84,38 +85,8 @@ def differences(saved: dict, current: dict) -> list[str]:
     return out
 
 
-PERSISTED = "__persisted__"
-
-
-def _persist(algorithm_state: dict) -> dict:
-    """The algorithm's state for a checkpoint: values that keep themselves in files (a
-    :class:`~fedhet.algorithms.memory.ClientMemory`) replaced by the reference they return."""
-    out = {}
-    for key, value in algorithm_state.items():
-        if hasattr(value, "persist") and hasattr(type(value), "restore"):
-            kind = f"{type(value).__module__}:{type(value).__qualname__}"
-            out[key] = {PERSISTED: kind, "reference": value.persist()}
-        else:
-            out[key] = value
-    return out
-
-
-def _restore(algorithm_state: dict, run_folder: Path) -> dict:
-    """Undo :func:`_persist`: rebuild each persisted value from its files."""
-    import importlib
-
-    out = {}
-    for key, value in algorithm_state.items():
-        if isinstance(value, dict) and PERSISTED in value:
-            module, name = value[PERSISTED].split(":")
-            cls = getattr(importlib.import_module(module), name)
-            out[key] = cls.restore(value["reference"], run_folder / "client-memory")
-        else:
-            out[key] = value
-    return out
-
-
-def to_checkpoint(state: RunState, config_dict: dict) -> dict:
+def to_checkpoint(state: RunState, config_dict: dict, algorithm: Any, work_dir: Path) -> dict:
+    """The run's checkpoint: the server state as ``algorithm.state_dict`` gives it."""
     return {
         "version": CHECKPOINT_VERSION,
         "config": config_dict,
@@ -124,7 +95,7 @@ def to_checkpoint(state: RunState, config_dict: dict) -> dict:
         "wall_time": state.wall_time,
         "params": state.params,
         "buffers": state.buffers,
-        "algorithm": _persist(state.algorithm),
+        "algorithm": algorithm.state_dict(state.algorithm, work_dir),
         "client_states": state.clients.state_dict(),
         "metrics": state.metrics,
         "client_metrics": state.client_metrics,
@@ -187,10 +158,16 @@ def check_checkpoint(
 
 
 def from_checkpoint(
-    saved: dict, config_dict: dict, where: str, num_params: int | None = None, num_buffers: int | None = None
+    saved: dict,
+    config_dict: dict,
+    where: str,
+    algorithm: Any,
+    num_params: int | None = None,
+    num_buffers: int | None = None,
 ) -> RunState:
-    """Rebuild a run's state; refuse a checkpoint of another configuration or format, or one
-    that is not a checkpoint (:func:`check_checkpoint`)."""
+    """Rebuild a run's state (the server state through ``algorithm.load_state_dict``);
+    refuse a checkpoint of another configuration or format, or one that is not a checkpoint
+    (:func:`check_checkpoint`)."""
     check_checkpoint(saved, where, num_params, num_buffers)
     if saved.get("version") != CHECKPOINT_VERSION:
         raise FedhetError(
@@ -211,7 +188,7 @@ def from_checkpoint(
         round=saved["round"],
         sim_time=saved["sim_time"],
         wall_time=saved["wall_time"],
-        algorithm=_restore(saved["algorithm"], Path(where).parent),
+        algorithm=algorithm.load_state_dict(saved["algorithm"], Path(where).parent),
         clients=clients,
         metrics=saved["metrics"],
         client_metrics=saved["client_metrics"],
