@@ -183,3 +183,35 @@ def test_an_entry_point_engine_runs_run_reproduce_and_tune(tmp_path):
     bad = _fedhet(["run", str(tmp_path / "c.toml"), "--set", "run.record_files=1", "--quiet"], site)
     assert bad.returncode == 2 and "run.record_files: unknown key" in bad.stderr
     assert bad.stderr.strip().count("\n") == 0
+
+
+def test_a_comparison_runs_through_the_grid_launcher(tmp_path, monkeypatch):
+    """`fedhet run` with a [compare] launches its cells through the grid launcher (the path
+    `reproduce` takes): each algorithm's folder, its run order, and the figures beside them;
+    without --resume an existing comparison is refused in one line, with --resume its
+    finished cells are kept as they are."""
+    from fedhet.cli import main
+    from fedhet.studies import launcher
+
+    launched = []
+    real = launcher.run_experiment
+
+    def counted(experiment, *args, **kwargs):
+        launched.append([cell.name for cell in experiment.cells])
+        return real(experiment, *args, **kwargs)
+
+    monkeypatch.setattr(launcher, "run_experiment", counted)
+    monkeypatch.setattr("fedhet.studies.comparison.run_experiment", counted)
+    document = {k: dict(v) for k, v in BASE.items() if k != "algorithm"}
+    document["compare"] = {"algorithms": ["salf", "drop"]}
+    path = tmp_path / "cmp.toml"
+    path.write_text(tomli_w.dumps(document))
+    out = tmp_path / "cmp"
+    assert main(["run", str(path), "--out", str(out), "--quiet"]) == 0
+    assert launched == [["salf", "drop"]]
+    assert (out / "salf" / "summary.json").is_file() and (out / "drop" / "summary.json").is_file()
+    assert (out / "comparison-accuracy.png").is_file()
+    before = (out / "salf" / "metrics.csv").read_text()
+    assert main(["run", str(path), "--out", str(out), "--quiet"]) == 2  # exists: one line
+    assert main(["run", str(path), "--out", str(out), "--quiet", "--resume"]) == 0
+    assert (out / "salf" / "metrics.csv").read_text() == before

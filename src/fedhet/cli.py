@@ -21,7 +21,6 @@ from fedhet.errors import FedhetError
 def cmd_run(args: argparse.Namespace) -> int:
     from fedhet.config import apply_overrides, load_config, read_toml
     from fedhet.engine.launch import run
-    from fedhet.studies.grid import compare_cells
 
     if args.engine:
         args.set = [*args.set, f'run.engine="{args.engine}"']
@@ -37,37 +36,24 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
         summary_table([result.summary], f"fedhet run -> {result.path}")
         return _exit_status([result.summary])
-    from fedhet.results import make_folder, write_run_order
+    from fedhet.studies.comparison import run_comparison
+    from fedhet.studies.launcher import CellLaunch
 
-    summaries = []
-    cells = compare_cells(apply_overrides(read_toml(args.config), args.set), args.config)
-    make_folder(out, "output folder")
-    write_run_order(out, [cell.name for cell in cells])
-    for cell in cells:
-        result = run(
-            cell.config,
-            out / cell.name,
-            resume=args.resume,
-            overwrite=args.overwrite,
-            on_round=None if args.quiet else progress_printer(cell.config, cell.name),
-            group=config.run.name,
-        )
-        summaries.append(result.summary)
+    launch = CellLaunch(
+        resume=args.resume,
+        overwrite=args.overwrite,
+        on_round=None if args.quiet else (lambda cell: progress_printer(cell.config, cell.name)),
+        command="run",
+    )
+    raw = apply_overrides(read_toml(args.config), args.set)
+    comparison = run_comparison(raw, args.config, config, out, launch)
     summary_table(
-        summaries,
+        comparison.summaries,
         f"{config.run.name}: {config.data.dataset}, {config.model.name}, {config.system.model} -> {out}",
     )
-    _comparison_plot([out / cell.name for cell in cells], out / "comparison", config)
-    return _exit_status(summaries)
-
-
-def _comparison_plot(runs: list[Path], prefix: Path, config) -> None:
-    """Accuracy against simulated time for the runs of a ``[compare]``, beside them."""
-    from fedhet.studies.plots import plot_runs
-
-    setting = f"{config.data.dataset} ({config.data.partition}), {config.system.model}"
-    for path in plot_runs(runs, prefix, title=setting, deadlines=False):
+    for path in comparison.figures:
         print(f"figure: {path}")
+    return _exit_status(comparison.summaries)
 
 
 STOPPED = {"non_finite": "non-finite values", "no_participants": "no participants"}

@@ -67,6 +67,7 @@ class PluginSection:
 
     SECTION: ClassVar[str] = ""
     SLOTS: ClassVar[dict[str, str]] = {}
+    MOVED: ClassVar[dict[str, str]] = {}  # keys that moved elsewhere: the one line that says where
 
     @property
     def plugins(self) -> dict:

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from pathlib import Path
 
 from fedhet.config import (
@@ -25,21 +26,39 @@ from fedhet.studies.spec import Experiment
 log = logging.getLogger("fedhet")
 
 
+@dataclass
+class CellLaunch:
+    """How a grid's cells are launched. ``resume`` (a grid's way): a finished cell is kept
+    and a half-finished one resumes; ``False`` (``fedhet run`` with a ``[compare]``, without
+    ``--resume``): every cell starts in a new folder and an existing one is refused.
+    ``overwrite``: every cell starts again. ``on_round``: for a cell, its progress callback
+    (cells that run in this process)."""
+
+    resume: bool = True
+    overwrite: bool = False
+    on_round: Callable[[Cell], Callable | None] | None = None
+    command: str = "reproduce"  # the command refusals name
+
+
 def _run_cell(
     config: Config,
     out_dir: str,
     core_budget: int | None = None,
     overwrite: bool = False,
     group: str | None = None,
+    resume: bool = True,
+    on_round: Callable | None = None,
 ) -> dict:
-    """Run (or resume) one cell; ``overwrite`` starts it again. Threads: ``run.threads``
-    (``"auto"`` or 0) within ``core_budget`` cores, a parallel grid's share of the free cores
-    (:func:`fedhet.threads.choose_threads`)."""
+    """Run (or, with ``resume``, resume) one cell; ``overwrite`` starts it again. Threads:
+    ``run.threads`` (``"auto"`` or 0) within ``core_budget`` cores, a parallel grid's share
+    of the free cores (:func:`fedhet.threads.choose_threads`)."""
     from fedhet.engine.launch import run
     from fedhet.threads import set_core_budget
 
     set_core_budget(core_budget)
-    return run(config, out_dir, resume=not overwrite, overwrite=overwrite, group=group).summary
+    return run(
+        config, out_dir, resume=resume and not overwrite, overwrite=overwrite, group=group, on_round=on_round
+    ).summary
 
 
 def settings_changed(cell: Cell, run_dir) -> tuple[list[str], bool]:
@@ -82,13 +101,27 @@ def run_experiment(
     jobs: int | None = None,
     on_cell: Callable[[Cell, dict], None] | None = None,
     ray: str | None = None,
+    launch: CellLaunch | None = None,
 ) -> dict[str, dict]:
     """Run every unfinished cell (in parallel processes, or as Ray tasks when ``ray`` is
-    ``"local"`` or a cluster address); return summaries by cell name."""
-    from fedhet.results import RunDirectory
-
+    ``"local"`` or a cluster address) as ``launch`` says (default: resume); return
+    summaries by cell name."""
+    launch = launch or CellLaunch()
     out_dir = Path(out_dir)
     summaries: dict[str, dict] = {}
+    if launch.overwrite or not launch.resume:  # every cell runs; none is looked up
+        fresh = {cell.name for cell in experiment.cells} if launch.overwrite else set()
+        todo = list(experiment.cells)
+    else:
+        todo, fresh = _unfinished(experiment, out_dir, summaries, on_cell)
+    return _launch(experiment, todo, fresh, out_dir, summaries, jobs, on_cell, ray, launch)
+
+
+def _unfinished(experiment: Experiment, out_dir: Path, summaries: dict, on_cell) -> tuple[list[Cell], set]:
+    """The cells still to run (and, of them, those to run from the start because their
+    settings changed); finished cells' summaries go into ``summaries``."""
+    from fedhet.results import RunDirectory
+
     todo: list[Cell] = []
     fresh: set[str] = set()  # cells whose settings changed: run again from the start
     for cell in experiment.cells:
@@ -116,26 +149,32 @@ def run_experiment(
                 on_cell(cell, summaries[cell.name])
         else:
             todo.append(cell)
+    return todo, fresh
+
+
+def _launch(experiment, todo, fresh, out_dir, summaries, jobs, on_cell, ray, launch) -> dict[str, dict]:
+    """Run ``todo``: cells whose engine uses the machine itself here, one at a time; the
+    others on a Ray cluster, in ``jobs`` worker processes, or here."""
     from fedhet.engine.launch import check_placement, engine_for
 
     check_placement([(f"cell {c.name}", c.config) for c in todo], parallel=False, ray=ray is not None,
-                    command="reproduce")  # fmt: skip
+                    command=launch.command)  # fmt: skip
     alone = [c for c in todo if not engine_for(c.config).placement.parallel]
     todo = [c for c in todo if c not in alone]
     for cell in alone:  # one at a time, here: the engine uses the machine itself
-        summaries[cell.name] = _cell_here(cell, out_dir, cell.name in fresh, experiment.name)
+        summaries[cell.name] = _cell_here(cell, out_dir, cell.name in fresh, experiment.name, launch)
         if on_cell:
             on_cell(cell, summaries[cell.name])
     workers = max(1, min(jobs or experiment.jobs, len(todo) or 1))
     if ray is not None and todo:
         summaries.update(
-            _run_on_ray(todo, out_dir, ray, jobs or experiment.jobs, on_cell, fresh, experiment.name)
+            _run_on_ray(todo, out_dir, ray, jobs or experiment.jobs, on_cell, fresh, experiment.name, launch)
         )
     if ray is not None:
         return summaries
     if workers == 1:
         for cell in todo:
-            summaries[cell.name] = _cell_here(cell, out_dir, cell.name in fresh, experiment.name)
+            summaries[cell.name] = _cell_here(cell, out_dir, cell.name in fresh, experiment.name, launch)
             if on_cell:
                 on_cell(cell, summaries[cell.name])
     else:
@@ -147,7 +186,9 @@ def run_experiment(
             max_workers=workers, initializer=_watch_parent, initargs=(os.getpid(),)
         ) as pool:
             futures = {
-                pool.submit(_run_cell, c.config, str(out_dir / c.name), budget, c.name in fresh): c
+                pool.submit(
+                    _run_cell, c.config, str(out_dir / c.name), budget, c.name in fresh, None, launch.resume
+                ): c
                 for c in todo
             }
             for future in as_completed(futures):
@@ -168,9 +209,10 @@ def run_experiment(
     return summaries
 
 
-def _cell_here(cell: Cell, out_dir: Path, fresh: bool, group: str) -> dict:
-    """Run one cell in this process."""
-    return _run_cell(cell.config, str(out_dir / cell.name), None, fresh, group)
+def _cell_here(cell: Cell, out_dir: Path, fresh: bool, group: str, launch: CellLaunch) -> dict:
+    """Run one cell in this process (with its progress callback, if any)."""
+    on_round = launch.on_round(cell) if launch.on_round else None
+    return _run_cell(cell.config, str(out_dir / cell.name), None, fresh, group, launch.resume, on_round)
 
 
 def _preload_datasets(cells: list[Cell]) -> None:
@@ -208,6 +250,7 @@ def _run_on_ray(
     on_cell,
     fresh: set[str] = frozenset(),
     group: str | None = None,
+    launch: CellLaunch | None = None,
 ) -> dict[str, dict]:
     """Each cell a Ray task (one CPU each) on a local Ray (``address = "local"``, ``jobs``
     CPUs) or the cluster at ``address``; cells write their run folders under ``out_dir``,
@@ -229,10 +272,13 @@ def _run_on_ray(
             except (ConnectionError, ValueError, RuntimeError) as exc:
                 raise FedhetError(f"--ray {address}: cannot connect ({str(exc).splitlines()[0]})") from None
     summaries: dict[str, dict] = {}
+    resume = launch.resume if launch is not None else True
     try:
         task = ray.remote(num_cpus=1)(_run_cell)
         refs = {
-            task.remote(cell.config, str(out_dir.resolve() / cell.name), 1, cell.name in fresh, group): cell
+            task.remote(
+                cell.config, str(out_dir.resolve() / cell.name), 1, cell.name in fresh, group, resume
+            ): cell
             for cell in todo
         }
         pending = list(refs)
