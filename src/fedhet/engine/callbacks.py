@@ -65,28 +65,36 @@ class Callback:
 
     @classmethod
     def build(cls, options, ctx: RunContext | None = None) -> Callback:
+        """The callback for a run: its ``Options`` (the table that lists it) and the run's
+        :class:`RunContext`."""
         return cls()
 
     def on_start(self, state) -> None:
-        pass
+        """Before the first round to run (also when a run resumes); ``state`` is the
+        :class:`~fedhet.engine.state.RunState`."""
 
     def after_round(self, state, row: dict) -> tuple[bool, dict] | None:
+        """After each round's metrics row ``row`` is complete: return ``None``, or pfl's
+        pair ``(stop, metrics)``: ``stop`` ends the run after this round (its summary says
+        ``stopped_by = "callback"`` and names this callback), ``metrics`` become extra
+        columns of this row (metrics.csv, reports, trackers and later callbacks)."""
         return None
 
     def on_round_end(self, state, row: dict) -> None:
-        pass
+        """With the complete row once it is on disk (trackers, progress)."""
 
     def on_round_saved(self, state) -> None:
-        pass
+        """Once after every round, its rows done (the built-in checkpoint is written here)."""
 
     def on_budget_stop(self, state) -> None:
-        pass
+        """When the next round would pass ``run.time_budget`` of simulated time."""
 
     def on_end(self, state, summary: dict) -> None:
-        pass
+        """When the run stops (finished, or stopped by a fault), with its ``summary``."""
 
     def on_closed(self, state, summary: dict) -> None:
-        pass
+        """Last, once the summary is on disk (when the run wrote one): what reads the
+        finished run folder (trackers' artifacts) goes here."""
 
 
 def callback_result(callback, result) -> tuple[bool, dict]:
