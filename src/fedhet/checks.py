@@ -89,7 +89,7 @@ def coerce_value(key: str, value: Any, annotation: Any) -> Any:
     return value
 
 
-def option_types(options_cls: type) -> dict[str, Any]:
+def option_types(options_cls: Any) -> dict[str, Any]:
     """The field types of an ``Options`` dataclass, with string annotations resolved where
     they can be (plain names otherwise)."""
     import dataclasses
@@ -101,7 +101,7 @@ def option_types(options_cls: type) -> dict[str, Any]:
     return {f.name: hints.get(f.name, f.type) for f in dataclasses.fields(options_cls)}
 
 
-def typed_options(options_cls: type, values: dict, prefix: str, owner: str) -> Any:
+def typed_options(options_cls: Any, values: dict, prefix: str, owner: str) -> Any:
     """``values`` (keys as written) checked against ``options_cls``'s fields and types, the
     instance built and its ``validate()`` run. ``prefix`` is the keys' section
     (``"algorithm"``), ``owner`` what they configure, for the unknown-key message."""

@@ -57,6 +57,7 @@ def check_name(key: str, name: str) -> None:
         )
 
 
+@dataclass
 class PluginSection:
     """A section made of its own keys and the options of the plug-ins it names.
 
@@ -124,7 +125,7 @@ def _plugin_options(section: PluginSection, values: dict) -> dict:
     return out
 
 
-def _owner_elsewhere(section: type, key: str) -> tuple[str, str] | None:
+def _owner_elsewhere(section: type[PluginSection], key: str) -> tuple[str, str] | None:
     """(slot, plug-in name) of a built-in plug-in of one of ``section``'s slots with option
     ``key``, for the message that says the key belongs to another choice."""
     from fedhet.registry import builtins, option_fields
@@ -136,7 +137,7 @@ def _owner_elsewhere(section: type, key: str) -> tuple[str, str] | None:
     return None
 
 
-def parse_plugin_section(cls: type, values: Any) -> PluginSection:
+def parse_plugin_section(cls: type[PluginSection], values: Any) -> PluginSection:
     """Build section ``cls`` from its TOML table: its own keys typed and the rest handed to
     the options of the plug-ins its slots name."""
     from fedhet.registry import option_fields
@@ -179,7 +180,7 @@ def parse_plugin_section(cls: type, values: Any) -> PluginSection:
 _WARNED: set[tuple] = set()
 
 
-def _unused_options(cls: type, entries: dict, unused: dict) -> dict:
+def _unused_options(cls: type[PluginSection], entries: dict, unused: dict) -> dict:
     """Keys of plug-ins other than the chosen ones (a grid's base for several system models,
     say): each checked by its owner's ``Options`` and kept for the resolved configuration,
     with a warning that the chosen plug-in does not use it."""
@@ -512,7 +513,7 @@ SECTIONS = {
 PLUGIN_SECTIONS = ("run", "data", "model", "train", "system")
 
 
-def _section(name: str, cls: type, values: Any):
+def _section(name: str, cls: Any, values: Any):
     if not isinstance(values, dict):
         raise ConfigError(f"[{name}] must be a table")
     fields = {f.name: f for f in dataclasses.fields(cls)}
@@ -530,7 +531,7 @@ def from_dict(raw: dict) -> Config:
     for key in raw:
         if key not in known:
             raise ConfigError(f"[{key}]: unknown section (known: {', '.join(sorted(known))})")
-    parts = {
+    parts: dict[str, Any] = {
         name: parse_plugin_section(cls, raw.get(name, {})) if name in PLUGIN_SECTIONS
         else _section(name, cls, raw.get(name, {}))
         for name, cls in SECTIONS.items()

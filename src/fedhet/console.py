@@ -33,7 +33,7 @@ def progress_printer(config, label: str, every: float = 5.0):
             transient=True,
         )
         task = progress.add_task(label, total=budget or total_rounds, info="")
-        state = {"acc": None}
+        state: dict[str, tuple[str, float] | None] = {"acc": None}
 
         def on_round(row: dict) -> None:
             if not progress.live.is_started:

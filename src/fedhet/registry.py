@@ -23,6 +23,7 @@ import dataclasses
 import importlib
 from dataclasses import dataclass
 from importlib import metadata
+from typing import Any
 
 from fedhet.errors import ConfigError
 
@@ -93,7 +94,7 @@ class Entry:
 
     kind: str
     name: str
-    cls: type
+    cls: Any  # the plug-in class: its attributes are its kind's contract (Options, build, ...)
     origin: str
 
     @property
@@ -111,7 +112,7 @@ def register(kind: str, name: str | None = None):
     if kind not in KINDS:
         raise ValueError(f"unknown plug-in kind {kind!r} (known: {', '.join(KINDS)})")
 
-    def add(cls: type) -> type:
+    def add(cls: Any) -> Any:
         key = name or cls.name
         check_plugin(kind, key, cls)
         _BUILTINS[kind][key] = Entry(kind, key, cls, "fedhet")
@@ -189,7 +190,7 @@ def _import_path(kind: str, path: str, key: str) -> Entry:
         raise ConfigError(
             f"{key} = {path!r}: importing {module_name!r} failed ({type(exc).__name__}: {exc})"
         ) from None
-    cls = module
+    cls: Any = module
     for part in attribute.split("."):
         cls = getattr(cls, part, None)
         if cls is None:
@@ -228,6 +229,6 @@ def entries(kind: str) -> list[Entry]:
     return [found[n] for n in sorted(found)] + [extra[n] for n in sorted(extra)]
 
 
-def option_fields(cls: type) -> dict[str, dataclasses.Field]:
+def option_fields(cls: Any) -> dict[str, dataclasses.Field]:
     """The configuration keys of a plug-in class: the fields of its ``Options``."""
     return {f.name: f for f in dataclasses.fields(cls.Options)}

@@ -13,7 +13,7 @@ import math
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 
@@ -174,7 +174,7 @@ class RunLock:
 
     def __init__(self, path: Path):
         self.path = path
-        self.handle = None
+        self.handle: IO[str] | None = None
 
     def acquire(self) -> None:
         handle = self.path.open("a+")
@@ -208,7 +208,7 @@ class RunDirectory:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self._columns = METRIC_COLUMNS  # metrics.csv's header as last written
+        self._columns: tuple[str, ...] = METRIC_COLUMNS  # metrics.csv's header as last written
 
     @property
     def checkpoint_path(self) -> Path:

@@ -31,6 +31,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from fedhet.engine.callbacks import Callback
 from fedhet.errors import ConfigError
@@ -136,7 +137,9 @@ class MLflowTracking(Tracker):
 
     def __init__(self, uri: str, experiment: str = "fedhet"):
         self.uri, self.experiment = uri, experiment
-        self.client = self.run_id = self.parent_id = None
+        self.client: Any = None  # mlflow.MlflowClient, once the run starts
+        self.run_id: str | None = None
+        self.parent_id: str | None = None
 
     def _experiment_id(self) -> str:
         found = self.client.get_experiment_by_name(self.experiment)

@@ -46,6 +46,13 @@ class World:
     def num_clients(self) -> int:
         return len(self.client_indices)
 
+    @property
+    def server_system(self) -> SystemModel:
+        """The system model, on the server side (a worker process's world has none)."""
+        if self.system is None:
+            raise RuntimeError("a client-side world has no system model")
+        return self.system
+
     @cached_property
     def client_sizes(self) -> np.ndarray:
         """Every client's number of training examples."""
@@ -64,7 +71,7 @@ class World:
             num_params=int(self.initial_params.numel()),
             rounds=config.run.rounds,
             time_budget=config.run.time_budget,
-            system=self.system,
+            system=self.server_system,
             client_sizes=self.client_sizes,
             layout=self.flat.layout,
             params=self.initial_params if params is None else params,

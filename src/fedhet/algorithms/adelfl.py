@@ -26,6 +26,7 @@ from fedhet.algorithms.deadline_planner import (
 from fedhet.algorithms.salf import SALF, SALFOptions
 from fedhet.errors import ConfigError
 from fedhet.messages import ClientTask
+from fedhet.system.base import LayerTimeLaw
 
 
 @dataclass
@@ -133,7 +134,7 @@ class ADELFL(SALF):
                 'system.participation: adel-fl plans for clients that are always present; set it to "always"'
             )
         law = system.time_law()
-        if law is None or law.kind != "exponential-layers":
+        if not isinstance(law, LayerTimeLaw):
             raise ConfigError(
                 f"system.model = {system.name!r}: adel-fl plans against the exponential model "
                 '(ADEL-FL A4); set system.model = "exponential"'

@@ -48,6 +48,7 @@ import torch
 from fedhet.algorithms.base import ClientAssignment, RoundPlan, RunSetting, register
 from fedhet.algorithms.fedavg import FedAvg, FedAvgOptions
 from fedhet.errors import ConfigError
+from fedhet.system.base import StepTimeLaw
 
 ALLOCATIONS = ("marginal", "paper", "sqrt")
 COSTS = ("known", "estimated")
@@ -198,8 +199,8 @@ def _rounded_steps(a, c, spare, max_steps, tolerance) -> np.ndarray:
             steps[j] += 1
             used += c[j]
         best, move = 0.0, None
-        for i in np.flatnonzero(steps > 1):
-            for j in np.flatnonzero(steps < max_steps):
+        for i in map(int, np.flatnonzero(steps > 1)):
+            for j in map(int, np.flatnonzero(steps < max_steps)):
                 if i != j and used - c[i] + c[j] <= spare + tolerance and gain(j) - loss(i) > best + 1e-15:
                     best, move = gain(j) - loss(i), (i, j)
         if move is None:
@@ -324,17 +325,17 @@ class AMSFL(FedAvg):
         )
         o = self.options
         law = setting.system.time_law()
-        if o.costs == "known" and (law is None or law.kind != "per-step"):
+        if o.costs == "known" and not isinstance(law, StepTimeLaw):
             raise ConfigError(
                 f"system.model = {setting.system.name!r}: amsfl with known costs needs the per-step "
                 'model (c_i, b_i); set system.model = "per-step" or algorithm.costs = "estimated"'
             )
-        if o.gda_cost == "charged" and (law is None or law.kind != "per-step"):
+        if o.gda_cost == "charged" and not isinstance(law, StepTimeLaw):
             raise ConfigError(
                 f"system.model = {setting.system.name!r}: only the per-step model prices GDA's extra "
                 'gradients; set system.model = "per-step" or algorithm.gda_cost = "free"'
             )
-        if o.costs == "known":
+        if o.costs == "known" and isinstance(law, StepTimeLaw):
             batch = np.full(setting.num_clients, self.train.batch_size)
             step, comm = law.step_time(batch), law.comm_times()
             least = float(np.sum(step) + np.sum(comm))  # one step per client (Algorithm 1's t_i >= 1)
@@ -359,6 +360,10 @@ class AMSFL(FedAvg):
         that already include GDA's share."""
         if self.options.costs == "known":
             law = system.time_law()
+            if not isinstance(law, StepTimeLaw):  # checked when the run started (init_state)
+                raise ConfigError(
+                    f"system.model = {system.name!r}: amsfl with known costs needs per-step times"
+                )
             step, comm = law.step_time(batch_sizes), law.comm_times()
             if self.options.gda_cost == "charged":
                 return 2.0 * step, comm - step

@@ -46,6 +46,7 @@ import torch
 
 from fedhet import registry
 from fedhet.algorithms.streaming import Aggregator, ListAggregator
+from fedhet.client.rule import OwnState
 from fedhet.messages import ClientTask, ClientUpdate, Coverage, Payload
 from fedhet.models.layers import ModelLayout
 from fedhet.registry import NoOptions
@@ -156,6 +157,8 @@ class Algorithm:
     # Whether the rule works on weights stored channels-last (run.memory_format); rules that
     # index parameter elements by their contiguous position (width masks) say False.
     supports_channels_last: ClassVar[bool] = True
+    # the capability flags a class set itself (checked against its hooks at registration)
+    _declared_capabilities: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, options: Any, train: Any):
         self.options = options
@@ -282,7 +285,7 @@ class Algorithm:
     streams = False
 
     def gradient_correction(
-        self, task: ClientTask, state: dict, region: slice, local: torch.Tensor, anchor: torch.Tensor
+        self, task: ClientTask, state: OwnState, region: slice, local: torch.Tensor, anchor: torch.Tensor
     ) -> torch.Tensor | None:
         """Added to every local step's gradient over ``region`` (``local``: the client's
         current parameters, ``anchor``: the global ones it started from). Plain SGD: none."""
@@ -292,7 +295,7 @@ class Algorithm:
         self,
         task: ClientTask,
         update: ClientUpdate,
-        state: dict,
+        state: OwnState,
         region: slice,
         local: torch.Tensor,
         anchor: torch.Tensor,
@@ -302,7 +305,7 @@ class Algorithm:
     def observe_gradients(
         self,
         task: ClientTask,
-        state: dict,
+        state: OwnState,
         local_grad: torch.Tensor,
         anchor_grad: torch.Tensor,
         distance: float,

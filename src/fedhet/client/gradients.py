@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 
@@ -12,7 +14,7 @@ def gradients(loss: torch.Tensor, parameters: list[torch.nn.Parameter]) -> list[
     for parameter in parameters:
         parameter.grad = None
     loss.backward(inputs=parameters)
-    grads = [parameter.grad for parameter in parameters]
+    grads = [cast(torch.Tensor, parameter.grad) for parameter in parameters]  # set by backward
     for parameter in parameters:
         parameter.grad = None
     return grads

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from fedhet.checks import in_range
-from fedhet.client.state import ClientState
+from fedhet.client.state import ComponentState
 from fedhet.errors import ConfigError
 from fedhet.registry import register
 
@@ -30,15 +30,20 @@ class LocalOptimizer:
     a flat copy of the gradient)."""
 
     name = "base"
-    plain = False
 
-    def begin(self, state: ClientState, size: int) -> None:
+    @property
+    def plain(self) -> bool:
+        """Whether a step is w <- w - lr g and nothing else (the trainer then updates the
+        parameters in place, without a flat copy of the gradient)."""
+        return False
+
+    def begin(self, state: ComponentState, size: int) -> None:
         """Start a task for a client with ``state``; ``size`` = the full flat parameter count."""
 
     def step(self, region: torch.Tensor, grad: torch.Tensor, lr: float, where: slice) -> None:
         raise NotImplementedError
 
-    def end(self, state: ClientState) -> None:
+    def end(self, state: ComponentState) -> None:
         """After the task: keep what must survive the round in the client's ``state``."""
 
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -88,7 +93,7 @@ class SGD(LocalOptimizer):
     def plain(self) -> bool:
         return not self.momentum and not self.weight_decay
 
-    def begin(self, state: ClientState, size: int) -> None:
+    def begin(self, state: ComponentState, size: int) -> None:
         self.size = size
         kept = self.momentum and self.keep_momentum
         self.buffer = state.get(self.STATE_KEY) if kept else None
@@ -105,7 +110,7 @@ class SGD(LocalOptimizer):
             grad = self.buffer[where]
         region.sub_(grad, alpha=lr)
 
-    def end(self, state: ClientState) -> None:
+    def end(self, state: ComponentState) -> None:
         if self.buffer is not None and self.keep_momentum:
             state.update(self.state_dict())
 
@@ -151,15 +156,15 @@ class Adam(LocalOptimizer):
 
     def __init__(self, options: AdamOptions):
         self.options = options
-        self.exp_avg: torch.Tensor | None = None
-        self.exp_avg_sq: torch.Tensor | None = None
-        self.steps: torch.Tensor | None = None  # per element: the steps that reached it
+        self.exp_avg = torch.zeros(0)  # sized by begin()
+        self.exp_avg_sq = torch.zeros(0)
+        self.steps = torch.zeros(0)  # per element: the steps that reached it
 
     @classmethod
     def build(cls, options: AdamOptions, ctx=None) -> Adam:
         return cls(options)
 
-    def begin(self, state: ClientState, size: int) -> None:
+    def begin(self, state: ComponentState, size: int) -> None:
         saved = {k: state[k] for k in self.KEYS if k in state} if self.options.keep_state else {}
         if len(saved) == len(self.KEYS) and saved["adam.exp_avg"].numel() == size:
             self.load_state_dict(saved)
@@ -180,7 +185,7 @@ class Adam(LocalOptimizer):
         denominator = (v / second).sqrt_().add_(o.eps)
         region.sub_(m / first / denominator, alpha=lr)
 
-    def end(self, state: ClientState) -> None:
+    def end(self, state: ComponentState) -> None:
         if self.options.keep_state:
             state.update(self.state_dict())
 

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from fedhet.checks import in_range, one_of
-from fedhet.client.state import ClientState
+from fedhet.client.state import ComponentState
 from fedhet.errors import ConfigError
 from fedhet.messages import ClientUpdate
 from fedhet.registry import register
@@ -47,7 +47,9 @@ class Postprocessor:
 
     name = "base"
 
-    def process(self, update: ClientUpdate, state: ClientState, generator: torch.Generator) -> ClientUpdate:
+    def process(
+        self, update: ClientUpdate, state: ComponentState, generator: torch.Generator
+    ) -> ClientUpdate:
         raise NotImplementedError
 
     def payload_bytes(self, elements: int, incoming: int) -> int:

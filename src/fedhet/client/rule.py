@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 
+from fedhet.client.state import ComponentState as OwnState  # the algorithm's part of the state
 from fedhet.messages import ClientTask, ClientUpdate
-
-OwnState = MutableMapping[str, Any]  # the algorithm's part of a client's state (a Namespace)
 
 
 class ClientRule(Protocol):

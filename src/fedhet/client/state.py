@@ -19,7 +19,8 @@ import torch
 
 from fedhet.errors import FedhetError
 
-ClientState = dict[str, torch.Tensor]
+ClientState = dict[str, torch.Tensor]  # a client's whole store: "<component>/<key>" -> tensor
+ComponentState = MutableMapping[str, Any]  # one component's part of it (a Namespace)
 SEPARATOR = "/"
 ALGORITHM, OPTIMIZER = "algorithm", "optimizer"
 

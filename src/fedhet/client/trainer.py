@@ -56,7 +56,7 @@ class _LocalRun:
     rng: np.random.Generator
     rule: ClientRule | None
     view: CoverageView
-    budget: object
+    budget: SimulatedBudget | WallClockBudget
     depth: int
 
 
@@ -230,7 +230,7 @@ class LocalTrainer:
             if track:
                 self._observe(run, grad, x, y, own=len(losses) == 1 and first is None)
             with torch.no_grad():
-                if corrects:  # the algorithm's gradient transform
+                if corrects and rule is not None:  # the algorithm's gradient transform
                     correction = rule.gradient_correction(
                         task, run.state, view.param_slice, flat.params, run.params
                     )
@@ -249,7 +249,8 @@ class LocalTrainer:
             anchor_grad = self._gradient_at(run.params[pslice], x, y, run.depth, view.reached, pslice)
         with torch.no_grad():
             distance = float((view.region - run.params[pslice]).norm())
-        run.rule.observe_gradients(run.task, run.state, grad, anchor_grad, distance)
+        if run.rule is not None:
+            run.rule.observe_gradients(run.task, run.state, grad, anchor_grad, distance)
 
     def _warm_up(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """Once per process, before the first timed task: autograd's first calls are slow

@@ -63,7 +63,7 @@ ATTACK_CATEGORY = {
 }
 
 
-def read_rows(path: Path) -> list[list[str]]:
+def read_rows(path: Path) -> list[tuple[int, list[str]]]:
     """The file's rows, each checked to have 43 columns; errors name the file and line."""
     if path.exists() and not path.is_file():
         raise DataError(f"{path}: not a regular file")
@@ -126,7 +126,7 @@ def _encode(
                 row_unseen = True
                 continue  # all-zero one-hot: a category the model never saw
             x[r, offsets[k] + index[k][value]] = 1.0
-        if row_unseen:
+        if row_unseen and unseen is not None:
             unseen["rows"] = unseen.get("rows", 0) + 1
         attack = fields[41].rstrip(".")
         if attack not in ATTACK_CATEGORY:

@@ -11,8 +11,10 @@ from __future__ import annotations
 import gzip
 import struct
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -272,10 +274,13 @@ class ImageFolder(DatasetSource):
 
     Options = ImageFolderOptions
     default_folder: str = ""
-    loader = None
+    loader: Callable[[str | None], Dataset] | None = None  # reads the folder (None: the default one)
 
     @classmethod
     def build(cls, options: ImageFolderOptions, ctx=None) -> Dataset:
+        """The dataset read from ``options.data_dir`` (or its default folder), normalised."""
+        if cls.loader is None:
+            raise NotImplementedError(f"dataset {cls.name!r} has no loader")
         return normalize_images(cls.loader(options.data_dir or None), options.normalize)
 
     @classmethod
@@ -405,7 +410,7 @@ def _files_signature(folder: Path | None) -> tuple:
     return tuple(signature)
 
 
-def open_dataset(source: type, options) -> Dataset:
+def open_dataset(source: Any, options: Any) -> Dataset:
     """The dataset of plug-in class ``source`` with ``options``, checked; the last two
     loaded are kept in memory while their files stay unchanged."""
     import dataclasses

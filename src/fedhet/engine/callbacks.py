@@ -38,11 +38,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedhet.engine.state import to_checkpoint
 from fedhet.errors import FedhetError
 from fedhet.registry import NoOptions
+
+if TYPE_CHECKING:
+    from fedhet.engine.pool import EvaluationHandle
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,7 @@ class Callback:
 
     name = "base"
     Options: type = NoOptions
-    context: RunContext | None = None
+    context: RunContext  # set by the run loop before on_start (no class default)
 
     @classmethod
     def build(cls, options, ctx: RunContext | None = None) -> Callback:
@@ -138,7 +141,7 @@ class EvaluationService:
         self.world = world
         self.run_dir = run_dir
         self.client_eval = client_eval
-        self.current: tuple[dict, object] | None = None  # (row, the pool's handle)
+        self.current: tuple[dict, EvaluationHandle] | None = None  # (row, the pool's handle)
         self.waiting: list[dict] = []  # rows after it, complete but held to keep the order
 
     def after_round(self, state, row: dict) -> list[dict]:

@@ -83,7 +83,8 @@ def client_failed(
     """Handle a client error in ``pool`` (``detail``: already described where it was raised,
     e.g. on a Flower node): a fault when ``pool.on_client_error`` is "skip", else the run
     stops with :class:`ClientError`, one line naming the hook."""
-    detail = detail or client_error_detail(exc)
+    if detail is None:
+        detail = client_error_detail(exc) if exc is not None else "failed"
     if getattr(pool, "on_client_error", "stop") == "skip":
         pool.faults.add(round_index, client, f"client error: {detail}")
         return

@@ -21,6 +21,7 @@ would pass the time budget. Evaluation, files and checkpoints are the run loop's
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -30,17 +31,25 @@ from fedhet.engine.clock import round_duration
 from fedhet.engine.faults import NonFinite, params_fault, update_fault
 from fedhet.engine.records import metrics_row
 from fedhet.errors import FedhetError
+from fedhet.messages import UpdateSummary
 from fedhet.system import Workload
+
+if TYPE_CHECKING:
+    from fedhet.algorithms.base import AsyncAlgorithm
+    from fedhet.config import Config
+    from fedhet.engine.clock import VirtualClock
+    from fedhet.engine.pool import ClientPool
+    from fedhet.world import World
 
 
 @dataclass(frozen=True)
 class StepEnvironment:
     """What a driver's step may use besides the run state."""
 
-    config: object  # fedhet.config.Config
-    world: object  # fedhet.world.World
-    pool: object  # the client pool (fedhet.engine.pool.ClientPool)
-    clock: object  # fedhet.engine.clock.VirtualClock
+    config: Config
+    world: World
+    pool: ClientPool
+    clock: VirtualClock
 
 
 def take_faults(pool) -> list:
@@ -49,13 +58,15 @@ def take_faults(pool) -> list:
     return log.take() if log is not None else []
 
 
-def upload_bytes(world, depths: np.ndarray) -> np.ndarray:
+def upload_bytes(world: World, depths: np.ndarray | None) -> np.ndarray:
     """Per client, the bytes of its update as it travels (its planned coverage ``depths``,
     the payload vectors its algorithm sends with it, after the trainer's postprocessors):
-    what system models with an upload bandwidth charge."""
+    what system models with an upload bandwidth charge. ``None``: every client's whole model."""
+    if depths is None:
+        depths = np.ones(world.num_clients, dtype=int)
     levels, where = np.unique(depths, return_inverse=True)
     worker, rule = world.worker, world.algorithm
-    sizes = np.array([worker.payload_bytes(int(depth), rule) for depth in levels], dtype=float)
+    sizes = np.array([worker.payload_bytes(int(depth), rule) for depth in levels], dtype=np.float64)
     return sizes[where]
 
 
@@ -66,7 +77,7 @@ class RoundDriver:
 
     def step(self, env: StepEnvironment, state, t: int):
         config, world = env.config, env.world
-        algorithm, system = world.algorithm, world.system
+        algorithm, system = world.algorithm, world.server_system
         plan = algorithm.plan(t, state.algorithm, system, config.round_deadline)
         work = plan.workload()
         work.start_time = state.sim_time
@@ -96,7 +107,8 @@ class RoundDriver:
         aggregator = algorithm.aggregator(
             state.params, state.buffers, tasks, state.algorithm, context, layout
         )
-        delivered, skipped = [], 0
+        delivered: list[UpdateSummary] = []
+        skipped = 0
         for update in env.pool.run(tasks, state.params, state.buffers):
             what = update_fault(update)
             if what and config.run.on_non_finite == "stop":
@@ -141,7 +153,7 @@ class EventDriver:
         """Fill the free concurrency with idle clients chosen by the algorithm, on the
         current model."""
         world, config = env.world, env.config
-        engine, algorithm = state.engine, world.algorithm
+        engine, algorithm = state.engine, cast("AsyncAlgorithm", world.algorithm)
         busy = {entry["client"] for entry in engine["in_flight"]}
         idle = [c for c in range(world.num_clients) if c not in busy]
         free = algorithm.concurrency(world.num_clients) - len(busy)
@@ -160,7 +172,7 @@ class EventDriver:
             start = engine["starts"][client]
             work = Workload(None, batch, steps, start_time=now)
             work.upload_bytes = full_upload  # the whole model's update travels
-            timing = world.system.sample(
+            timing = world.server_system.sample(
                 work, seeding.client_stream(config.run.seed, start, client, "duration")
             )
             engine["starts"][client] = start + 1
@@ -174,7 +186,7 @@ class EventDriver:
     def step(self, env: StepEnvironment, state, t: int):
         world, clock = env.world, env.clock
         engine = self._engine_state(state, world.num_clients)
-        algorithm = world.algorithm
+        algorithm = cast("AsyncAlgorithm", world.algorithm)
         k = algorithm.buffer_size()
         self._start_clients(env, state, state.engine.get("now", state.sim_time), t)
         while True:
@@ -199,8 +211,8 @@ class EventDriver:
         if what := params_fault(params, buffers):
             return NonFinite(t + 1, None, what)
         state.params, state.buffers = params, buffers
-        world.system.observe([u.summary() for u, _ in entries])  # as the round driver does
-        state.system = world.system.state_dict()
+        world.server_system.observe([u.summary() for u, _ in entries])  # as the round driver does
+        state.system = world.server_system.state_dict()
         duration = engine["now"] - state.sim_time
         state.sim_time = clock.advance(duration)
         updates = [u for u, _ in entries]
@@ -210,4 +222,4 @@ class EventDriver:
         return {**row, **algorithm.round_metrics(state.algorithm)}
 
 
-DRIVERS = {"round": RoundDriver, "event": EventDriver}
+DRIVERS: dict[str, type[RoundDriver] | type[EventDriver]] = {"round": RoundDriver, "event": EventDriver}

@@ -60,6 +60,13 @@ class RunLoop:
     callback objects for this run (after the configured ones); ``engine`` is the name of
     the engine running the loop, recorded in the summary."""
 
+    # set when the run starts (:meth:`run`): what the run is running on, and its state
+    pool: ClientPool
+    world: World
+    state: RunState
+    evaluation: EvaluationService
+    clock: VirtualClock
+
     def __init__(
         self,
         config: Config,
@@ -118,21 +125,22 @@ class RunLoop:
                 f"run.rounds = {config.run.rounds}: {run_dir.path} already holds {saved['round']} "
                 f"rounds; --resume needs run.rounds >= {saved['round']}"
             )
-        self.pool = None
+        pool: ClientPool | None = None
         try:
             if self.pool_factory is None:  # the configured pool starts while the world is built
-                self.pool = self._build_pool()
-            self.world = world = build_world(config)
-            if self.pool_factory is not None:
-                self.pool = self.pool_factory(world)
+                pool = self._build_pool()
+                self.world = world = build_world(config)
+                pool.attach(world)
             else:
-                self.pool.attach(world)
+                self.world = world = build_world(config)
+                pool = self.pool_factory(world)
+            self.pool = pool
             return self._run_with_pool(world, saved, stop_after)
         finally:
-            if self.pool is not None:
-                self.pool.close()
+            if pool is not None:
+                pool.close()
 
-    def _build_pool(self):
+    def _build_pool(self) -> ClientPool:
         """The pool ``run.pool`` names (:mod:`fedhet.engine.pool`), built with its options."""
         entry, options = self.config.run.plugins["pool"]
         return entry.cls.build(options, PoolContext(self.config, self.client_order))
@@ -166,7 +174,7 @@ class RunLoop:
             world.flat.params.numel(),
             world.flat.buffers.numel(),
         )
-        world.system.load_state_dict(state.system)
+        world.server_system.load_state_dict(state.system)
         self.pool.load_state_dict(state.clients.state_dict())
         state.clients = self.pool.states
         self.run_dir.remove_summary()  # written again when the run finishes
@@ -302,7 +310,7 @@ class RunLoop:
     def _fresh_state(self, world: World) -> RunState:
         """The initial model; the algorithm's server state, after its probe tasks if any."""
         state = RunState(params=world.initial_params.clone(), buffers=world.initial_buffers.clone())
-        state.system = world.system.state_dict()
+        state.system = world.server_system.state_dict()
         state.clients = self.pool.states
         setting = world.setting(state.params, state.buffers)
         setting.work_dir = self.run_dir.path

@@ -35,7 +35,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -46,6 +46,10 @@ from fedhet.engine.client_errors import FaultLog, client_failed
 from fedhet.errors import FedhetError
 from fedhet.messages import ClientTask, ClientUpdate
 from fedhet.registry import NoOptions, register
+
+if TYPE_CHECKING:
+    from fedhet.config import Config
+    from fedhet.world import World
 
 TaskOrder = Callable[[list[ClientTask]], Sequence[ClientTask]]
 
@@ -59,8 +63,20 @@ class WorkerDied(FedhetError):
 class PoolContext:
     """What a pool is built with: the run's configuration and, for tests, a task order."""
 
-    config: object  # fedhet.config.Config
+    config: Config
     client_order: TaskOrder | None = None
+
+
+class EvaluationHandle(Protocol):
+    """An evaluation under way elsewhere (``concurrent.futures.Future``-like)."""
+
+    def done(self) -> bool:
+        """Whether the result is ready."""
+        ...
+
+    def result(self) -> dict:
+        """The evaluation's numbers (``test_loss``, ``test_accuracy``, ...); waits for them."""
+        ...
 
 
 class ClientPool(Protocol):
@@ -69,7 +85,7 @@ class ClientPool(Protocol):
     states: ClientStates
     faults: FaultLog
 
-    def attach(self, world) -> None:
+    def attach(self, world: World) -> None:
         """The run's world is built: get ready to run its clients."""
         ...
 
@@ -79,10 +95,10 @@ class ClientPool(Protocol):
         """The updates of ``tasks``, in task order (a client that failed yields nothing)."""
         ...
 
-    def submit_evaluation(self, params: torch.Tensor, buffers: torch.Tensor):
+    def submit_evaluation(self, params: torch.Tensor, buffers: torch.Tensor) -> EvaluationHandle | None:
         """Start evaluating the global model ``(params, buffers)`` on the test set elsewhere
-        and return a handle whose ``result()`` gives (loss, accuracy); or None: the run
-        evaluates it itself, now."""
+        and return a handle whose ``result()`` gives the evaluation's numbers; or None: the
+        run evaluates it itself, now."""
         ...
 
     def state_dict(self) -> dict: ...
@@ -100,7 +116,7 @@ class WorkerSide:
     trainer) and its seed. Each task runs with the client's own stream (seed, round,
     client) and its own state."""
 
-    world: object
+    world: World
     seed: int
 
     def execute(
@@ -144,6 +160,8 @@ class InProcessPool:
 
     name = "in-process"
     Options = NoOptions
+    side: WorkerSide | None  # set by attach() when built from a configuration
+    seed: int
 
     @classmethod
     def build(cls, options, ctx: PoolContext) -> InProcessPool:
@@ -151,11 +169,14 @@ class InProcessPool:
         pool.seed = ctx.config.run.seed
         return pool
 
-    def attach(self, world) -> None:
+    def attach(self, world: World) -> None:
         self.side = WorkerSide(world, self.seed)
 
-    def __init__(self, side: WorkerSide, order: TaskOrder | None = None, on_client_error: str = "stop"):
+    def __init__(
+        self, side: WorkerSide | None, order: TaskOrder | None = None, on_client_error: str = "stop"
+    ):
         self.side = side
+        self.seed = 0
         self.order = order
         self.states = ClientStates()
         self.on_client_error = on_client_error
@@ -168,6 +189,8 @@ class InProcessPool:
         if self.on_client_error == "skip":  # a skipped client keeps the state it had
             kept = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
         try:
+            if self.side is None:
+                raise RuntimeError("the in-process pool runs tasks once attached to its world")
             return self.side.execute(task, params, buffers, state)
         except FedhetError:
             raise

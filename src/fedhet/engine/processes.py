@@ -49,6 +49,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing import connection, resource_tracker
 from multiprocessing.shared_memory import SharedMemory
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -59,6 +60,9 @@ from fedhet.engine.pool import WorkerDied
 from fedhet.errors import FedhetError
 from fedhet.messages import ClientTask, ClientUpdate
 from fedhet.registry import NoOptions, register
+
+if TYPE_CHECKING:
+    from fedhet.config import Config
 
 START_TIMEOUT = 600.0  # seconds a worker may take to build the run's clients
 
@@ -103,7 +107,7 @@ def _attach(name: str) -> SharedMemory:
     block = SharedMemory(name=name)
     # the run owns the block (it unlinks it); a worker only reads it
     with contextlib.suppress(Exception):
-        resource_tracker.unregister(block._name, "shared_memory")  # noqa: SLF001
+        resource_tracker.unregister(block._name, "shared_memory")  # type: ignore[attr-defined]  # noqa: SLF001
     return block
 
 
@@ -152,9 +156,10 @@ def serve(fd: int) -> None:
         kind = message[0]
         if kind == "stop":
             return
-        jobs = message[1] if kind == "tasks" else [(message[1], None, None)]
+        jobs: list[tuple[int, Any, Any]] = message[1] if kind == "tasks" else [(message[1], None, None)]
         for job, task, state in jobs:
             running[0] = job  # read by the run if this process dies: that job is the one lost
+            reply: tuple
             try:
                 if kind == "tasks":
                     update = side.execute(task, params, buffers, state)
@@ -276,8 +281,11 @@ class ProcessPool:
         from fedhet.world import open_configured_dataset
 
         torch.set_num_threads(1)  # this process plans and aggregates; the workers train
-        dataset = open_configured_dataset(self.config)
-        self.start(self.config.to_toml(), dataset, world.flat.params.numel(), world.flat.buffers.numel())
+        config = self.config
+        if config is None:
+            raise RuntimeError("a process pool is attached once built from its configuration")
+        dataset = open_configured_dataset(config)
+        self.start(config.to_toml(), dataset, world.flat.params.numel(), world.flat.buffers.numel())
 
     def __init__(self, workers: int, on_client_error: str = "stop"):
         """Start ``workers`` processes; they import what they need while this process builds
@@ -286,7 +294,9 @@ class ProcessPool:
         self.faults = FaultLog()
         self.on_client_error = on_client_error
         self.blocks: list[SharedMemory] = []
-        self.model = self.eval_model = None
+        self.config: Config | None = None  # set by build(): the run's configuration
+        self.model = torch.zeros(0)  # the global model, in shared memory once started
+        self.eval_model = torch.zeros(0)  # the model being evaluated, likewise
         self.processes: list[subprocess.Popen] = []
         self.conns: list[connection.Connection] = []
         self._closed = False
@@ -297,8 +307,8 @@ class ProcessPool:
         self._alias: dict[int, int] = {}  # a job sent again -> its new number
         self._weight: dict[int, int] = {}  # job -> its share of its worker's load (evaluations)
         self._restarts = 0
-        self._start_message = None
-        self._running = None
+        self._start_message: tuple = ()
+        self._running: np.ndarray = np.zeros(0, np.int64)  # per worker, the job under way
         try:
             for _ in range(workers):
                 process, conn = self._spawn()
@@ -559,7 +569,7 @@ class ProcessPool:
                 process.wait(timeout=5.0)
         for conn in self.conns:
             conn.close()
-        self.model = self.eval_model = None
+        self.model = self.eval_model = torch.zeros(0)  # views of the blocks closed below
         for block in self.blocks:
             with contextlib.suppress(Exception):
                 block.close()

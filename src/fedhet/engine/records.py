@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from fedhet.engine.evaluation import target_times
-from fedhet.messages import ClientUpdate
+from fedhet.messages import ClientUpdate, UpdateSummary
 
 
 def metrics_row(
@@ -14,7 +16,7 @@ def metrics_row(
     duration: float,
     deadline: float | None,
     lr: float,
-    updates: list[ClientUpdate],
+    updates: Sequence[ClientUpdate | UpdateSummary],
     depths: np.ndarray,
     skipped: int = 0,
     faults: int = 0,

@@ -107,7 +107,7 @@ def to_checkpoint(state: RunState, config_dict: dict, algorithm: Any, work_dir: 
     }
 
 
-CHECKPOINT_TYPES = {
+CHECKPOINT_TYPES: dict[str, type | tuple[type, ...]] = {
     "version": int,
     "config": dict,
     "round": int,

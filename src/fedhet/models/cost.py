@@ -49,7 +49,7 @@ def multiply_adds(model: LayeredModel, input_shape: Sequence[int]) -> list[int]:
     return counts
 
 
-def training_step_flops(layer_multiply_adds: Sequence[int], batch: int, depth: int = 1) -> int:
+def training_step_flops(layer_multiply_adds: Sequence[float], batch: int, depth: int = 1) -> float:
     """FLOPs (2 per multiply-add) of one SGD step on ``batch`` examples that back-propagates
     layers ``depth``..L: the forward pass through every layer, the weight gradients of the
     reached layers, and the input gradients of every reached layer but the lowest one (nothing

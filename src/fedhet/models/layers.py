@@ -113,9 +113,11 @@ class FlatModel:
         self.channels_last = channels_last
         model.channels_last = channels_last
         self.layer_params: list[list[nn.Parameter]] = []
-        param_bounds, buffer_bounds = [], []
-        param_chunks, buffer_chunks = [], []
-        buffer_owners = []
+        param_bounds: list[tuple[int, int]] = []
+        buffer_bounds: list[tuple[int, int]] = []
+        param_chunks: list[torch.Tensor] = []
+        buffer_chunks: list[torch.Tensor] = []
+        buffer_owners: list = []
         p_off = b_off = 0
         for block in model.blocks:
             params = [p for p in block.parameters() if p.requires_grad]

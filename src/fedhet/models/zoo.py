@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from torch import nn
@@ -20,7 +20,7 @@ from fedhet.models.layers import LayeredModel
 from fedhet.models.pooling import MaxPool2x2
 from fedhet.registry import NoOptions, register
 
-VGG_STAGES = {
+VGG_STAGES: dict[str, list[int | str]] = {
     "vgg11": [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"],
     "vgg13": [64, 64, "M", 128, 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"],
     "vgg16": [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"],
@@ -164,10 +164,13 @@ class ZooModel:
 
     name = "base"
     Options: type = NoOptions
-    make = None
+    make: Callable[[Sequence[int], int], LayeredModel] | None = None  # (input shape, classes) -> model
 
     @classmethod
     def build(cls, options, ctx: ModelContext) -> LayeredModel:
+        """The model for a run's input shape and number of classes (``ctx``)."""
+        if cls.make is None:
+            raise NotImplementedError(f"model {cls.name!r} defines neither make nor build")
         return cls.make(ctx.input_shape, ctx.num_classes)
 
 

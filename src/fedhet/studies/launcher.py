@@ -15,6 +15,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from fedhet.config import (
     Config,
@@ -230,7 +231,7 @@ def _preload_datasets(cells: list[Cell]) -> None:
     # a process that forks must not have started OpenMP threads: a forked worker would wait
     # on them forever; this process computes nothing heavy after the pool starts
     torch.set_num_threads(1)
-    wanted = {}
+    wanted: dict[tuple[str, str], tuple[Any, Any]] = {}
     for cell in cells:
         data = cell.config.data
         options = data.options("dataset")
@@ -248,7 +249,7 @@ def _run_on_ray(
     address: str,
     jobs: int,
     on_cell,
-    fresh: set[str] = frozenset(),
+    fresh: set[str] | frozenset[str] = frozenset(),
     group: str | None = None,
     launch: CellLaunch | None = None,
 ) -> dict[str, dict]:
@@ -263,7 +264,11 @@ def _run_on_ray(
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
     started = not ray.is_initialized()
     if started:
-        options = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
+        options: dict[str, Any] = {
+            "include_dashboard": False,
+            "log_to_driver": False,
+            "configure_logging": False,
+        }
         if address == "local":
             ray.init(num_cpus=max(1, jobs), **options)
         else:

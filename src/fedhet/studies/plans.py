@@ -24,7 +24,7 @@ def describe_plan(config: Config, depth_fraction: float | None = None, out: str 
     if depth_fraction is not None and not 0 < depth_fraction <= 1:
         raise ConfigError(f"--depth-fraction {depth_fraction}: must be in (0, 1]")
     world = build_world(config)
-    system, rounds = world.system, config.run.rounds
+    system, rounds = world.server_system, config.run.rounds
     if depth_fraction is not None and not _exponential(system):
         raise ConfigError(
             f"--depth-fraction: system.model = {config.system.model!r} has no time law to calibrate a "
@@ -78,7 +78,7 @@ def describe_plan(config: Config, depth_fraction: float | None = None, out: str 
 def _deadline_line(config: Config, world, algorithm_state: dict, batch: np.ndarray) -> str:
     """The deadline the run will use in its first round (as the algorithm plans it), where it
     comes from, and on the exponential model the expected depth it gives."""
-    first = world.algorithm.plan(0, algorithm_state, world.system, config.round_deadline)
+    first = world.algorithm.plan(0, algorithm_state, world.server_system, config.round_deadline)
     if first.deadline is None:
         return f"no deadline: {config.algorithm_name} waits for every asked client each round"
     source = (
@@ -87,8 +87,8 @@ def _deadline_line(config: Config, world, algorithm_state: dict, batch: np.ndarr
         else f"run.time_budget / run.rounds = {config.run.time_budget:g} / {config.run.rounds}"
     )
     line = f"deadline {first.deadline:.6g} per round ({source})"
-    if _exponential(world.system):
-        share = expected_depth_fraction(world.system, first.deadline, batch)
+    if _exponential(world.server_system):
+        share = expected_depth_fraction(world.server_system, first.deadline, batch)
         line += f" at batch {config.train.batch_size}: expected depth {100 * share:.1f}% of the layers"
     return line
 

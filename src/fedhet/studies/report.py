@@ -177,17 +177,17 @@ def _tune_page(path: Path) -> str:
         parts.append(f"<table><tr>{head}</tr>{''.join(rows)}</table>")
         plt = _pyplot()
         parts.append('<div class="figures">')
-        finished = [t for t in trials if t.state.name == "COMPLETE"]
+        finished = [t for t in trials if t.state.name == "COMPLETE" and t.value is not None]
         if finished:
             fig, ax = plt.subplots(figsize=(5.5, 3.6))
             ax.plot([t.number for t in finished], [t.value for t in finished], "o", label="trial")
-            best, running = [], None
+            best: list[float] = []
             for t in finished:
-                better = running is None or (
-                    t.value > running if study.direction.name == "MAXIMIZE" else t.value < running
+                value = float(t.value or 0.0)  # finished trials have values
+                better = not best or (
+                    value > best[-1] if study.direction.name == "MAXIMIZE" else value < best[-1]
                 )
-                running = t.value if better else running
-                best.append(running)
+                best.append(value if better else best[-1])
             ax.plot([t.number for t in finished], best, "-", label="best so far")
             ax.set_xlabel("trial")
             ax.set_ylabel("objective")

@@ -112,7 +112,7 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Exp
 
 def _grid_keys(grid: dict) -> set[str]:
     """The dotted keys the grid sets (a table of values sets each of its keys)."""
-    out = set()
+    out: set[str] = set()
     for key, values in grid.items():
         for value in values:
             out.update(_flatten({key: value}))
@@ -169,7 +169,7 @@ def _table(raw: dict, section: str, path, known: tuple[str, ...] | None) -> dict
     if not isinstance(table, dict):
         raise ConfigError(f"{path}: [{section}] must be a table")
     for key in table if known is not None else ():
-        if key not in known:
+        if known is not None and key not in known:
             raise ConfigError(f"{path}: {section}.{key}: unknown key (known: {', '.join(known)})")
     return table
 

@@ -46,9 +46,13 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
 from fedhet.config import apply_overrides, from_dict, read_toml
 from fedhet.errors import ConfigError, FedhetError
+
+if TYPE_CHECKING:
+    from fedhet.engine.callbacks import RunContext
 
 log = logging.getLogger("fedhet")
 
@@ -80,7 +84,7 @@ class SearchSpace:
     """A parsed search space file."""
 
     objective: str = "final_test_accuracy"
-    direction: str = "maximize"
+    direction: Literal["maximize", "minimize"] = "maximize"
     sampler: str = "tpe"
     seed: int | None = None
     pruner: str = "median"
@@ -115,7 +119,8 @@ def _param(key: str, spec, where: str) -> Param:
         if not isinstance(choices, list) or not choices or set(spec) - {"choices"}:
             raise ConfigError(f"{where}.{key}: choices must be a non-empty list, alone")
         return Param(key, choices=choices)
-    low, high = spec.get("low"), spec.get("high")
+    low: Any = spec.get("low")
+    high: Any = spec.get("high")
     numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (low, high))
     if not numbers or not math.isfinite(low) or not math.isfinite(high) or not low < high:
         raise ConfigError(f"{where}.{key}: needs numbers low < high (got {low!r}, {high!r})")
@@ -145,7 +150,7 @@ def load_space(path: str | Path) -> SearchSpace:
             target = space.target
         except ValueError:
             raise ConfigError(f"{path}: objective.value = {space.objective!r}: time_to:ACCURACY") from None
-        if not 0 < target <= 1:
+        if target is None or not 0 < target <= 1:
             raise ConfigError(f"{path}: objective.value = {space.objective!r}: an accuracy in (0, 1]")
     elif space.objective not in SUMMARY_VALUES:
         raise ConfigError(
@@ -191,7 +196,7 @@ class _Pruning:
     the run stops (``stopped_by = "callback"``) and its folder says why (pruned.json)."""
 
     name = "tune-pruning"
-    context = None  # the run's RunContext, set by the run loop
+    context: RunContext  # set by the run loop
 
     def __init__(self, trial, space: SearchSpace):
         self.trial, self.space = trial, space

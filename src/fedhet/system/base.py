@@ -50,7 +50,15 @@ class SystemContext:
     base: SystemModel | None = None
 
     def stream(self, name: str) -> np.random.Generator:
+        """A named random stream of the run's seed, for a model's setup draws."""
         return seeding.stream(self.seed, name)
+
+    @property
+    def wrapped(self) -> SystemModel:
+        """The model a wrapper wraps (``base``; a wrapper is built only around one)."""
+        if self.base is None:
+            raise ValueError("a participation or availability wrapper is built around a system model")
+        return self.base
 
 
 class TimeLaw:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedhet.errors import ConfigError
-from fedhet.system.base import SystemModel
+from fedhet.system.base import LayerTimeLaw, SystemModel
 from fedhet.system.types import Workload
 
 
@@ -22,7 +22,7 @@ def deadline_for_depth_fraction(system: SystemModel, batch_sizes: np.ndarray, fr
     from scipy.optimize import brentq
 
     law = system.time_law()
-    if law is None or law.kind != "exponential-layers":
+    if not isinstance(law, LayerTimeLaw):
         raise ConfigError(f"system.model = {system.name!r}: depth calibration needs the exponential model")
     if not 0.0 < fraction < 1.0:
         raise ConfigError(f"depth fraction {fraction}: must be in (0, 1)")

@@ -68,7 +68,8 @@ class DeadlineDepthModel(DepthOnlyModel):
 
     @classmethod
     def build(cls, options, ctx: SystemContext) -> SystemModel:
-        return cls(ctx.num_clients, ctx.num_layers, deadline=ctx.deadline)
+        # the concrete models (subclasses) take the deadline
+        return cls(ctx.num_clients, ctx.num_layers, deadline=ctx.deadline)  # type: ignore[call-arg]
 
 
 @register("system_model")

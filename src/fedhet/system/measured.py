@@ -263,7 +263,8 @@ class MeasuredTimes(SystemModel):
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("times"):  # a resumed run keeps the times it started with
-            self.__init__(
+            MeasuredTimes.__init__(
+                self,
                 self.num_clients,
                 self.num_layers,
                 self.capabilities,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -90,7 +91,7 @@ class Always:
 
     @classmethod
     def build(cls, options, ctx: SystemContext) -> SystemModel:
-        return ctx.base
+        return ctx.wrapped
 
 
 class PresenceWrapper(SystemModel):
@@ -200,13 +201,18 @@ class BernoulliParticipation(PresenceWrapper):
         self.participation_prob = probs
         self.name = f"{base.name}+bernoulli"
 
+    @staticmethod
+    def probabilities(options: Any, num_clients: int, rng: np.random.Generator) -> np.ndarray:
+        """Each client's participation probability p_i, drawn once at setup (subclasses)."""
+        raise NotImplementedError
+
     def present(self, work, rng) -> np.ndarray:
         return rng.random(self.num_clients) < self.participation_prob  # FedStale Assumption 4
 
     @classmethod
     def build(cls, options, ctx: SystemContext) -> SystemModel:
         probs = cls.probabilities(options, ctx.num_clients, ctx.stream("participation-setup"))
-        return cls(ctx.base, probs)
+        return cls(ctx.wrapped, probs)
 
 
 @dataclass
@@ -341,7 +347,7 @@ class CohortSampling(PresenceWrapper):
 
     @classmethod
     def build(cls, options: CohortOptions, ctx: SystemContext) -> SystemModel:
-        return cls(ctx.base, options.cohort_size)
+        return cls(ctx.wrapped, options.cohort_size)
 
     @property
     def independent_clients(self) -> bool:

@@ -66,7 +66,10 @@ def read_trace(path: str | Path, num_clients: int) -> AvailabilityTrace:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise DataError(f"{path}: cannot read ({exc})") from None
-    period, always, rows, lines = None, [], [], []
+    period = None
+    always: list[int] = []
+    rows: list = []
+    lines: list = []
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         if line.startswith("#"):
@@ -141,7 +144,7 @@ def from_fedscale(path: str | Path) -> AvailabilityTrace:
             raise DataError(f"{path}: client {key!r}: an active/inactive time that is negative or not finite")
         given = entry.get("finish_time", max(inactive, default=0.0)) if isinstance(entry, dict) else None
         try:
-            end = float(given)
+            end = float(given)  # type: ignore[arg-type]  # None raises TypeError: the message below
         except (TypeError, ValueError):
             raise DataError(f"{path}: client {key!r}: finish_time = {given!r} is not a number") from None
         if not (np.isfinite(end) and end > 0):
@@ -186,7 +189,7 @@ class TraceAvailability(PresenceWrapper):
 
     @classmethod
     def build(cls, options: TraceOptions, ctx: SystemContext) -> SystemModel:
-        return cls(ctx.base, read_trace(options.availability_trace, ctx.num_clients))
+        return cls(ctx.wrapped, read_trace(options.availability_trace, ctx.num_clients))
 
     def __init__(self, base: SystemModel, trace: AvailabilityTrace):
         super().__init__(base)

@@ -16,8 +16,9 @@ class Workload:
 
     deadline: float | None
     batch_sizes: np.ndarray
-    local_steps: np.ndarray | None = None
-    depth: np.ndarray | None = None
+    # None (the default) is filled in by __post_init__: every client 1
+    local_steps: np.ndarray = None  # type: ignore[assignment]
+    depth: np.ndarray = None  # type: ignore[assignment]
     start_time: float = 0.0  # when the round starts on the virtual clock (availability traces)
     upload_bytes: np.ndarray | None = None  # per client: the update's size as it travels
     extra_gradients: np.ndarray | None = None  # per client: gradient evaluations beyond the steps
@@ -47,7 +48,7 @@ class Outcomes:
     depth: np.ndarray
     full_time: np.ndarray
     finish_time: np.ndarray
-    steps_done: np.ndarray | None = None
+    steps_done: np.ndarray = None  # type: ignore[assignment]  # None: filled in by __post_init__
 
     def __post_init__(self) -> None:
         if self.steps_done is None:  # a model that only samples depths: one step
