@@ -37,6 +37,7 @@ they never import an engine, the local trainer or the data.
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -46,13 +47,16 @@ import torch
 
 from fedhet import registry
 from fedhet.algorithms.streaming import Aggregator, ListAggregator
-from fedhet.client.rule import OwnState
 from fedhet.messages import ClientTask, ClientUpdate, Coverage, Payload
 from fedhet.models.layers import ModelLayout
 from fedhet.registry import NoOptions
 from fedhet.schedules import train_learning_rate
 from fedhet.system.base import SystemModel
 from fedhet.system.types import Marginals, Outcomes, Workload
+
+# the algorithm's part of a client's state, as its client hooks see it (a
+# fedhet.client.state.Namespace: keys stored under "algorithm/")
+OwnState = MutableMapping[str, Any]
 
 PARTIAL_WORK = ("none", "layers", "steps")
 

@@ -25,9 +25,12 @@ round waits behind an evaluation); updates come out in task order, so a streamin
 adds them in the same order as one process does and the run's results are bit-identical to
 ``run.workers = 1`` (each task has its own random stream: :mod:`fedhet.seeding`).
 
-A worker that dies (killed, out of memory) stops the run with one line naming it and the
-round; the checkpoint of the last finished round is intact and ``--resume`` continues. The
-workers end with the run, and on their own when the run's process is gone.
+A worker that dies (killed, out of memory) is replaced; the task it was running (each worker
+writes the job under way into a shared slot) is a fault: that client is not delivered this
+round (the ``faults`` column and a warning line), and the tasks queued behind it go to the
+other workers with their own random streams. After :data:`MAX_RESTARTS` replacements the run
+stops with one line; the checkpoint of the last finished round is intact and ``--resume``
+continues. The workers end with the run, and on their own when the run's process is gone.
 """
 
 from __future__ import annotations
