@@ -167,3 +167,18 @@ def test_a_worker_killed_mid_round_is_a_fault_and_the_run_resumes_bit_identicall
     assert (tmp_path / "resumed" / "metrics.csv").read_text() == (
         tmp_path / "killed" / "metrics.csv"
     ).read_text()
+
+
+@pytest.mark.parametrize("count, parts", [(10_000, 2), (10_000, 3), (300, 2), (256, 4), (1, 2), (5_000, 7)])
+def test_evaluation_shards_cover_the_test_set_in_whole_batches(count, parts):
+    """The process pool evaluates one shard per worker: contiguous ranges that cover every
+    example once, start on batch boundaries (so each batch is the one a single pass sees),
+    and are as even as whole batches allow."""
+    from fedhet.client.evaluate import EVAL_BATCH, shards
+
+    ranges = shards(count, parts)
+    assert ranges[0][0] == 0 and ranges[-1][1] == count and len(ranges) <= parts
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+    assert all(start % EVAL_BATCH == 0 and stop > start for start, stop in ranges)
+    batches = [-(-(stop - start) // EVAL_BATCH) for start, stop in ranges]
+    assert max(batches) - min(batches) <= 1

@@ -9,6 +9,7 @@ import torch
 
 from fedhet import seeding
 from fedhet.client import evaluate
+from fedhet.client.evaluate import batch_sums, combine
 from fedhet.data.task import Classification, Task
 from fedhet.models.batchnorm import static_batchnorm_buffers
 from fedhet.models.layers import FlatModel
@@ -61,8 +62,17 @@ class Evaluator:
     def __call__(self, params: torch.Tensor, buffers: torch.Tensor) -> dict[str, float]:
         """The task's metrics on the test set, as metrics-row columns (``test_loss``,
         ``test_accuracy``; a regression's ``test_rmse``, ...)."""
-        found = evaluate(self.flat, params, buffers, self.x, self.y, task=self.task)
-        return {f"test_{name}": value for name, value in found.items()}
+        return self.from_batches(self.batch_sums(params, buffers, 0, len(self.y)))
+
+    def batch_sums(self, params: torch.Tensor, buffers: torch.Tensor, start: int, stop: int) -> list[dict]:
+        """The per-batch sums of one shard ``[start, stop)`` of the test set
+        (:func:`fedhet.client.evaluate.shards`), for :meth:`from_batches`."""
+        return batch_sums(self.flat, params, buffers, self.x, self.y, start, stop, task=self.task)
+
+    def from_batches(self, batches: list[dict]) -> dict[str, float]:
+        """The metrics-row columns from every batch's sums, in batch order (the shards'
+        lists concatenated): the same numbers as one pass over the test set."""
+        return test_metrics(batches, len(self.y), self.task)
 
     def clients(
         self, params: torch.Tensor, buffers: torch.Tensor, x: torch.Tensor, y: torch.Tensor, holdout: list
@@ -89,6 +99,12 @@ def target_times(metrics: list[dict], targets: list[float]) -> dict[str, dict | 
             None if hit is None else {"round": int(hit["round"]), "sim_time": hit["sim_time"]}
         )
     return out
+
+
+def test_metrics(batches: list[dict], count: int, task: Task) -> dict[str, float]:
+    """Metrics-row columns (``test_<metric>``) of ``count`` test examples from their
+    per-batch sums in batch order."""
+    return {f"test_{name}": value for name, value in combine(batches, count, task).items()}
 
 
 def make_evaluator(world) -> Evaluator:

@@ -58,7 +58,10 @@ import numpy as np
 import torch
 
 from fedhet.client import ClientStates
+from fedhet.client.evaluate import shards
+from fedhet.data.task import Classification
 from fedhet.engine.client_errors import FaultLog, client_failed
+from fedhet.engine.evaluation import test_metrics
 from fedhet.engine.pool import WorkerDied
 from fedhet.errors import FedhetError
 from fedhet.messages import ClientTask, ClientUpdate
@@ -159,16 +162,16 @@ def serve(fd: int) -> None:
         kind = message[0]
         if kind == "stop":
             return
-        jobs: list[tuple[int, Any, Any]] = message[1] if kind == "tasks" else [(message[1], None, None)]
-        for job, task, state in jobs:
+        jobs: list[tuple[int, Any, Any]] = message[1] if kind == "tasks" else [(message[1], *message[2:])]
+        for job, first, second in jobs:  # a task and its client's state, or a shard's start and stop
             running[0] = job  # read by the run if this process dies: that job is the one lost
             reply: tuple
             try:
                 if kind == "tasks":
-                    update = side.execute(task, params, buffers, state)
-                    reply = ("done", job, update, state)
-                else:  # "evaluate"
-                    reply = ("evaluated", job, evaluator(eval_params, eval_buffers))
+                    update = side.execute(first, params, buffers, second)
+                    reply = ("done", job, update, second)
+                else:  # "evaluate": one shard of the test set, its per-batch sums
+                    reply = ("evaluated", job, evaluator.batch_sums(eval_params, eval_buffers, first, second))
             except BaseException as exc:  # noqa: BLE001  (the run decides: stop, or skip the client)
                 reply = ("failed", job, _describe(exc), client_error_detail(exc))
             running[0] = 0
@@ -239,19 +242,23 @@ def _death(process) -> str:
 
 
 class EvaluationHandle:
-    """An evaluation running in a worker, shaped like a ``concurrent.futures.Future``:
-    :meth:`done` says whether it finished, :meth:`result` waits for its metrics."""
+    """An evaluation running in the workers, one shard of the test set each, shaped like a
+    ``concurrent.futures.Future``: :meth:`done` says whether every shard finished,
+    :meth:`result` waits for them and adds their per-batch sums up in batch order (the
+    numbers of one pass)."""
 
-    def __init__(self, pool: ProcessPool, job: int):
+    def __init__(self, pool: ProcessPool, jobs: list[int]):
         self.pool = pool
-        self.job = job
+        self.jobs = jobs
 
     def done(self) -> bool:
-        """Whether the result has arrived (takes the replies already there, waits for none)."""
-        return self.pool._arrived(self.job)  # noqa: SLF001
+        """Whether every shard's result has arrived (takes the replies there, waits for none)."""
+        return all(self.pool._arrived(job) for job in self.jobs)  # noqa: SLF001
 
     def result(self) -> dict[str, float]:
-        return self.pool._wait_for(self.job)  # noqa: SLF001
+        """The metrics-row columns of the evaluated model (waits for every shard)."""
+        batches = [found for job in self.jobs for found in self.pool._wait_for(job)]  # noqa: SLF001
+        return self.pool.test_metrics(batches)
 
 
 IN_FLIGHT = 4  # tasks sent ahead to each worker: it never waits for this process to hand it one
@@ -288,6 +295,7 @@ class ProcessPool:
         if config is None:
             raise RuntimeError("a process pool is attached once built from its configuration")
         dataset = open_configured_dataset(config)
+        self.test_count, self.task = len(world.dataset.y_test), world.dataset.task  # what workers evaluate
         self.start(config.to_toml(), dataset, world.flat.params.numel(), world.flat.buffers.numel())
 
     def __init__(self, workers: int, on_client_error: str = "stop"):
@@ -311,6 +319,7 @@ class ProcessPool:
         self._weight: dict[int, int] = {}  # job -> its share of its worker's load (evaluations)
         self._restarts = 0
         self._start_message: tuple = ()
+        self.test_count, self.task = 0, Classification()  # the test set's size and task (attach)
         self._running: np.ndarray = np.zeros(0, np.int64)  # per worker, the job under way
         try:
             for _ in range(workers):
@@ -438,17 +447,25 @@ class ProcessPool:
         return job
 
     def submit_evaluation(self, params: torch.Tensor, buffers: torch.Tensor) -> EvaluationHandle:
-        """Evaluate ``(params, buffers)`` in a worker while the run goes on (one at a time:
-        the previous evaluation's result must have been taken)."""
+        """Evaluate ``(params, buffers)`` in the workers while the run goes on, one shard of
+        the test set each (one evaluation at a time: the previous one's result must have
+        been taken)."""
         num_params = self.sizes[0]
         self.eval_model[:num_params].copy_(params)
         self.eval_model[num_params:].copy_(buffers)
-        job = self._new_job(("evaluate",))
-        self._weight[job] = IN_FLIGHT
-        loads = self._loads()
-        worker = min(range(len(loads)), key=loads.__getitem__)
-        self._send_to(worker, ("evaluate", job), [job])
-        return EvaluationHandle(self, job)
+        jobs = []
+        for start, stop in shards(self.test_count, len(self.conns)):
+            job = self._new_job(("evaluate", start, stop))
+            self._weight[job] = IN_FLIGHT  # no task waits behind a shard
+            loads = self._loads()
+            worker = min(range(len(loads)), key=loads.__getitem__)
+            self._send_to(worker, ("evaluate", job, start, stop), [job])
+            jobs.append(job)
+        return EvaluationHandle(self, jobs)
+
+    def test_metrics(self, batches: list[dict]) -> dict[str, float]:
+        """The metrics-row columns from the shards' per-batch sums, in batch order."""
+        return test_metrics(batches, self.test_count, self.task)
 
     def state_dict(self) -> dict:
         return self.states.state_dict()
@@ -531,7 +548,7 @@ class ProcessPool:
         process = self.processes[worker]
         how = f"worker {worker} (pid {process.pid}) died ({_death(process)})"
         self._restarts += 1
-        if self._restarts > MAX_RESTARTS or self._start_message is None:
+        if self._restarts > MAX_RESTARTS or not self._start_message:
             self.close()
             raise WorkerDied(f"{how}; {self._restarts - 1} workers were replaced already, the run stops")
         running = int(self._running[worker])  # the job it had started, 0 when idle
@@ -554,7 +571,7 @@ class ProcessPool:
                 self._send_to(target, ("tasks", [(renumbered, task, state)]), [renumbered])
             else:
                 self._weight[renumbered] = self._weight.pop(job, IN_FLIGHT)
-                self._send_to(target, ("evaluate", renumbered), [renumbered])
+                self._send_to(target, ("evaluate", renumbered, *what[1:]), [renumbered])
 
     def close(self) -> None:
         """Stop the workers (politely, then by force) and free the shared memory."""
