@@ -409,6 +409,9 @@ class ProcessPool:
                 while waiting and min(self._loads()) < IN_FLIGHT:  # a worker never waits for a task
                     position = waiting.popleft()
                     jobs[position] = self._send_task(tasks[position])
+                if following not in jobs:  # every worker is busy with an evaluation shard
+                    self._receive_one()
+                    continue
                 job = self._current(jobs[following])
                 if job not in self._results:
                     self._receive_one()
