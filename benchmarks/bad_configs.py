@@ -573,7 +573,57 @@ def cases(tmp: Path):
     for label, change in NEVER_TRAINS:
         yield f"never trains: {label}", ["run", config(_merge(BASE, change))]
     yield from _file_cases(tmp, config)
+    yield from _tune_cases(tmp, config)
     yield from _damaged_folders(tmp, config(BASE))
+
+
+def _always_raises():
+    """A FedAvg whose aggregate raises (every trial of a tune fails)."""
+    from fedhet.algorithms.fedavg import FedAvg
+
+    class Raising(FedAvg):
+        def aggregate(self, params, buffers, updates, state, context, layout):
+            raise RuntimeError("boom in aggregate")
+
+    return Raising
+
+
+AlwaysRaises = _always_raises()
+
+TUNE_SPACES = {
+    "misspelt key": {"params": {"train.lrr": {"low": 0.01, "high": 0.1}}},
+    "an algorithm's own key shared by a [compare]": {"params": {"algorithm.mu": {"low": 0.01, "high": 0.1}}},
+    "[algorithm_params] of an algorithm not tuned": {
+        "params": {"train.lr": {"low": 0.01, "high": 0.1}},
+        "algorithm_params": {"fedprx": {"algorithm.mu": {"low": 0.01, "high": 0.1}}},
+    },
+    "int range of floats": {"params": {"train.local_steps": {"low": 1.5, "high": 4, "int": True}}},
+    "a choice the configuration refuses": {"params": {"train.batch_size": {"choices": [8, 0]}}},
+}
+
+
+def _tune_cases(tmp: Path, config):
+    """Search spaces refused before trial 0, tuning on the test set, a study whose trials
+    all fail (it stops after 3)."""
+    import importlib.util
+
+    if importlib.util.find_spec("optuna") is None:
+        return
+    tuned = _merge(BASE, {"data": {"validation_fraction": 0.2}})
+    compared = {**tuned, "compare": {"algorithms": ["fedavg", "fedprox"]}, "algorithm": {"name": "fedavg"}}
+    for index, (label, space) in enumerate(TUNE_SPACES.items()):
+        path = tmp / f"space{index}.toml"
+        _write(path, space)
+        base = compared if "compare" in label else tuned
+        yield f"tune: {label}", ["tune", config(base), "--space", str(path), "--trials", "2",
+                                 "--out", str(tmp / f"tune{index}"), "--quiet"]  # fmt: skip
+    good = tmp / "space-good.toml"
+    _write(good, {"params": {"train.lr": {"low": 0.01, "high": 0.1}}})
+    yield "tune: on the test set, not asked", ["tune", config(BASE), "--space", str(good), "--trials", "1",
+                                               "--out", str(tmp / "tune-test"), "--quiet"]  # fmt: skip
+    failing = _merge(tuned, {"algorithm": {"name": "bad_configs:AlwaysRaises"}})
+    yield "tune: every trial fails", ["tune", config(failing), "--space", str(good), "--trials", "5",
+                                      "--out", str(tmp / "tune-fails"), "--quiet"]  # fmt: skip
 
 
 def _file_cases(tmp: Path, config):

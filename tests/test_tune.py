@@ -238,3 +238,94 @@ def test_a_diverged_trial_scores_the_worst_value_not_its_last_evaluation(tmp_pat
     assert main(["tune", config, "--space", space_path, "--trials", "1", "--out", str(out)]) == 0
     trial = _study(out).best_trial
     assert trial.value == 0.0 and trial.user_attrs.get("diverged") is True
+
+
+# -- tuning that cannot run away ------------------------------------------------------------
+
+
+def _broken_algorithm():
+    """An algorithm plug-in whose aggregate raises: every trial of a study fails."""
+    from fedhet.algorithms.fedavg import FedAvg
+
+    class AlwaysRaises(FedAvg):
+        def aggregate(self, params, buffers, updates, state, context, layout):
+            raise RuntimeError("boom in aggregate")
+
+    return AlwaysRaises
+
+
+AlwaysRaises = _broken_algorithm()
+
+
+@pytest.mark.parametrize(
+    "config_change, space_change, message",
+    [
+        ({}, {"params": {"train.lrr": {"low": 0.01, "high": 0.1}}},
+         r"params.'train.lrr' = 0.01: train.lrr: unknown"),
+        ({"compare": {"algorithms": ["fedavg", "fedprox"]}, "algorithm": {"name": "fedavg"}},
+         {"params": {"algorithm.mu": {"low": 0.01, "high": 0.1}}},
+         r"params.'algorithm.mu' = 0.01 \(algorithm fedavg\): .*algorithm_params.<name>"),
+        ({}, {"params": {"train.lr": {"low": 0.01, "high": 0.1}},
+              "algorithm_params": {"fedprx": {"algorithm.mu": {"low": 0.01, "high": 0.1}}}},
+         r"\[algorithm_params.fedprx\]: 'fedprx' is not an algorithm tuned here \(tuned: salf\)"),
+        ({}, {"params": {"train.local_steps": {"low": 1.5, "high": 4, "int": True}}},
+         r"int = true needs whole numbers"),
+        ({}, {"params": {"train.batch_size": {"choices": [8, 0]}}}, r"train.batch_size = 0"),
+    ],
+)  # fmt: skip
+def test_a_space_the_configuration_refuses_is_one_line_before_any_trial(
+    tmp_path, capsys, config_change, space_change, message
+):
+    config = {**CONFIG, **config_change}
+    if "compare" in config_change:
+        config["data"] = {**CONFIG["data"]}
+    space = {**SPACE, **space_change}
+    if "params" in space_change and "algorithm_params" not in space_change:
+        space["params"] = space_change["params"]
+    paths = _files(tmp_path, config, space)
+    assert main(["tune", *paths[:1], "--space", paths[1], "--trials", "2", "--out", str(tmp_path / "t")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    import re
+
+    assert len(err) == 1 and re.search(message, err[0]), err
+    assert not any((tmp_path / "t").glob("*/trial-*"))  # no trial ran
+
+
+def test_a_study_whose_trials_all_fail_stops_after_three_with_the_reason(tmp_path, capsys):
+    config = {**CONFIG, "algorithm": {"name": "test_tune:AlwaysRaises"}}
+    paths = _files(tmp_path, config)
+    out = tmp_path / "t"
+    started = time.time()
+    assert main(["tune", paths[0], "--space", paths[1], "--trials", "5", "--out", str(out)]) == 2
+    assert time.time() - started < 120
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert "study c: 3 trials in a row failed, the study stops" in last
+    assert "RuntimeError: boom in aggregate" in last
+    assert err.count("failed: RuntimeError: boom in aggregate") == 3  # one line per trial
+    study = _study(out)
+    assert [t.state.name for t in study.get_trials()] == ["FAIL"] * 3
+    assert all(t.user_attrs["error"] == "RuntimeError: boom in aggregate" for t in study.get_trials())
+    from fedhet.studies.tune import read_trials
+
+    assert {row["error"] for row in read_trials(f"sqlite:///{out / 'study.db'}", "c")} == {
+        "RuntimeError: boom in aggregate"
+    }
+
+
+def test_tuning_on_the_test_set_needs_to_be_asked_for(tmp_path, capsys):
+    config = {**CONFIG, "data": {k: v for k, v in CONFIG["data"].items() if k != "validation_fraction"}}
+    paths = _files(tmp_path, config)
+    args = ["tune", paths[0], "--space", paths[1], "--trials", "1", "--out", str(tmp_path / "t")]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "data.validation_fraction is not set" in err and "--allow-test-set" in err and "\n" not in err
+    assert main([*args, "--allow-test-set", "--quiet"]) == 0
+
+
+def test_every_finished_trial_is_one_line(tmp_path, capsys):
+    paths = _files(tmp_path)
+    assert main(["tune", paths[0], "--space", paths[1], "--trials", "3", "--out", str(tmp_path / "t")]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("c: trial ")]
+    assert len(lines) >= 3
+    assert all(("value " in line or "pruned" in line) and "train.lr=" in line for line in lines)

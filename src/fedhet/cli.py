@@ -215,7 +215,11 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    """Hyperparameter search on Optuna (fedhet.studies.tune)."""
+    """Hyperparameter search on Optuna (fedhet.studies.tune): one line per finished trial
+    and a progress bar on stderr, one line per study at the end."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     from fedhet.studies.tune import tune
 
     if args.trials < 1:
@@ -223,7 +227,27 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if args.jobs < 1:
         raise FedhetError(f"--jobs {args.jobs}: must be >= 1")
     out = Path(args.out) if args.out else Path("runs") / f"tune-{Path(args.config).stem}"
-    for result in tune(args.config, args.space, args.trials, out, args.jobs, args.storage, args.set):
+    console = Console(stderr=True, highlight=False)
+    columns = (
+        TextColumn("tune"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("trials"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console, transient=True, disable=args.quiet) as progress:
+        bar = progress.add_task("trials", total=None)
+
+        def on_trial(line: str, counts: bool) -> None:
+            if not args.quiet:
+                progress.console.print(line)
+            if counts:
+                progress.advance(bar)
+
+        results = tune(args.config, args.space, args.trials, out, args.jobs, args.storage, args.set,
+                       max_failures=args.max_failures, allow_test_set=args.allow_test_set,
+                       on_trial=on_trial)  # fmt: skip
+    for result in results:
         print(
             f"{result['study']}: {result['finished']} trials finished, {result['pruned']} pruned, "
             f"{result['failed']} failed; best trial {result['best_trial']}, value {result['value']:.6g}, "
@@ -370,6 +394,11 @@ def _add_tune_and_list(sub) -> None:
     p.add_argument("--out", help="the tune folder (default runs/tune-<config name>)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override a configuration value (repeatable)")  # fmt: skip
+    p.add_argument("--max-failures", type=int, default=3,
+                   help="failed trials in a row that stop a study (default 3)")  # fmt: skip
+    p.add_argument("--allow-test-set", action="store_true",
+                   help="tune without data.validation_fraction, judging trials on the test set")  # fmt: skip
+    p.add_argument("--quiet", action="store_true", help="no line per trial, no progress bar")
     p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("list", help="the algorithms, datasets, models and system models there are")

@@ -44,6 +44,8 @@ import json
 import logging
 import math
 import os
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -81,7 +83,7 @@ class Param:
 
 @dataclass
 class SearchSpace:
-    """A parsed search space file."""
+    """A parsed search space file (``path``: where it was read, for messages)."""
 
     objective: str = "final_test_accuracy"
     direction: Literal["maximize", "minimize"] = "maximize"
@@ -92,6 +94,7 @@ class SearchSpace:
     warmup_steps: int = 0
     params: list[Param] = field(default_factory=list)
     per_algorithm: dict[str, list[Param]] = field(default_factory=dict)
+    path: str = "space"
 
     @property
     def target(self) -> float | None:
@@ -99,7 +102,39 @@ class SearchSpace:
         return float(self.objective.split(":", 1)[1]) if self.objective.startswith("time_to:") else None
 
     def params_for(self, algorithm: str) -> list[Param]:
+        """The keys searched for ``algorithm``: the shared ``[params]`` and its own."""
         return [*self.params, *self.per_algorithm.get(algorithm, [])]
+
+    def values_to_check(self, param: Param) -> list:
+        """The values of ``param`` a configuration must accept: both ends, every choice."""
+        return list(param.choices) if param.choices is not None else [param.low, param.high]
+
+
+def check_space(space: SearchSpace, studies: list[tuple[str | None, dict]]) -> None:
+    """Every key of the space, at both ends of its range (every choice), accepted by each
+    study's configuration before trial 0; refused in one line naming the key (and, for a
+    ``[compare]``, the algorithm) otherwise. ``[algorithm_params.X]`` must name an algorithm
+    being tuned."""
+    names = [algorithm or raw.get("algorithm", {}).get("name", "salf") for algorithm, raw in studies]
+    for name in space.per_algorithm:
+        if name not in names:
+            raise ConfigError(
+                f"{space.path}: [algorithm_params.{name}]: {name!r} is not an algorithm tuned here "
+                f"(tuned: {', '.join(map(str, names))})"
+            )
+    for (algorithm, raw), name in zip(studies, names, strict=True):
+        for param in space.params_for(name):
+            for value in space.values_to_check(param):
+                try:
+                    from_dict(_trial_config(raw, {param.key: value}, 0, "check"))
+                except ConfigError as exc:
+                    shared = param in space.params
+                    where = f"params.{param.key!r}" if shared else f"algorithm_params.{name}.{param.key!r}"
+                    hint = ""
+                    if shared and algorithm is not None and param.key.startswith("algorithm."):
+                        hint = "; an option of some algorithms only goes under [algorithm_params.<name>]"
+                    study = f" (algorithm {name})" if algorithm is not None else ""
+                    raise ConfigError(f"{space.path}: {where} = {value!r}{study}: {exc}{hint}") from None
 
 
 def _param(key: str, spec, where: str) -> Param:
@@ -129,6 +164,8 @@ def _param(key: str, spec, where: str) -> Param:
         raise ConfigError(f"{where}.{key}: log and int are true or false")
     if use_log and low <= 0:
         raise ConfigError(f"{where}.{key}: a log scale needs low > 0")
+    if integer and not (isinstance(low, int) and isinstance(high, int)):
+        raise ConfigError(f"{where}.{key}: int = true needs whole numbers (got low {low!r}, high {high!r})")
     return Param(key, low, high, use_log, integer)
 
 
@@ -139,7 +176,7 @@ def load_space(path: str | Path) -> SearchSpace:
     for section in raw:
         if section not in known:
             raise ConfigError(f"{path}: [{section}]: unknown section (known: {', '.join(sorted(known))})")
-    space = SearchSpace()
+    space = SearchSpace(path=str(path))
     objective = raw.get("objective", {})
     space.objective = objective.get("value", space.objective)
     space.direction = objective.get("direction", "maximize")
@@ -335,10 +372,27 @@ def _counted(study) -> int:
     return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
 
 
+class TrialFailed(FedhetError):
+    """A trial that failed; its one-line reason is stored with it in the study."""
+
+
+def _trial_line(study_name: str, trial, state: str, reason: str = "") -> str:
+    """One line per finished trial: its value (or pruned / failed and why) and parameters."""
+    params = ", ".join(
+        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in trial.params.items()
+    )
+    what = {"COMPLETE": f"value {trial.value:.6g}" if trial.value is not None else "no value",
+            "PRUNED": "pruned", "FAIL": f"failed: {reason}"}[state]  # fmt: skip
+    return f"{study_name}: trial {trial.number}: {what} ({params})"
+
+
 def _worker(storage: str, study_name: str, space: SearchSpace, raw: dict, algorithm: str | None,
-            out: str, trials: int, core_budget: int | None, worker: int = 0) -> None:  # fmt: skip
+            out: str, trials: int, core_budget: int | None, worker: int = 0, max_failures: int = 3,
+            on_trial: Callable[[str, bool], None] | None = None) -> None:  # fmt: skip
     """Run trials of one study until ``trials`` of them finished or were pruned (failed
-    ones, e.g. a run that diverged, do not count and are replaced)."""
+    ones, e.g. a run that diverged, do not count and are replaced); ``max_failures`` failed
+    trials in a row stop the study with the last one's reason. ``on_trial`` gets one line
+    per finished trial and whether it counts (finished or pruned; default: the log)."""
     import optuna
     from optuna.trial import TrialState
 
@@ -350,36 +404,70 @@ def _worker(storage: str, study_name: str, space: SearchSpace, raw: dict, algori
     held = len(_prepare(storage, study_name, space).get_trials(deepcopy=False))
     study = _prepare(storage, study_name, space, worker + 1000 * held)
     params = space.params_for(algorithm or raw.get("algorithm", {}).get("name", ""))
+    tell = on_trial or _log_line
 
     def objective(trial) -> float:
-        values = {p.key: p.suggest(trial) for p in params}
-        folder = Path(out) / study_name / f"trial-{trial.number}"
-        config = from_dict(_trial_config(raw, values, trial.number, study_name))
-        trial.set_user_attr("run_folder", str(folder))
-        pruning = _Pruning(trial, space)
-        summary = run(config, folder, overwrite=True, group=study_name, callbacks=[pruning]).summary
-        if pruning.pruned:
-            raise optuna.TrialPruned(pruning.pruned)
-        if summary.get("stopped_by") == "non_finite":  # diverged: the worst outcome, not its last evaluation
-            trial.set_user_attr("diverged", True)
-            return 0.0 if space.direction == "maximize" and space.target is None else math.inf
-        value = objective_value(summary, space)
-        if math.isnan(value):
-            raise FedhetError(f"trial {trial.number}: the run has no {space.objective} (no evaluation?)")
-        return value
+        try:
+            return _run_trial(trial, params, raw, study_name, out, space, run)
+        except optuna.TrialPruned:
+            raise
+        except Exception as exc:  # noqa: BLE001  (the trial fails with its reason; K in a row stop)
+            reason = str(exc) if isinstance(exc, FedhetError) else f"{type(exc).__name__}: {exc}"
+            reason = (reason.strip().splitlines() or [type(exc).__name__])[0][:300]
+            trial.set_user_attr("error", reason)
+            raise TrialFailed(reason) from None
 
-    done = {"n": 0}
+    done: dict[str, Any] = {"n": 0, "failed_in_a_row": 0, "reason": ""}
 
     def count(study, trial) -> None:
-        if trial.state in (TrialState.COMPLETE, TrialState.PRUNED):
+        reason = trial.user_attrs.get("error", "")
+        counts = trial.state in (TrialState.COMPLETE, TrialState.PRUNED)
+        tell(_trial_line(study_name, trial, trial.state.name, reason), counts)
+        if counts:
             done["n"] += 1
+            done["failed_in_a_row"] = 0
         elif trial.state == TrialState.FAIL:
-            log.warning(
-                "%s: trial %d failed (%s)", study_name, trial.number, trial.user_attrs.get("error", "")
-            )
+            done["failed_in_a_row"] += 1
+            done["reason"] = reason
 
     while done["n"] < trials:
-        study.optimize(objective, n_trials=1, catch=(FedhetError,), callbacks=[count])
+        study.optimize(objective, n_trials=1, catch=(TrialFailed,), callbacks=[count])
+        if done["failed_in_a_row"] >= max_failures:
+            raise FedhetError(
+                f"study {study_name}: {done['failed_in_a_row']} trials in a row failed, the study stops; "
+                f"the last: {done['reason']}"
+            )
+
+
+def _log_line(line: str, counts: bool) -> None:
+    """A trial's line in the log (failed trials as warnings)."""
+    (log.info if counts else log.warning)("%s", line)
+
+
+def _stderr_line(line: str, counts: bool) -> None:
+    """A trial's line on stderr (worker processes of ``--jobs``)."""
+    print(line, file=sys.stderr, flush=True)
+
+
+def _run_trial(trial, params: list[Param], raw: dict, study_name: str, out: str, space: SearchSpace, run):
+    """One trial: its values drawn, its run, its value (pruned runs raise TrialPruned)."""
+    import optuna
+
+    values = {p.key: p.suggest(trial) for p in params}
+    folder = Path(out) / study_name / f"trial-{trial.number}"
+    config = from_dict(_trial_config(raw, values, trial.number, study_name))
+    trial.set_user_attr("run_folder", str(folder))
+    pruning = _Pruning(trial, space)
+    summary = run(config, folder, overwrite=True, group=study_name, callbacks=[pruning]).summary
+    if pruning.pruned:
+        raise optuna.TrialPruned(pruning.pruned)
+    if summary.get("stopped_by") == "non_finite":  # diverged: the worst outcome, not its last evaluation
+        trial.set_user_attr("diverged", True)
+        return 0.0 if space.direction == "maximize" and space.target is None else math.inf
+    value = objective_value(summary, space)
+    if math.isnan(value):
+        raise FedhetError(f"the run has no {space.objective} (no evaluation?)")
+    return value
 
 
 def tune(
@@ -390,15 +478,23 @@ def tune(
     jobs: int = 1,
     storage: str | None = None,
     overrides: list[str] | None = None,
+    max_failures: int = 3,
+    allow_test_set: bool = False,
+    on_trial: Callable[[str, bool], None] | None = None,
 ) -> list[dict]:
     """Run (or resume) the studies; return, per study, its best trial and where it was
-    written (``best.toml``)."""
+    written (``best.toml``). Before trial 0 the space is checked against every study
+    (:func:`check_space`), the engines against ``jobs``, and a configuration without a
+    validation split is refused unless ``allow_test_set``; ``max_failures`` failed trials in
+    a row stop a study; ``on_trial`` gets one line per finished trial."""
     try:
         import optuna
     except ImportError:
         raise FedhetError("fedhet tune needs Optuna: pip install 'fedhet[tune]'") from None
     from fedhet.results import make_folder
 
+    if max_failures < 1:
+        raise FedhetError(f"--max-failures {max_failures}: must be >= 1")
     space = load_space(space_path)
     studies = _studies(config_path, overrides or [])
     out = Path(out)
@@ -407,7 +503,9 @@ def tune(
     base_name = Path(config_path).stem
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     results = []
+    check_space(space, studies)
     _check_engines(studies, jobs)
+    _check_validation(studies, config_path, allow_test_set)
     for algorithm, raw in studies:
         name = _study_name(base_name, algorithm)
         study = _prepare(storage_url, name, space)
@@ -415,9 +513,12 @@ def tune(
         make_folder(out / name, "study folder")
         remaining = max(0, trials - _counted(study))
         if remaining and jobs <= 1:
-            _worker(storage_url, name, space, raw, algorithm, str(out), remaining, None)
+            _worker(
+                storage_url, name, space, raw, algorithm, str(out), remaining, None, 0, max_failures, on_trial
+            )
         elif remaining:
-            _parallel(storage_url, name, space, raw, algorithm, str(out), remaining, jobs)
+            _parallel(storage_url, name, space, raw, algorithm, str(out), remaining, jobs, max_failures,
+                      on_trial is not None)  # fmt: skip
         results.append(_write_best(study, name, raw, out, space))
     (out / "tune.json").write_text(json.dumps({"storage": storage_url, "studies": results}, indent=2))
     return results
@@ -431,9 +532,22 @@ def _check_engines(studies: list[tuple[str | None, dict]], jobs: int) -> None:
     check_placement(configs, parallel=jobs > 1, ray=False, command="tune")
 
 
-def _parallel(storage, name, space, raw, algorithm, out, trials, jobs) -> None:
+def _check_validation(studies: list[tuple[str | None, dict]], path, allow_test_set: bool) -> None:
+    """Tuning judges trials on a validation split; on the test set only when asked."""
+    if allow_test_set:
+        return
+    for _, raw in studies:
+        if not from_dict(raw).data.validation_fraction:
+            raise ConfigError(
+                f"{path}: data.validation_fraction is not set, so the trials would be judged on the "
+                "test set; set data.validation_fraction = 0.2 (a validation split of the training "
+                "examples; best.toml drops it) or pass --allow-test-set"
+            )
+
+
+def _parallel(storage, name, space, raw, algorithm, out, trials, jobs, max_failures=3, lines=False) -> None:
     """``jobs`` processes sharing the storage, the ``trials`` split between them; each gets
-    its share of the free cores."""
+    its share of the free cores (and prints its trials' lines on stderr with ``lines``)."""
     from concurrent.futures import ProcessPoolExecutor
 
     from fedhet.threads import free_cores
@@ -443,7 +557,20 @@ def _parallel(storage, name, space, raw, algorithm, out, trials, jobs) -> None:
     budget = max(1, free_cores() // jobs)
     with ProcessPoolExecutor(max_workers=jobs) as pool:
         futures = [
-            pool.submit(_worker, storage, name, space, raw, algorithm, out, share, budget, index)
+            pool.submit(
+                _worker,
+                storage,
+                name,
+                space,
+                raw,
+                algorithm,
+                out,
+                share,
+                budget,
+                index,
+                max_failures,
+                _stderr_line if lines else None,
+            )  # fmt: skip
             for index, share in enumerate(shares)
         ]
         for future in futures:
@@ -484,6 +611,7 @@ def read_trials(storage: str, study_name: str) -> list[dict]:
             "number": t.number,
             "state": t.state.name,
             "value": t.value,
+            "error": t.user_attrs.get("error", ""),
             **{f"param {k}": v for k, v in t.params.items()},
         }
         for t in study.get_trials(deepcopy=False)
