@@ -311,6 +311,9 @@ def test_a_study_whose_trials_all_fail_stops_after_three_with_the_reason(tmp_pat
     assert {row["error"] for row in read_trials(f"sqlite:///{out / 'study.db'}", "c")} == {
         "RuntimeError: boom in aggregate"
     }
+    assert main(["report", str(out)]) == 0  # the stopped study, each trial with its reason
+    page = (out / "report.html").read_text()
+    assert page.count("<td>RuntimeError: boom in aggregate</td>") == 3 and "the study stops" in page
 
 
 def test_tuning_on_the_test_set_needs_to_be_asked_for(tmp_path, capsys):

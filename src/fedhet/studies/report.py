@@ -164,14 +164,19 @@ def _tune_page(path: Path) -> str:
         trials = study.get_trials(deepcopy=False)
         keys = sorted({k for t in trials for k in t.params})
         parts.append(f"<h2>{html.escape(name)}</h2>")
-        parts.append(
-            f"<p>{len(trials)} trials; best: trial {entry['best_trial']}, value {_format(entry['value'])}; "
-            f"runnable configuration <code>{html.escape(entry['best_toml'])}</code></p>"
-        )
-        head = "".join(f"<th>{html.escape(c)}</th>" for c in ["trial", "state", "value", *keys])
+        if entry.get("best_trial") is None:
+            parts.append(f"<p>{len(trials)} trials; {html.escape(entry.get('stopped', 'no best trial'))}</p>")
+        else:
+            parts.append(
+                f"<p>{len(trials)} trials; best: trial {entry['best_trial']}, "
+                f"value {_format(entry['value'])}; runnable configuration "
+                f"<code>{html.escape(entry['best_toml'])}</code></p>"
+            )
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in ["trial", "state", "value", *keys, "why"])
         rows = [
             "<tr>" + "".join(f"<td>{_format(v)}</td>" for v in [t.number, t.state.name, t.value,
-                                                                *[t.params.get(k) for k in keys]]) + "</tr>"
+                                                                *[t.params.get(k) for k in keys]])
+            + f"<td>{html.escape(str(t.user_attrs.get('error', '')))}</td></tr>"
             for t in trials
         ]  # fmt: skip
         parts.append(f"<table><tr>{head}</tr>{''.join(rows)}</table>")

@@ -376,6 +376,10 @@ class TrialFailed(FedhetError):
     """A trial that failed; its one-line reason is stored with it in the study."""
 
 
+class StudyStopped(FedhetError):
+    """A study stopped by failed trials in a row (the message says why)."""
+
+
 def _trial_line(study_name: str, trial, state: str, reason: str = "") -> str:
     """One line per finished trial: its value (or pruned / failed and why) and parameters."""
     params = ", ".join(
@@ -433,7 +437,7 @@ def _worker(storage: str, study_name: str, space: SearchSpace, raw: dict, algori
     while done["n"] < trials:
         study.optimize(objective, n_trials=1, catch=(TrialFailed,), callbacks=[count])
         if done["failed_in_a_row"] >= max_failures:
-            raise FedhetError(
+            raise StudyStopped(
                 f"study {study_name}: {done['failed_in_a_row']} trials in a row failed, the study stops; "
                 f"the last: {done['reason']}"
             )
@@ -512,16 +516,32 @@ def tune(
         _requeue_interrupted(storage_url, study)
         make_folder(out / name, "study folder")
         remaining = max(0, trials - _counted(study))
-        if remaining and jobs <= 1:
-            _worker(
-                storage_url, name, space, raw, algorithm, str(out), remaining, None, 0, max_failures, on_trial
-            )
-        elif remaining:
-            _parallel(storage_url, name, space, raw, algorithm, str(out), remaining, jobs, max_failures,
-                      on_trial is not None)  # fmt: skip
+        try:
+            _run_study(storage_url, name, space, raw, algorithm, out, remaining, jobs, max_failures, on_trial)
+        except StudyStopped as stopped:  # the report shows the study and its trials' reasons
+            results.append({"study": name, "stopped": str(stopped), "best_trial": None, "value": None})
+            _write_summary(out, storage_url, results)
+            raise
         results.append(_write_best(study, name, raw, out, space))
-    (out / "tune.json").write_text(json.dumps({"storage": storage_url, "studies": results}, indent=2))
+    _write_summary(out, storage_url, results)
     return results
+
+
+def _write_summary(out: Path, storage_url: str, results: list[dict]) -> None:
+    (out / "tune.json").write_text(json.dumps({"storage": storage_url, "studies": results}, indent=2))
+
+
+def _run_study(
+    storage_url, name, space, raw, algorithm, out, remaining, jobs, max_failures, on_trial
+) -> None:
+    """The ``remaining`` trials of one study, here or in ``jobs`` processes."""
+    if remaining and jobs <= 1:
+        _worker(
+            storage_url, name, space, raw, algorithm, str(out), remaining, None, 0, max_failures, on_trial
+        )
+    elif remaining:
+        _parallel(storage_url, name, space, raw, algorithm, str(out), remaining, jobs, max_failures,
+                  on_trial is not None)  # fmt: skip
 
 
 def _check_engines(studies: list[tuple[str | None, dict]], jobs: int) -> None:
