@@ -590,6 +590,23 @@ def _always_raises():
 
 AlwaysRaises = _always_raises()
 
+
+def _wrong_size():
+    """A FedAvg whose aggregate returns five values too many (named at round 1)."""
+    import torch
+
+    from fedhet.algorithms.fedavg import FedAvg
+
+    class WrongSize(FedAvg):
+        def aggregate(self, params, buffers, updates, state, context, layout):
+            new_params, new_buffers = super().aggregate(params, buffers, updates, state, context, layout)
+            return torch.cat([new_params, torch.zeros(5)]), new_buffers
+
+    return WrongSize
+
+
+WrongSize = _wrong_size()
+
 TUNE_SPACES = {
     "misspelt key": {"params": {"train.lrr": {"low": 0.01, "high": 0.1}}},
     "an algorithm's own key shared by a [compare]": {"params": {"algorithm.mu": {"low": 0.01, "high": 0.1}}},
@@ -621,6 +638,11 @@ def _tune_cases(tmp: Path, config):
     _write(good, {"params": {"train.lr": {"low": 0.01, "high": 0.1}}})
     yield "tune: on the test set, not asked", ["tune", config(BASE), "--space", str(good), "--trials", "1",
                                                "--out", str(tmp / "tune-test"), "--quiet"]  # fmt: skip
+    for name in ("AlwaysRaises", "WrongSize"):
+        yield (
+            f"run: plug-in {name}",
+            ["run", config(_merge(BASE, {"algorithm": {"name": f"bad_configs:{name}"}}))],
+        )
     failing = _merge(tuned, {"algorithm": {"name": "bad_configs:AlwaysRaises"}})
     yield "tune: every trial fails", ["tune", config(failing), "--space", str(good), "--trials", "5",
                                       "--out", str(tmp / "tune-fails"), "--quiet"]  # fmt: skip

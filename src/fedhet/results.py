@@ -78,6 +78,7 @@ def dumps(document: Any, **kwargs) -> str:
 RUN_ORDER = ".runs"  # in a folder of runs (a grid, a [compare]): the runs' names, in order
 LOCK_NAME = ".lock"
 REPORTS_MANIFEST = ".reports"
+PLUGIN_ERROR_FILE = "plugin-error.txt"  # a plug-in's traceback when its hook failed (engine.plugin_errors)
 
 
 def _reason(exc: OSError) -> str:
@@ -294,7 +295,7 @@ class RunDirectory:
         """Remove an earlier run's files (summary first, so a half-removed folder never
         shows an old result)."""
         for name in ("summary.json", "checkpoint.pt", "metrics.csv", "client_metrics.csv", "config.toml",
-                     ".mlflow-run"):  # fmt: skip
+                     ".mlflow-run", PLUGIN_ERROR_FILE):  # fmt: skip
             with contextlib.suppress(FileNotFoundError):
                 (self.path / name).unlink()
         shutil.rmtree(self.path / "tensorboard", ignore_errors=True)  # a tracker's event files
@@ -306,8 +307,10 @@ class RunDirectory:
             manifest.unlink()
 
     def remove_summary(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            self.summary_path.unlink()
+        """A resumed run's summary (and a plug-in error's traceback) are written anew."""
+        for path in (self.summary_path, self.path / PLUGIN_ERROR_FILE):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
 
     @contextlib.contextmanager
     def writing(self, rounds_done: int):

@@ -27,8 +27,10 @@ import numpy as np
 
 from fedhet import seeding
 from fedhet.algorithms import RoundContext
+from fedhet.algorithms.streaming import ListAggregator
 from fedhet.engine.clock import round_duration
 from fedhet.engine.faults import NonFinite, params_fault, update_fault
+from fedhet.engine.plugin_errors import Hooks
 from fedhet.engine.records import metrics_row
 from fedhet.errors import FedhetError
 from fedhet.messages import UpdateSummary
@@ -78,7 +80,11 @@ class RoundDriver:
     def step(self, env: StepEnvironment, state, t: int):
         config, world = env.config, env.world
         algorithm, system = world.algorithm, world.server_system
-        plan = algorithm.plan(t, state.algorithm, system, config.round_deadline)
+        hooks = Hooks(config.algorithm_name, t + 1)  # the rule's hooks, named when they fail
+        plan = hooks.plan(
+            hooks.call("plan", algorithm.plan, t, state.algorithm, system, config.round_deadline),
+            world.num_clients,
+        )
         work = plan.workload()
         work.start_time = state.sim_time
         work.upload_bytes = upload_bytes(world, work.depth)
@@ -98,15 +104,23 @@ class RoundDriver:
         tasks = [
             task
             for c in np.flatnonzero(asked)  # the others get no task (Algorithm.client_task)
-            if (task := algorithm.client_task(context, int(c), state.algorithm))
+            if (task := hooks.call("client_task", algorithm.client_task, context, int(c), state.algorithm))
         ]
         if system.wall_clock and plan.deadline is not None:  # clients cut their own work
             for task in tasks:
                 task.time_limit = plan.deadline
         layout = world.flat.layout
-        aggregator = algorithm.aggregator(
-            state.params, state.buffers, tasks, state.algorithm, context, layout
+        aggregator = hooks.call(
+            "aggregator",
+            algorithm.aggregator,
+            state.params,
+            state.buffers,
+            tasks,
+            state.algorithm,
+            context,
+            layout,
         )
+        rule = "aggregate" if isinstance(aggregator, ListAggregator) else "streaming_aggregator"
         delivered: list[UpdateSummary] = []
         skipped = 0
         for update in env.pool.run(tasks, state.params, state.buffers):
@@ -119,10 +133,10 @@ class RoundDriver:
                 system.observe([update.summary()])
                 continue
             delivered.append(update.summary())
-            aggregator.add(update)
+            hooks.call(rule, aggregator.add, update)
         system.observe(delivered)
         state.system = system.state_dict()
-        params, buffers = aggregator.result()
+        params, buffers = hooks.model(rule, hooks.call(rule, aggregator.result), state.params, state.buffers)
         if what := params_fault(params, buffers):
             return NonFinite(t + 1, None, what)
         state.params, state.buffers = params, buffers
@@ -133,7 +147,7 @@ class RoundDriver:
         row = metrics_row(
             t + 1, state.sim_time, duration, plan.deadline, plan.lr, delivered, depths, skipped, faults
         )
-        return {**row, **algorithm.round_metrics(state.algorithm)}
+        return {**row, **hooks.metrics(hooks.call("round_metrics", algorithm.round_metrics, state.algorithm))}
 
 
 class EventDriver:
@@ -207,7 +221,10 @@ class EventDriver:
         for update, _ in entries:
             if what := update_fault(update):
                 return NonFinite(t + 1, update.client, what)
-        params, buffers = algorithm.apply_buffer(state.params, state.buffers, entries, state.algorithm, t)
+        hooks = Hooks(env.config.algorithm_name, t + 1)
+        applied = hooks.call("apply_buffer", algorithm.apply_buffer, state.params, state.buffers, entries,
+                             state.algorithm, t)  # fmt: skip
+        params, buffers = hooks.model("apply_buffer", applied, state.params, state.buffers)
         if what := params_fault(params, buffers):
             return NonFinite(t + 1, None, what)
         state.params, state.buffers = params, buffers
@@ -219,7 +236,7 @@ class EventDriver:
         faults = len(take_faults(env.pool))
         lr = algorithm.lr_at(t)
         row = metrics_row(t + 1, state.sim_time, duration, None, lr, updates, np.array([]), faults=faults)
-        return {**row, **algorithm.round_metrics(state.algorithm)}
+        return {**row, **hooks.metrics(hooks.call("round_metrics", algorithm.round_metrics, state.algorithm))}
 
 
 DRIVERS: dict[str, type[RoundDriver] | type[EventDriver]] = {"round": RoundDriver, "event": EventDriver}

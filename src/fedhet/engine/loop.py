@@ -30,6 +30,7 @@ from fedhet.engine.clock import VirtualClock
 from fedhet.engine.drivers import DRIVERS, StepEnvironment
 from fedhet.engine.evaluation import make_evaluator
 from fedhet.engine.faults import NonFinite
+from fedhet.engine.plugin_errors import TRACEBACK_FILE, PluginError, guarded, plugin_label
 from fedhet.engine.pool import ClientPool, PoolContext, TaskOrder, WorkerDied
 from fedhet.engine.preflight import check_first_round
 from fedhet.engine.records import run_summary
@@ -199,6 +200,8 @@ class RunLoop:
                 break
             try:
                 result = driver.step(env, state, t)
+            except PluginError as failed:  # the summary says so; --resume after the fix
+                return failed
             except WorkerDied as died:
                 raise FedhetError(
                     f"{died}; the run stops at round {t + 1}, resume with --resume (the checkpoint of "
@@ -269,6 +272,8 @@ class RunLoop:
         summary["pool"] = getattr(self.pool, "name", type(self.pool).__name__)
         if state.stopped_by == "callback":
             summary["stopped_by_callback"] = state.stopped_by_callback
+        if isinstance(fault, PluginError):
+            return self._plugin_stop(callbacks, summary, fault)
         if fault is not None:
             # the last good checkpoint stays; --resume retries the round (e.g. with
             # run.on_non_finite = "skip-client")
@@ -287,6 +292,22 @@ class RunLoop:
                 run_dir.write_summary(summary)
         notify(callbacks, "on_closed", state, summary)
         return RunResult(run_dir.path, summary, state.metrics)
+
+    def _plugin_stop(self, callbacks: list, summary: dict, failed: PluginError) -> RunResult:
+        """A plug-in's hook failed: the summary says so (``stopped_by = "plugin_error"``), the
+        traceback goes to the run folder, the last checkpoint stays; the run ends in one
+        line that says how to go on."""
+        state, run_dir = self.state, self.run_dir
+        summary.update(stopped_by="plugin_error", finished=False, error=str(failed))
+        notify(callbacks, "on_end", state, summary)
+        with run_dir.writing(state.round):
+            run_dir.write_summary(summary)
+            (run_dir.path / TRACEBACK_FILE).write_text(failed.details or str(failed), encoding="utf-8")
+        notify(callbacks, "on_closed", state, summary)
+        raise FedhetError(
+            f"{failed}; the checkpoint of round {state.round} is kept: fix it and run again with --resume "
+            f"(traceback: {run_dir.path / TRACEBACK_FILE})"
+        )
 
     def _empty_streak(self, row: dict) -> int:
         """Rounds in a row, ending with ``row``, in which no client delivered; a warning for
@@ -314,10 +335,11 @@ class RunLoop:
         state.clients = self.pool.states
         setting = world.setting(state.params, state.buffers)
         setting.work_dir = self.run_dir.path
-        probes = world.algorithm.probe_tasks(setting)
+        label = plugin_label("algorithm", self.config.algorithm_name)
+        probes = guarded(label, "probe_tasks", 0, world.algorithm.probe_tasks, setting)
         if probes:
             setting.probes = list(self.pool.run(probes, state.params, state.buffers))
-        state.algorithm = world.algorithm.init_state(setting)
+        state.algorithm = guarded(label, "init_state", 0, world.algorithm.init_state, setting)
         return state
 
 

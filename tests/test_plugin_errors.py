@@ -1,0 +1,113 @@
+"""A plug-in's server-side hook that fails is named where it fails: an aggregate that returns
+a wrong-size vector, None, or raises; a plan that is not a plan; round metrics that are not
+numbers; an init_state that raises. Each is one line naming the plug-in, the hook and the
+round; the run folder keeps a summary (stopped_by = "plugin_error") and the traceback, the
+checkpoint of the last finished round stays, and the run resumes once the plug-in is fixed
+and ends with the metrics of a run that never failed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from fedhet.algorithms.fedavg import FedAvg
+from fedhet.cli import main
+from fedhet.config import from_dict
+from fedhet.engine.launch import run
+from fedhet.errors import FedhetError
+
+BASE = {
+    "run": {"name": "plug", "seed": 3, "rounds": 5, "threads": 1, "eval_every": 1},
+    "data": {"dataset": "digits", "num_clients": 4, "fraction": 0.3},
+    "model": {"name": "mlp", "hidden": [8]},
+    "train": {"lr": 0.1, "batch_size": 8},
+    "system": {"model": "full"},
+}
+BROKEN = {"how": ""}  # how the plug-in below misbehaves from round 3 on ("" = it is fixed)
+
+
+class Flaky(FedAvg):
+    """FedAvg that misbehaves, from round 3, as ``BROKEN["how"]`` says."""
+
+    def plan(self, round_index, state, system, deadline):
+        if BROKEN["how"] == "plan" and round_index >= 2:
+            return None
+        return super().plan(round_index, state, system, deadline)
+
+    def aggregate(self, params, buffers, updates, state, context, layout):
+        new_params, new_buffers = super().aggregate(params, buffers, updates, state, context, layout)
+        how = BROKEN["how"] if context.plan.round >= 2 else ""
+        if how == "size":
+            return torch.cat([new_params, torch.zeros(5)]), new_buffers
+        if how == "none":
+            return None
+        if how == "raise":
+            raise KeyError("weights")
+        return new_params, new_buffers
+
+    def round_metrics(self, state):
+        return {"norm": "big"} if BROKEN["how"] == "metrics" else {}
+
+
+class FailsToStart(FedAvg):
+    def init_state(self, setting):
+        raise ValueError("no state for you")
+
+
+def _config(name: str = "test_plugin_errors:Flaky"):
+    return from_dict({**BASE, "algorithm": {"name": name}})
+
+
+@pytest.fixture(autouse=True)
+def _fixed():
+    yield
+    BROKEN["how"] = ""
+
+
+@pytest.mark.parametrize(
+    "how, message",
+    [
+        ("size", "aggregate (round 3): returned 615 values, the model has 610"),
+        ("none", "aggregate (round 3): returned None; expected (params, buffers)"),
+        ("raise", "aggregate (round 3): raised KeyError: 'weights'"),
+        ("plan", "plan (round 3): returned None; expected a RoundPlan"),
+        ("metrics", "round_metrics (round 1): returned a dict; expected a dict"),
+    ],
+)
+def test_a_failing_hook_is_one_line_and_the_run_resumes_after_the_fix(tmp_path, capsys, how, message):
+    clean = run(_config(), tmp_path / "clean")
+    BROKEN["how"] = how
+    config_path = tmp_path / "c.toml"
+    config_path.write_text(_config().to_toml())
+    out = tmp_path / "run"
+    assert main(["run", str(config_path), "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err, repr(err)
+    message = f"algorithm 'test_plugin_errors:Flaky'.{message}"
+    assert message in err and "--resume" in err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stopped_by"] == "plugin_error" and message in summary["error"]
+    assert not summary["finished"]
+    assert (out / "plugin-error.txt").is_file()
+    BROKEN["how"] = ""  # the plug-in is fixed
+    assert main(["run", str(config_path), "--out", str(out), "--quiet", "--resume"]) == 0
+    resumed = json.loads((out / "summary.json").read_text())
+    assert resumed["finished"] and not (out / "plugin-error.txt").exists()
+    assert _rows(out) == _rows(clean.path)  # as if it had never failed
+
+
+def _rows(path) -> list[dict]:
+    """metrics.csv without its wall-clock column."""
+    import csv
+
+    with open(path / "metrics.csv") as fh:
+        return [{k: v for k, v in row.items() if "wall" not in k} for row in csv.DictReader(fh)]
+
+
+def test_a_hook_that_fails_before_round_1_is_one_line(tmp_path):
+    with pytest.raises(FedhetError, match=r"algorithm 'test_plugin_errors:FailsToStart'.init_state \(before "
+                       r"round 1\): raised ValueError: no state for you") as failed:  # fmt: skip
+        run(_config("test_plugin_errors:FailsToStart"), tmp_path / "r")
+    assert "\n" not in str(failed.value)
