@@ -44,6 +44,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         on_round=None if args.quiet else (lambda cell: progress_printer(cell.config, cell.name)),
         command="run",
+        keep_going=False,  # a comparison with a failed algorithm says nothing: it stops
     )
     raw = apply_overrides(read_toml(args.config), args.set)
     comparison = run_comparison(raw, args.config, config, out, launch)
@@ -92,6 +93,9 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         done["n"] += 1
         if args.quiet:
             return
+        if summary.get("failed"):
+            console.print(f"[{done['n']}/{len(experiment.cells)}] {cell.name}: failed", highlight=False)
+            return
         acc = summary.get("final_test_accuracy")
         why = STOPPED.get(summary.get("stopped_by"))
         stopped = f" (stopped: {why})" if why else ""
@@ -107,6 +111,15 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     (out / "table.md").write_text(table, encoding="utf-8")
     (out / "summaries.json").write_text(dumps(summaries, indent=2, sort_keys=True))
     print(table)
+    failed = [name for name, summary in summaries.items() if summary.get("failed")]
+    if failed:
+        print(
+            f"fedhet: {len(failed)} of {len(experiment.cells)} cells failed (marked in the table; each "
+            f"cell's reason is in summaries.json), e.g. {failed[0]}: {summaries[failed[0]]['failed']}; run "
+            "the same command again to retry them",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 
@@ -293,6 +306,7 @@ def _add_run(sub) -> None:
         metavar="SECTION.KEY=VALUE",
         help="override a configuration value (repeatable)",
     )
+    _add_unset(p)
     p.add_argument("--out", help="run directory (default runs/<run.name>)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run")
     p.add_argument("--overwrite", action="store_true", help="discard an existing run in --out")
@@ -312,6 +326,7 @@ def _add_reproduce(sub) -> None:
     )
     p.add_argument("experiment", help="experiment TOML (see experiments/)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    _add_unset(p)
     p.add_argument("--out", help="output folder (default runs/<experiment.name>)")
     p.add_argument("--jobs", type=_positive_int, help="cells run in parallel (default: experiment.jobs)")
     p.add_argument("--quiet", action="store_true", help="no line per finished cell, only the table")
@@ -348,6 +363,7 @@ def _add_inspection(sub) -> None:
     p = sub.add_parser("plan", help="calibrate deadlines and show an algorithm's plan without training")
     p.add_argument("config", help="TOML configuration (or experiment file: its base configuration)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    _add_unset(p)
     p.add_argument(
         "--depth-fraction",
         type=float,
@@ -359,6 +375,7 @@ def _add_inspection(sub) -> None:
     p = sub.add_parser("calibrate", help="time each layer of a configuration's model on this host")
     p.add_argument("config", help="TOML configuration (its model, dataset and batch size)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    _add_unset(p)
     p.add_argument("--repeats", type=_positive_int, default=7, help="timed passes (the median is kept)")
     p.add_argument("--out", help="write the times (JSON) for system.measured_times")
     p.set_defaults(func=cmd_calibrate)
@@ -394,6 +411,7 @@ def _add_tune_and_list(sub) -> None:
     p.add_argument("--out", help="the tune folder (default runs/tune-<config name>)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override a configuration value (repeatable)")  # fmt: skip
+    _add_unset(p)
     p.add_argument("--max-failures", type=int, default=3,
                    help="failed trials in a row that stop a study (default 3)")  # fmt: skip
     p.add_argument("--allow-test-set", action="store_true",
@@ -421,6 +439,14 @@ def _version() -> str:
         return version("fedhet")
     except PackageNotFoundError:  # running from a source tree that is not installed
         return "unknown"
+
+
+def _add_unset(parser: argparse.ArgumentParser) -> None:
+    """``--unset SECTION.KEY`` (repeatable): remove a key of the file, in order with --set."""
+    from fedhet.config import UNSET
+
+    parser.add_argument("--unset", action="append", dest="set", type=lambda key: UNSET + key,
+                        metavar="SECTION.KEY", help="remove a key of the file (repeatable)")  # fmt: skip
 
 
 def _positive_int(text: str) -> int:

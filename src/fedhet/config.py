@@ -529,6 +529,11 @@ def from_dict(raw: dict) -> Config:
     """Build and validate a :class:`Config` from a parsed TOML document."""
     known = set(SECTIONS) | {"algorithm"}
     for key in raw:
+        if key in GRID_SECTIONS:
+            raise ConfigError(
+                f"[{key}]: an experiment file's section: run the grid with fedhet reproduce FILE (fedhet run "
+                "takes one configuration)"
+            )
         if key not in known:
             raise ConfigError(f"[{key}]: unknown section (known: {', '.join(sorted(known))})")
     parts: dict[str, Any] = {
@@ -604,16 +609,53 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     return keys, value
 
 
+GRID_SECTIONS = ("experiment", "grid", "cases", "report")  # an experiment file's (studies.spec)
+UNSET = "-"  # an override ``-section.key`` removes the key (``--unset section.key``)
+_SWITCH_WARNED: set[tuple] = set()
+
+
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
-    """Return a copy of ``raw`` with ``section.key=value`` overrides applied."""
+    """Return a copy of ``raw`` with ``section.key=value`` overrides applied; ``-section.key``
+    removes a key. Setting ``algorithm.name`` to another algorithm drops the options the
+    table held for the old one (with one warning line): they are not the new one's."""
     out = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
     for text in overrides:
+        if text.startswith(UNSET):
+            section, key = _dotted(text[len(UNSET) :], "--unset")
+            if not isinstance(out.get(section), dict) or key not in out[section]:
+                raise ConfigError(f"--unset {section}.{key}: the configuration has no such key")
+            del out[section][key]
+            continue
         (section, key), value = parse_override(text)
         out.setdefault(section, {})
         if not isinstance(out[section], dict):
             raise ConfigError(f"--set {text!r}: [{section}] is not a table")
+        if (section, key) == ("algorithm", "name"):
+            _switch_algorithm(out["algorithm"], value)
         out[section][key] = value
     return out
+
+
+def _dotted(text: str, flag: str) -> tuple[str, str]:
+    keys = text.strip().split(".")
+    if len(keys) != 2 or not all(keys):
+        raise ConfigError(f"{flag} {text!r}: key must look like section.key")
+    return keys[0], keys[1]
+
+
+def _switch_algorithm(table: dict, name: Any) -> None:
+    """``table`` ([algorithm]) switched to ``name``: the old algorithm's options go."""
+    old = table.get("name")
+    options = sorted(k for k in table if k != "name")
+    if old is None or old == name or not options:
+        return
+    for key in options:
+        del table[key]
+    if (old, name, tuple(options)) not in _SWITCH_WARNED:
+        _SWITCH_WARNED.add((old, name, tuple(options)))
+        log.warning(
+            "algorithm.name: %r -> %r: the options of %r (%s) are dropped", old, name, old, ", ".join(options)
+        )
 
 
 def read_toml(path: str | Path) -> dict:

@@ -29,6 +29,10 @@ class Cell:
 
 
 def _label(value: Any) -> str:
+    """A grid value as part of a cell's folder name (a plug-in's ``module:Class`` path as its
+    class name)."""
+    if isinstance(value, str) and ":" in value and "/" not in value:
+        value = value.rsplit(":", 1)[-1]
     return str(value).replace("/", "_").replace(" ", "")
 
 

@@ -39,6 +39,7 @@ class CellLaunch:
     overwrite: bool = False
     on_round: Callable[[Cell], Callable | None] | None = None
     command: str = "reproduce"  # the command refusals name
+    keep_going: bool = True  # a failing cell is recorded as failed and the others run
 
 
 def _run_cell(
@@ -197,7 +198,9 @@ def _launch(experiment, todo, fresh, out_dir, summaries, jobs, on_cell, ray, lau
                 try:
                     summaries[cell.name] = future.result()
                 except FedhetError as exc:
-                    raise FedhetError(f"cell {cell.name}: {exc}") from None
+                    if not launch.keep_going:
+                        raise FedhetError(f"cell {cell.name}: {exc}") from None
+                    summaries[cell.name] = failed_cell(cell, exc)
                 except BrokenProcessPool:
                     done = sum(1 for f in futures if f.done() and not f.exception())
                     raise FedhetError(
@@ -211,9 +214,21 @@ def _launch(experiment, todo, fresh, out_dir, summaries, jobs, on_cell, ray, lau
 
 
 def _cell_here(cell: Cell, out_dir: Path, fresh: bool, group: str, launch: CellLaunch) -> dict:
-    """Run one cell in this process (with its progress callback, if any)."""
+    """Run one cell in this process (with its progress callback, if any); a cell that fails
+    is recorded as failed with its reason (:func:`failed_cell`) unless ``launch`` says stop."""
     on_round = launch.on_round(cell) if launch.on_round else None
-    return _run_cell(cell.config, str(out_dir / cell.name), None, fresh, group, launch.resume, on_round)
+    try:
+        return _run_cell(cell.config, str(out_dir / cell.name), None, fresh, group, launch.resume, on_round)
+    except FedhetError as exc:
+        if not launch.keep_going:
+            raise
+        return failed_cell(cell, exc)
+
+
+def failed_cell(cell: Cell, exc: Exception) -> dict:
+    """A failed cell's summary: its name and why (one line); the grid goes on without it."""
+    log.warning("cell %s failed: %s", cell.name, exc)
+    return {"name": cell.name, "finished": False, "failed": str(exc)}
 
 
 def _preload_datasets(cells: list[Cell]) -> None:
@@ -297,7 +312,9 @@ def _run_on_ray(
                     cause = exc.cause if isinstance(getattr(exc, "cause", None), FedhetError) else None
                     if cause is None:
                         raise
-                    raise FedhetError(f"cell {cell.name}: {cause}") from None
+                    if launch is not None and not launch.keep_going:
+                        raise FedhetError(f"cell {cell.name}: {cause}") from None
+                    summaries[cell.name] = failed_cell(cell, cause)
                 if on_cell:
                     on_cell(cell, summaries[cell.name])
     finally:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedhet.config import (
+    GRID_SECTIONS,
     MAX_THREADS,
     SECTIONS,
     apply_overrides,
@@ -20,7 +21,7 @@ from fedhet.errors import ConfigError
 from fedhet.studies.expansion import Cell, _cell, _flatten, _label, _lookup
 from fedhet.studies.stats import INTERVALS
 
-EXPERIMENT_SECTIONS = ("experiment", "grid", "cases", "report")
+EXPERIMENT_SECTIONS = GRID_SECTIONS
 
 
 @dataclass
@@ -59,6 +60,7 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Exp
         raise ConfigError(f"{path}: [[cases]] must be a list of tables")
     base = {k: v for k, v in raw.items() if k not in EXPERIMENT_SECTIONS}
     base = apply_overrides(base, overrides or [])
+    grid = _compare_axis(base, dict(grid), path)
     for key, values in grid.items():
         if not isinstance(values, list) or not values:
             raise ConfigError(f"{path}: grid.{key} must be a non-empty list")
@@ -108,6 +110,26 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Exp
     if reference is not None:
         check_reference(experiment, reference, path)
     return experiment
+
+
+def _compare_axis(base: dict, grid: dict, path) -> dict:
+    """An experiment's ``[compare] algorithms = [...]`` as one more grid axis, ``algorithm``
+    (each a table: the ``[algorithm]`` table's options go with its own algorithm only)."""
+    compare = base.pop("compare", None)
+    if compare is None:
+        return grid
+    algorithms = compare.get("algorithms") if isinstance(compare, dict) else None
+    if not isinstance(algorithms, list) or not algorithms:
+        raise ConfigError(f"{path}: [compare] needs algorithms = [...], a non-empty list")
+    if any(key == "algorithm" or key.startswith("algorithm.") for key in grid):
+        raise ConfigError(f"{path}: [compare] and a grid axis over the algorithm: keep one of them")
+    given = base.pop("algorithm", {})
+    options = {k: v for k, v in given.items() if k != "name"} if isinstance(given, dict) else {}
+    grid["algorithm"] = [
+        {"name": name, **(options if isinstance(given, dict) and given.get("name") == name else {})}
+        for name in algorithms
+    ]
+    return grid
 
 
 def _grid_keys(grid: dict) -> set[str]:

@@ -9,6 +9,8 @@ from fedhet.studies.expansion import _lookup
 from fedhet.studies.spec import Experiment
 from fedhet.studies.stats import difference_p_value, estimate
 
+FAILED = object()  # a cell whose run failed (its summary says why)
+
 
 def report_table(experiment: Experiment, summaries: dict[str, dict], digits: int = 3) -> str:
     """A Markdown pivot table: one row per ``rows`` value, one column per ``columns`` value.
@@ -25,7 +27,8 @@ def report_table(experiment: Experiment, summaries: dict[str, dict], digits: int
         c = " ".join(str(_lookup(cell, k)) for k in col_keys)
         if c not in col_order:
             col_order.append(c)
-        value = summaries[cell.name].get(experiment.value)
+        summary = summaries[cell.name]
+        value = FAILED if summary.get("failed") else summary.get(experiment.value)
         rows.setdefault(r, {}).setdefault(c, []).append((cell.config.run.seed, value))
     head = [" / ".join(k.split(".")[-1] for k in row_keys) or "run", *col_order]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -63,6 +66,14 @@ def _numbers(pairs: list[tuple]) -> dict:
 
 
 def _format_values(pairs: list[tuple], digits: int, interval: str = "std") -> str:
+    """The cell's text: mean ± interval of its numbers, and how many of its runs failed."""
+    failed = sum(1 for _, v in pairs if v is FAILED)
+    pairs = [(seed, v) for seed, v in pairs if v is not FAILED]
+    note = "" if not failed else ("failed" if not pairs else f"({failed} failed)")
+    return " ".join(part for part in (_format_numbers(pairs, digits, interval), note) if part)
+
+
+def _format_numbers(pairs: list[tuple], digits: int, interval: str) -> str:
     numbers = [float(v) for _, v in pairs if isinstance(v, int | float) and not isinstance(v, bool)]
     if len(numbers) > 1:
         e = estimate(numbers, interval)
