@@ -209,6 +209,12 @@ class Algorithm:
         """Documents to write into the run directory as ``<name>.json`` (e.g. a plan)."""
         return {}
 
+    def caveats(self) -> list[str]:
+        """Settings under which this rule is provably another, simpler one (a comparison of
+        the two would say nothing): one line each, warned before the run and kept in its
+        summary. None by default."""
+        return []
+
     def warnings(self, state: dict) -> list[str]:
         """Things the user must be told when the run starts (e.g. a planner fallback)."""
         return []

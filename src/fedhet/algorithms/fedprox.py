@@ -36,6 +36,16 @@ class FedProx(FedAvg):
 
     corrects_gradients = True
 
+    def caveats(self) -> list[str]:
+        """With one local step FedProx is drop-stragglers: a step is all or nothing (no partial
+        work to accept) and the proximal gradient mu (w - w_t) is zero at the first step."""
+        if self.train.local_steps == 1:
+            return [
+                "fedprox with train.local_steps = 1 is drop-stragglers (one step is all or nothing, "
+                "and the proximal term is zero at the first step)"
+            ]
+        return []
+
     def gradient_correction(self, task, state, region, local, anchor):
         """grad of (mu/2)||w - w_t||^2 over the covered region: mu (w - w_t)."""
         return self.options.mu * (local[region] - anchor[region])

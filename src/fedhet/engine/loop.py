@@ -32,7 +32,7 @@ from fedhet.engine.evaluation import make_evaluator
 from fedhet.engine.faults import NonFinite
 from fedhet.engine.plugin_errors import TRACEBACK_FILE, PluginError, guarded, plugin_label
 from fedhet.engine.pool import ClientPool, PoolContext, TaskOrder, WorkerDied
-from fedhet.engine.preflight import check_first_round
+from fedhet.engine.preflight import check_first_round, run_caveats
 from fedhet.engine.records import run_summary
 from fedhet.engine.state import RunState, check_checkpoint, from_checkpoint
 from fedhet.errors import FedhetError
@@ -67,6 +67,7 @@ class RunLoop:
     state: RunState
     evaluation: EvaluationService
     clock: VirtualClock
+    caveats: list[str]  # what makes the run say little (engine.preflight.run_caveats)
 
     def __init__(
         self,
@@ -158,6 +159,9 @@ class RunLoop:
         notify(callbacks, "on_start", state)
         for note in world.algorithm.warnings(state.algorithm):
             log.warning("%s: %s", config.run.name, note)
+        self.caveats = run_caveats(config, world, state.algorithm)
+        for caveat in self.caveats:
+            log.warning("%s: %s", config.run.name, caveat)
         fault = self._rounds(callbacks, evaluation, stop_after)
         finished = evaluation.wait(state)  # the last round's evaluation, when under way
         self._complete(callbacks, finished)
@@ -270,6 +274,8 @@ class RunLoop:
         summary = run_summary(config, world, state, notes)
         summary["engine"] = self.engine  # the engine that ran, whatever the configuration says
         summary["pool"] = getattr(self.pool, "name", type(self.pool).__name__)
+        if self.caveats:
+            summary["caveats"] = self.caveats
         if state.stopped_by == "callback":
             summary["stopped_by_callback"] = state.stopped_by_callback
         if isinstance(fault, PluginError):

@@ -59,6 +59,40 @@ def least_work_time(system, work: Workload, partial_work: str, num_layers: int) 
     return float(np.min(times)) if len(times) else None
 
 
+NEVER = 1e-12  # a delivery probability below this: the client never delivers
+MOSTLY = 0.5  # the share of clients that never deliver above which a run is caveated
+
+
+def run_caveats(config, world, algorithm_state: dict) -> list[str]:
+    """What makes a run say little, one line each: the rule's own caveats (settings under
+    which it is another rule) and, priced with the first round's plan, most clients never
+    able to deliver an update (fixed stragglers under a rule that keeps only finished work)."""
+    algorithm, system = world.algorithm, world.server_system
+    found = list(algorithm.caveats())
+    if system.wall_clock or getattr(algorithm, "driver", "round") != "round":
+        return found
+    plan = algorithm.plan(0, algorithm_state, system, config.round_deadline)
+    work = plan.workload()
+    asked = np.array([a.asked for a in plan.assignments], dtype=bool)
+    from fedhet.engine.drivers import upload_bytes
+
+    work.upload_bytes = upload_bytes(world, work.depth)
+    per_client = delivery_probability(
+        algorithm.partial_work, system.marginals(work), work, world.flat.num_layers
+    )
+    never = int(np.sum((per_client < NEVER) & asked))
+    if asked.any() and never > MOSTLY * int(asked.sum()):
+        what = {"layers": "the top layer of its steps", "steps": "one local step"}.get(
+            algorithm.partial_work, "all its planned work"
+        )
+        found.append(
+            f"{never} of {int(asked.sum())} clients can never deliver an update (algorithm "
+            f"{config.algorithm_name!r} needs {what} by the deadline under system.model = "
+            f"{config.system.model!r}): the run says nothing about them"
+        )
+    return found
+
+
 def check_first_round(config, world, algorithm_state: dict) -> None:
     """Refuse, in one line, a run whose first round's plan cannot deliver a single update
     over the run's rounds (ADEL-FL Lemma 1's reach probabilities, or their step analogue)."""

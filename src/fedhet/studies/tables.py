@@ -19,6 +19,7 @@ def report_table(experiment: Experiment, summaries: dict[str, dict], digits: int
     ``reference`` column of their row; a note under the table says what the marks mean."""
     row_keys, col_keys = experiment.rows, experiment.columns
     rows: dict[tuple, dict[str, list[tuple]]] = {}
+    caveated: set[tuple] = set()  # (row, column) entries with a run whose summary has caveats
     col_order: list[str] = []
     for cell in experiment.cells:
         if cell.name not in summaries:
@@ -30,6 +31,8 @@ def report_table(experiment: Experiment, summaries: dict[str, dict], digits: int
         summary = summaries[cell.name]
         value = FAILED if summary.get("failed") else summary.get(experiment.value)
         rows.setdefault(r, {}).setdefault(c, []).append((cell.config.run.seed, value))
+        if summary.get("caveats"):
+            caveated.add((r, c))
     head = [" / ".join(k.split(".")[-1] for k in row_keys) or "run", *col_order]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r, values in rows.items():
@@ -42,6 +45,8 @@ def report_table(experiment: Experiment, summaries: dict[str, dict], digits: int
                 if p is not None and p < experiment.alpha:
                     above = np.mean(list(mine.values())) > np.mean(list(reference.values()))
                     text += " ↑" if above else " ↓"
+            if (r, c) in caveated:
+                text += " ⚠"
             cells.append(text)
         lines.append("| " + " | ".join(cells) + " |")
     seeds = max((len(v) for by_col in rows.values() for v in by_col.values()), default=0)
@@ -49,6 +54,9 @@ def report_table(experiment: Experiment, summaries: dict[str, dict], digits: int
     if seeds > 1:
         what = "sample standard deviation" if experiment.interval == "std" else "95% confidence interval (t)"
         notes.append(f"mean ± {what} over the runs of each cell (up to {seeds})")
+    if caveated:
+        notes.append("⚠: a run with a caveat (its summary.json's caveats say why: e.g. a rule that is "
+                     "another under these settings, or most clients never able to deliver)")  # fmt: skip
     if experiment.reference:
         notes.append(
             f"↑/↓: significantly above/below the {experiment.reference!r} column of the same row "
