@@ -270,3 +270,17 @@ def test_client_state_that_is_not_tensors_is_refused_in_one_line_in_every_pool(t
     # with two workers, whichever client finishes first is the one named
     with pytest.raises(FedhetError, match=r"client \d+: its state 'seen'.* is a list; client state must be"):
         run(from_dict(document), tmp_path / "r")
+
+
+class ShortAggregate(FedAvg):
+    def aggregate(self, params, updates):  # the hook is (params, buffers, updates, state, context, layout)
+        return params
+
+
+def test_a_hook_with_the_wrong_signature_is_refused_in_one_line():
+    """A plug-in overriding a hook with parameters the engine cannot pass is refused when it
+    is resolved, naming the class and both signatures, not a TypeError rounds later."""
+    expected = r"ShortAggregate\): aggregate\(self, params, updates\) does not take the hook's arguments"
+    with pytest.raises(ConfigError, match=expected) as refused:
+        from_dict({**BASE, "algorithm": {"name": "test_capabilities:ShortAggregate"}})
+    assert "\n" not in str(refused.value)

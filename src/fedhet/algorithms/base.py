@@ -410,6 +410,7 @@ def check_algorithm_class(cls: type, name: str) -> None:
         raise ConfigError(f"{label}: driver = {cls.driver!r}: one of round, event")
     if cls.driver == "event" and not issubclass(cls, AsyncAlgorithm):
         raise ConfigError(f"{label}: driver = 'event' needs a subclass of AsyncAlgorithm")
+    _check_hook_signatures(cls, label)
     derived = _derived_capabilities(cls)
     for flag, value in derived.items():
         declared = next(
@@ -423,6 +424,47 @@ def check_algorithm_class(cls: type, name: str) -> None:
             raise ConfigError(
                 f"{label}: {flag} = {declared!r} but the class {what} {hook} for the rule in effect "
                 "(remove the flag: it follows from the hooks)"
+            )
+
+
+HOOKS = (
+    "plan", "client_task", "make_task", "task_payload", "upload_payload", "gradient_correction",
+    "finish_local_work", "observe_gradients", "aggregator", "streaming_aggregator", "aggregate",
+    "init_state", "probe_tasks", "round_metrics", "state_dict", "load_state_dict", "reports", "warnings",
+    "caveats",
+)  # fmt: skip
+
+
+def _positional(function: Any) -> tuple[int, int, bool]:
+    """(required, accepted, has *args) positional parameters of ``function`` (self counted)."""
+    import inspect
+
+    params = [
+        p for p in inspect.signature(function).parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]  # fmt: skip
+    star = any(p.kind == p.VAR_POSITIONAL for p in inspect.signature(function).parameters.values())
+    return sum(1 for p in params if p.default is p.empty), len(params), star
+
+
+def _check_hook_signatures(cls: type, label: str) -> None:
+    """Every hook the class overrides accepts the arguments the engine passes (the base's
+    positional parameters): a mismatch is one line naming the hook, not a TypeError in a
+    later round."""
+    from fedhet.errors import ConfigError
+
+    for hook in HOOKS:
+        mine, base = cls.__dict__.get(hook), getattr(Algorithm, hook, None)
+        if mine is None or base is None or not callable(mine) or isinstance(mine, staticmethod | classmethod):
+            continue
+        _, given, _ = _positional(base)
+        required, accepted, star = _positional(mine)
+        if required > given or (accepted < given and not star):
+            import inspect
+
+            raise ConfigError(
+                f"{label}: {hook}{inspect.signature(mine)} does not take the hook's arguments "
+                f"{hook}{inspect.signature(base)}"
             )
 
 
