@@ -160,3 +160,17 @@ def test_output_into_a_reader_that_quits_early_is_no_traceback():
     )
     done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+
+
+def test_list_shows_one_plugins_description_and_options(capsys):
+    from fedhet.cli import main as cli_main
+
+    assert cli_main(["list", "algorithm", "fedprox"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("algorithm fedprox (fedhet; fedhet.algorithms.fedprox.FedProx)")
+    assert "mu" in out and "default 0.01" in out and "proximal" in out
+    assert cli_main(["list", "system-model"]) == 0
+    listed = capsys.readouterr().out
+    assert "straggler-ratio" in listed and "fedprox" not in listed
+    assert cli_main(["list", "algo"]) == 2
+    assert "not a plug-in kind" in capsys.readouterr().err

@@ -270,13 +270,49 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    """Every plug-in of every kind; with a kind, that kind's; with a kind and a name, that
+    plug-in's full description and its options (key, type, default)."""
     from fedhet import registry
 
-    for kind in registry.KINDS:
+    labels = {label.replace(" ", "-"): kind for kind, label in registry.KIND_LABELS.items()}
+    labels.update({kind: kind for kind in registry.KINDS} | {"partition": "partitioner"})
+    if args.kind is not None and args.kind not in labels:
+        raise FedhetError(f"fedhet list {args.kind}: not a plug-in kind (known: {', '.join(sorted(labels))})")
+    if args.name is not None:
+        return _describe_plugin(labels[args.kind], args.name)
+    for kind in registry.KINDS if args.kind is None else [labels[args.kind]]:
         print(f"{registry.KIND_LABELS[kind]} ({registry.KINDS[kind]}):")
         for entry in registry.entries(kind):
             origin = "" if entry.origin == "fedhet" else f"  [{entry.origin}]"
             print(f"  {entry.name:<18} {entry.summary}{origin}".rstrip())
+    return 0
+
+
+def _describe_plugin(kind: str, name: str) -> int:
+    """One plug-in: where it comes from, its docstring, its options with types and defaults."""
+    import dataclasses
+    import inspect
+
+    from fedhet import registry
+
+    entry = registry.resolve(kind, name, f"fedhet list {kind}")
+    where = f"{entry.cls.__module__}.{entry.cls.__qualname__}"
+    print(f"{registry.KIND_LABELS[kind]} {entry.name} ({entry.origin}; {where})")
+    doc = inspect.getdoc(entry.cls) or ""
+    if doc:
+        print("\n" + doc)
+    options = getattr(entry.cls, "Options", None)
+    fields = dataclasses.fields(options) if options is not None and dataclasses.is_dataclass(options) else ()
+    print("\noptions:" if fields else "\noptions: none")
+    for field in fields:
+        default = field.default if field.default is not dataclasses.MISSING else (
+            field.default_factory() if field.default_factory is not dataclasses.MISSING else "required"
+        )  # fmt: skip
+        kind_name = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", field.type)
+        print(f"  {field.name:<22} {kind_name!s:<10} default {default!r}")
+    options_doc = inspect.getdoc(options) if options is not None else None
+    if options_doc:
+        print("\n" + options_doc)
     return 0
 
 
@@ -419,7 +455,9 @@ def _add_tune_and_list(sub) -> None:
     p.add_argument("--quiet", action="store_true", help="no line per trial, no progress bar")
     p.set_defaults(func=cmd_tune)
 
-    p = sub.add_parser("list", help="the algorithms, datasets, models and system models there are")
+    p = sub.add_parser("list", help="the plug-ins there are (of a kind; one plug-in's options)")
+    p.add_argument("kind", nargs="?", help="a plug-in kind: algorithm, system-model, dataset, ...")
+    p.add_argument("name", nargs="?", help="a plug-in of that kind: its description and options")
     p.set_defaults(func=cmd_list)
 
 
