@@ -152,3 +152,16 @@ def test_no_function_of_the_run_loop_the_trainer_or_the_cli_parser_is_longer_tha
                 if length > 80:
                     long.append(f"{name}:{node.name} ({length} lines)")
     assert long == []
+
+
+def test_a_misspelt_plugin_name_or_path_says_what_was_meant():
+    from fedhet.registry import resolve
+
+    with pytest.raises(ConfigError, match=r"'fedprx': unknown; did you mean 'fedprox'\?"):
+        resolve("algorithm", "fedprx", "algorithm.name")
+    with pytest.raises(ConfigError, match=r"has no 'FedAvgg'; did you mean 'FedAvg'\?"):
+        resolve("algorithm", "fedhet.algorithms.fedavg:FedAvgg", "algorithm.name")
+    with pytest.raises(
+        ConfigError, match=r"cannot import 'mymethod' .*on PYTHONPATH .*'package.module:ClassName'"
+    ):
+        resolve("algorithm", "mymethod:FedAvgM", "algorithm.name")

@@ -185,16 +185,24 @@ def _import_path(kind: str, path: str, key: str) -> Entry:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ConfigError(f"{key} = {path!r}: cannot import {module_name!r} ({exc})") from None
+        hint = ""
+        if isinstance(exc, ModuleNotFoundError) and exc.name and module_name.startswith(exc.name):
+            hint = (
+                f"; is the folder holding {module_name.split('.')[0]!r} on PYTHONPATH (e.g. "
+                f"PYTHONPATH=src fedhet ...), and is the path 'package.module:ClassName'?"
+            )
+        raise ConfigError(f"{key} = {path!r}: cannot import {module_name!r} ({exc}){hint}") from None
     except Exception as exc:
         raise ConfigError(
             f"{key} = {path!r}: importing {module_name!r} failed ({type(exc).__name__}: {exc})"
         ) from None
     cls: Any = module
     for part in attribute.split("."):
-        cls = getattr(cls, part, None)
-        if cls is None:
-            raise ConfigError(f"{key} = {path!r}: {module_name!r} has no {attribute!r}")
+        found = getattr(cls, part, None)
+        if found is None:
+            close = _close_to(part, [n for n in dir(cls) if not n.startswith("_")])
+            raise ConfigError(f"{key} = {path!r}: {module_name!r} has no {attribute!r}{close}")
+        cls = found
     check_plugin(kind, path, cls)
     return Entry(kind, path, cls, f"module {module_name}")
 
@@ -214,7 +222,15 @@ def resolve(kind: str, name: str, key: str) -> Entry:
             dist = getattr(getattr(point, "dist", None), "name", None) or point.value
             return Entry(kind, name, cls, f"entry point of {dist}")
     names = sorted(set(known) | {p.name for p in _entry_points(kind)})
-    raise ConfigError(f"{key} = {name!r}: unknown (known: {', '.join(names)})")
+    raise ConfigError(f"{key} = {name!r}: unknown{_close_to(name, names)} (known: {', '.join(names)})")
+
+
+def _close_to(name: str, candidates: list[str]) -> str:
+    """``"; did you mean 'x'?"`` for the closest candidate, or nothing."""
+    import difflib
+
+    close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.75)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def names(kind: str) -> list[str]:
