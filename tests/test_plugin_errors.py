@@ -111,3 +111,13 @@ def test_a_hook_that_fails_before_round_1_is_one_line(tmp_path):
                        r"round 1\): raised ValueError: no state for you") as failed:  # fmt: skip
         run(_config("test_plugin_errors:FailsToStart"), tmp_path / "r")
     assert "\n" not in str(failed.value)
+
+
+def test_debug_prints_the_plugins_own_traceback_after_the_line(tmp_path, capsys):
+    BROKEN["how"] = "raise"
+    config_path = tmp_path / "c.toml"
+    config_path.write_text(_config().to_toml())
+    assert main(["--debug", "run", str(config_path), "--out", str(tmp_path / "r"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fedhet: error: algorithm 'test_plugin_errors:Flaky'.aggregate (round 3)")
+    assert 'raise KeyError("weights")' in err and "test_plugin_errors.py" in err

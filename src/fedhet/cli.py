@@ -324,6 +324,11 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Start with: fedhet run examples/quickstart.toml. Help on one command: fedhet COMMAND --help.",
     )
     parser.add_argument("--version", action="version", version=f"fedhet {_version()}")
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="after an error's one line, print its traceback (fedhet --debug run ...)",
+    )
     sub = parser.add_subparsers(dest="command", required=True, title="commands", metavar="COMMAND")
     for add in (_add_run, _add_reproduce, _add_inspection, _add_outputs, _add_tune_and_list):
         add(sub)
@@ -513,6 +518,10 @@ def main(argv: list[str] | None = None) -> int:
         return status
     except FedhetError as exc:
         print(f"fedhet: error: {exc}", file=sys.stderr)
+        if args.debug:  # the one line first; then where it came from (a plug-in's own traceback)
+            import traceback
+
+            print(getattr(exc, "details", "") or traceback.format_exc(), file=sys.stderr, end="")
         return 2
     except KeyboardInterrupt:
         print(f"fedhet: interrupted; {INTERRUPTED.get(args.command, 'nothing was lost')}", file=sys.stderr)

@@ -30,7 +30,7 @@ from fedhet.engine.clock import VirtualClock
 from fedhet.engine.drivers import DRIVERS, StepEnvironment
 from fedhet.engine.evaluation import make_evaluator
 from fedhet.engine.faults import NonFinite
-from fedhet.engine.plugin_errors import TRACEBACK_FILE, PluginError, guarded, plugin_label
+from fedhet.engine.plugin_errors import TRACEBACK_FILE, PluginError, PluginStopped, guarded, plugin_label
 from fedhet.engine.pool import ClientPool, PoolContext, TaskOrder, WorkerDied
 from fedhet.engine.preflight import check_first_round, run_caveats
 from fedhet.engine.records import run_summary
@@ -310,9 +310,10 @@ class RunLoop:
             run_dir.write_summary(summary)
             (run_dir.path / TRACEBACK_FILE).write_text(failed.details or str(failed), encoding="utf-8")
         notify(callbacks, "on_closed", state, summary)
-        raise FedhetError(
+        raise PluginStopped(
             f"{failed}; the checkpoint of round {state.round} is kept: fix it and run again with --resume "
-            f"(traceback: {run_dir.path / TRACEBACK_FILE})"
+            f"(traceback: {run_dir.path / TRACEBACK_FILE})",
+            failed.details,
         )
 
     def _empty_streak(self, row: dict) -> int:

@@ -35,6 +35,15 @@ class PluginError(FedhetError):
         self.label, self.hook, self.round_number, self.details = label, hook, round_number, details
 
 
+class PluginStopped(FedhetError):
+    """The run stopped on a :class:`PluginError` (its line, and how to go on); ``details``
+    keeps the plug-in's traceback (``fedhet --debug`` prints it)."""
+
+    def __init__(self, message: str, details: str = ""):
+        super().__init__(message)
+        self.details = details
+
+
 def plugin_label(kind: str, name: str) -> str:
     """``algorithm 'salf'``: how a message names a plug-in."""
     return f"{kind} {name!r}"
