@@ -165,3 +165,21 @@ def test_a_misspelt_plugin_name_or_path_says_what_was_meant():
         ConfigError, match=r"cannot import 'mymethod' .*on PYTHONPATH .*'package.module:ClassName'"
     ):
         resolve("algorithm", "mymethod:FedAvgM", "algorithm.name")
+
+
+def test_an_installed_plugin_with_a_builtins_name_is_a_warning(monkeypatch, caplog):
+    """An entry point named like a built-in is not used; one warning line says so."""
+    import logging
+    from importlib.metadata import EntryPoint
+
+    from fedhet import registry
+
+    point = EntryPoint(name="salf", value="theirpkg.rules:SALF", group="fedhet.algorithms")
+    monkeypatch.setattr(registry, "_entry_points", lambda kind: [point] if kind == "algorithm" else [])
+    monkeypatch.setattr(registry, "_SHADOW_WARNED", set())
+    with caplog.at_level(logging.WARNING, logger="fedhet"):
+        entry = registry.resolve("algorithm", "salf", "algorithm.name")
+        registry.resolve("algorithm", "salf", "algorithm.name")
+    assert entry.origin == "fedhet"
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "has a built-in's name and is not used" in lines[0]

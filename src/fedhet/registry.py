@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import logging
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
@@ -215,6 +216,7 @@ def resolve(kind: str, name: str, key: str) -> Entry:
         return _import_path(kind, name, key)
     known = builtins(kind)
     if name in known:
+        _warn_shadowed(kind, name)
         return known[name]
     for point in _entry_points(kind):
         if point.name == name:
@@ -231,6 +233,24 @@ def _close_to(name: str, candidates: list[str]) -> str:
 
     close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.75)
     return f"; did you mean {close[0]!r}?" if close else ""
+
+
+_SHADOW_WARNED: set[tuple[str, str]] = set()
+
+
+def _warn_shadowed(kind: str, name: str) -> None:
+    """One warning when an installed package declares a plug-in under a built-in's name (the
+    built-in is the one used)."""
+    if (kind, name) in _SHADOW_WARNED:
+        return
+    _SHADOW_WARNED.add((kind, name))
+    for point in _entry_points(kind):
+        if point.name == name:
+            dist = getattr(getattr(point, "dist", None), "name", None) or point.value
+            logging.getLogger("fedhet").warning(
+                "%s %r: the entry point of %s has a built-in's name and is not used; give it another name "
+                "(or name it by module path, %s)", KIND_LABELS[kind], name, dist, point.value,
+            )  # fmt: skip
 
 
 def names(kind: str) -> list[str]:
