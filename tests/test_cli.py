@@ -174,3 +174,22 @@ def test_list_shows_one_plugins_description_and_options(capsys):
     assert "straggler-ratio" in listed and "fedprox" not in listed
     assert cli_main(["list", "algo"]) == 2
     assert "not a plug-in kind" in capsys.readouterr().err
+
+
+def test_compare_on_a_running_run_says_it_is_running(tmp_path, capsys):
+    """A run folder whose run is still going (its lock held) is named as running, with its
+    progress, instead of 'not a run folder'."""
+    from fedhet.results import RunDirectory
+
+    folder = tmp_path / "live"
+    run_dir = RunDirectory(folder)
+    run_dir.prepare(resume=False, overwrite=False)  # takes the lock, as a running run does
+    (folder / "metrics.csv").write_text("round,sim_time\n1,1.0\n2,2.0\n")
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "fedhet", "compare", str(folder)], capture_output=True, text=True
+    )
+    run_dir.release()
+    assert done.returncode == 2 and "still running (2 rounds so far)" in done.stderr

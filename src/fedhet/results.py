@@ -203,6 +203,21 @@ class RunLock:
             self.handle.close()
             self.handle = None
 
+    def held_elsewhere(self) -> bool:
+        """Whether another process holds the lock now (a run is writing the folder)."""
+        if not self.path.is_file():
+            return False
+        try:
+            with self.path.open("r") as handle:
+                try:
+                    fcntl.flock(handle.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+                except OSError as exc:
+                    return exc.errno in (errno.EAGAIN, errno.EACCES)
+                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+        except OSError:
+            return False
+        return False
+
 
 class RunDirectory:
     """Reads and writes one run's files."""
@@ -305,6 +320,14 @@ class RunDirectory:
                 with contextlib.suppress(FileNotFoundError):
                     (self.path / Path(name).name).unlink()
             manifest.unlink()
+
+    def running(self) -> bool:
+        """Whether a fedhet run is writing this folder now."""
+        return RunLock(self.path / LOCK_NAME).held_elsewhere()
+
+    def rounds_so_far(self) -> int:
+        """Rows of metrics.csv on disk (a running run's progress)."""
+        return self._rows_on_disk()
 
     def remove_summary(self) -> None:
         """A resumed run's summary (and a plug-in error's traceback) are written anew."""

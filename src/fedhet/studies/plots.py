@@ -3,11 +3,15 @@ per-round deadline schedule (ADEL-FL Fig. 2a). matplotlib is imported only here.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 
+from fedhet.checks import counted
 from fedhet.errors import FedhetError
 from fedhet.results import RunDirectory, make_folder, run_order
+
+log = logging.getLogger("fedhet")
 
 
 def find_runs(paths: Sequence[str | Path], marker: str = "metrics.csv") -> list[RunDirectory]:
@@ -17,10 +21,18 @@ def find_runs(paths: Sequence[str | Path], marker: str = "metrics.csv") -> list[
     for path in map(Path, paths):
         if (path / marker).exists():
             runs.append(RunDirectory(path))
+        elif (path / "metrics.csv").exists() and RunDirectory(path).running():
+            done = RunDirectory(path).rounds_so_far()
+            raise FedhetError(
+                f"{path}: still running ({counted(done, 'round')} so far); it has no {marker} yet"
+            )
         elif path.is_dir():
             order = {name: index for index, name in enumerate(run_order(path))}  # the experiment's
             folders = sorted(path.iterdir(), key=lambda p: (order.get(p.name, len(order)), p.name))
             found = [RunDirectory(p) for p in folders if (p / marker).exists()]
+            running = [p.name for p in folders if not (p / marker).exists() and RunDirectory(p).running()]
+            if running:
+                log.warning("%s: %s still running, left out", path, ", ".join(running))
             if not found:
                 raise FedhetError(f"{path}: neither a run folder nor a folder of runs (no {marker})")
             runs.extend(found)
