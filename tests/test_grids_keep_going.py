@@ -114,3 +114,18 @@ def test_unset_on_the_command_line(tmp_path, capsys):
     assert "mu = 0.1" not in (tmp_path / "r" / "config.toml").read_text()
     assert main(["run", path, "--out", str(tmp_path / "r2"), "--unset", "algorithm.nu"]) == 2
     assert "--unset algorithm.nu: the configuration has no such key" in capsys.readouterr().err
+
+
+def test_a_grid_table_exports_to_csv_and_latex(tmp_path, capsys):
+    document = {**BASE, "grid": {"algorithm.name": ["fedavg", "salf"], "run.seed": [1, 2]},
+                "report": {"columns": ["algorithm.name"]}}  # fmt: skip
+    path, out = _write(tmp_path, document), tmp_path / "out"
+    assert main(["reproduce", path, "--out", str(out), "--quiet", "--format", "csv"]) == 0
+    import csv
+
+    rows = list(csv.reader(l for l in (out / "table.csv").read_text().splitlines() if not l.startswith("#")))
+    assert rows[0] == ["run", "fedavg", "salf"] and " ± " in rows[1][1]
+    assert (out / "table.md").is_file()
+    assert main(["reproduce", path, "--out", str(out), "--quiet", "--format", "latex"]) == 0
+    tex = (out / "table.tex").read_text()
+    assert tex.startswith(r"\begin{tabular}{lrr}") and r"$\pm$" in tex and r"\end{tabular}" in tex

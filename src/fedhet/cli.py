@@ -106,9 +106,12 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         )
 
     summaries = run_experiment(experiment, out, jobs=args.jobs, on_cell=on_cell, ray=args.ray)
-    table = report_table(experiment, summaries)
+    from fedhet.studies.tables import TABLE_FORMATS
+
     out.mkdir(parents=True, exist_ok=True)
-    (out / "table.md").write_text(table, encoding="utf-8")
+    for fmt in {"md", args.format}:  # table.md always, and the format asked for
+        (out / TABLE_FORMATS[fmt]).write_text(report_table(experiment, summaries, fmt=fmt), encoding="utf-8")
+    table = report_table(experiment, summaries, fmt=args.format)
     (out / "summaries.json").write_text(dumps(summaries, indent=2, sort_keys=True))
     print(table)
     failed = [name for name, summary in summaries.items() if summary.get("failed")]
@@ -392,6 +395,8 @@ def _add_reproduce(sub) -> None:
         help="mark cells significantly above/below this column of their row (paired t-test "
         "over seeds; default: report.reference)",
     )
+    p.add_argument("--format", choices=("md", "csv", "latex"), default="md",
+                   help="the table printed and written beside table.md (table.csv, table.tex)")  # fmt: skip
     p.set_defaults(func=cmd_reproduce)
 
 

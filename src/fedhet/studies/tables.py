@@ -12,11 +12,15 @@ from fedhet.studies.stats import difference_p_value, estimate
 FAILED = object()  # a cell whose run failed (its summary says why)
 
 
-def report_table(experiment: Experiment, summaries: dict[str, dict], digits: int = 3) -> str:
-    """A Markdown pivot table: one row per ``rows`` value, one column per ``columns`` value.
-    Cells that share a row and column (e.g. seeds left out of both) show mean ± the
-    experiment's ``interval`` over them, marked ↑/↓ when significantly above/below the
-    ``reference`` column of their row; a note under the table says what the marks mean."""
+TABLE_FORMATS = {"md": "table.md", "csv": "table.csv", "latex": "table.tex"}
+
+
+def report_table(experiment: Experiment, summaries: dict[str, dict], digits: int = 3, fmt: str = "md") -> str:
+    """A pivot table (``fmt``: Markdown, CSV or LaTeX): one row per ``rows`` value, one column
+    per ``columns`` value. Cells that share a row and column (e.g. seeds left out of both)
+    show mean ± the experiment's ``interval`` over them, marked ↑/↓ when significantly
+    above/below the ``reference`` column of their row; a note under the table says what the
+    marks mean (CSV: in comment lines)."""
     row_keys, col_keys = experiment.rows, experiment.columns
     rows: dict[tuple, dict[str, list[tuple]]] = {}
     caveated: set[tuple] = set()  # (row, column) entries with a run whose summary has caveats
@@ -34,7 +38,7 @@ def report_table(experiment: Experiment, summaries: dict[str, dict], digits: int
         if summary.get("caveats"):
             caveated.add((r, c))
     head = [" / ".join(k.split(".")[-1] for k in row_keys) or "run", *col_order]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    body: list[list[str]] = []
     for r, values in rows.items():
         cells = [" ".join(str(v) for v in r) or "-"]
         reference = _numbers(values.get(experiment.reference, [])) if experiment.reference else {}
@@ -48,7 +52,7 @@ def report_table(experiment: Experiment, summaries: dict[str, dict], digits: int
             if (r, c) in caveated:
                 text += " ⚠"
             cells.append(text)
-        lines.append("| " + " | ".join(cells) + " |")
+        body.append(cells)
     seeds = max((len(v) for by_col in rows.values() for v in by_col.values()), default=0)
     notes = []
     if seeds > 1:
@@ -62,6 +66,35 @@ def report_table(experiment: Experiment, summaries: dict[str, dict], digits: int
             f"↑/↓: significantly above/below the {experiment.reference!r} column of the same row "
             f"(two-sided paired t-test over seeds, p < {experiment.alpha:g}, uncorrected)"
         )
+    return _render(head, body, notes, fmt)
+
+
+def _render(head: list[str], body: list[list[str]], notes: list[str], fmt: str) -> str:
+    """The table as Markdown, CSV (notes as ``#`` lines after it) or a LaTeX tabular."""
+    if fmt == "csv":
+        import csv
+        import io
+
+        out = io.StringIO()
+        csv.writer(out, lineterminator="\n").writerows([head, *body])
+        return out.getvalue() + "".join(f"# {note}\n" for note in notes)
+    if fmt == "latex":
+
+        def tex(text: str) -> str:
+            for char, escaped in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"),
+                                  ("#", r"\#"), ("±", r"$\pm$"), ("↑", r"$\uparrow$"), ("↓", r"$\downarrow$"),
+                                  ("⚠", r"$\triangle$")):  # fmt: skip
+                text = text.replace(char, escaped)
+            return text
+
+        lines = [r"\begin{tabular}{l" + "r" * (len(head) - 1) + "}", r"\hline"]
+        lines += [" & ".join(map(tex, head)) + r" \\", r"\hline"]
+        lines += [" & ".join(map(tex, row)) + r" \\" for row in body]
+        lines += [r"\hline", r"\end{tabular}"]
+        text = "\n".join(lines) + "\n"
+        return text + ("% " + tex("; ".join(notes)) + ".\n" if notes else "")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(row) + " |" for row in body]
     text = "\n".join(lines) + "\n"
     if notes:
         text += "\n" + "; ".join(notes) + ".\n"
