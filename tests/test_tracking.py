@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import time
 
 import pytest
 import tomli_w
@@ -122,6 +123,7 @@ def test_tensorboard_event_files_hold_every_metric_by_round_and_by_simulated_tim
     losses = by_round.Scalars("train_loss")
     assert [e.step for e in losses] == [1, 2, 3, 4, 5, 6]
     assert [e.value for e in losses] == pytest.approx([float(r["train_loss"]) for r in rows], rel=1e-6)
+    assert all(abs(e.wall_time - time.time()) < 600 for e in losses)  # round points: the real clock
     timed = by_time.Scalars("train_loss")
     assert [e.step for e in timed] == [round(1000 * float(r["sim_time"])) for r in rows]
     assert [e.wall_time for e in timed] == pytest.approx([float(r["sim_time"]) for r in rows])

@@ -10,9 +10,10 @@
   nested under one parent run named after it. A resumed fedhet run continues the same
   MLflow run (its id is kept in the run folder, ``.mlflow-run``).
 - ``tensorboard``: event files in ``<run folder>/tensorboard``, two TensorBoard runs with
-  the same tags (the metrics.csv columns): ``round`` (step = round) and ``sim_time`` (step =
-  simulated milliseconds; TensorBoard's steps are integers); each point's wall time is its
-  simulated time, so TensorBoard's "relative" axis reads simulated seconds.
+  the same tags (the metrics.csv columns): ``round`` (step = round; each point's wall time is
+  the real time it was written) and ``sim_time`` (step = simulated milliseconds, TensorBoard's
+  steps being integers; each point's wall time is its simulated time, so TensorBoard's
+  "relative" axis reads simulated seconds there).
 
 Tracking never stops training: a tracker that fails (an unreachable server, a full disk, a
 missing package) writes one warning line and is switched off for the rest of the run. The
@@ -247,9 +248,10 @@ class TensorBoardTracking(Tracker):
     def round_end(self, state, row: dict) -> None:
         sim_time = float(row.get("sim_time") or 0.0)
         steps = {"round": int(row["round"]), "sim_time": _milliseconds(sim_time)}
+        walls = {"round": time.time(), "sim_time": sim_time}  # round: the real clock; sim_time: simulated
         for key, value in numbers(row, skip=("round",)).items():
             for axis, writer in self.writers.items():
-                writer.add_scalar(key, value, global_step=steps[axis], walltime=sim_time)
+                writer.add_scalar(key, value, global_step=steps[axis], walltime=walls[axis])
 
     def close(self, state, summary: dict) -> None:
         text = f"```\n{json.dumps(summary, indent=2, default=str)}\n```"
