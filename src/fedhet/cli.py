@@ -272,6 +272,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    """Try a plug-in (module:Class algorithm) or a configuration on a tiny run: one line per
+    check (fedhet.plugin_check); exit status 1 when one fails."""
+    from fedhet.plugin_check import check
+
+    return 0 if check(args.target) else 1
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     """Every plug-in of every kind; with a kind, that kind's; with a kind and a name, that
     plug-in's full description and its options (key, type, default)."""
@@ -464,6 +472,10 @@ def _add_tune_and_list(sub) -> None:
                    help="tune without data.validation_fraction, judging trials on the test set")  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no line per trial, no progress bar")
     p.set_defaults(func=cmd_tune)
+
+    p = sub.add_parser("check", help="try a plug-in or a configuration on a tiny run: which part fails, why")
+    p.add_argument("target", help="an algorithm plug-in (package.module:ClassName) or a configuration file")
+    p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("list", help="the plug-ins there are (of a kind; one plug-in's options)")
     p.add_argument("kind", nargs="?", help="a plug-in kind: algorithm, system-model, dataset, ...")
