@@ -256,7 +256,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
         def on_trial(line: str, counts: bool) -> None:
             if not args.quiet:
-                progress.console.print(line)
+                progress.console.print(line, soft_wrap=True, markup=False)
             if counts:
                 progress.advance(bar)
 

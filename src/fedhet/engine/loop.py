@@ -314,6 +314,7 @@ class RunLoop:
             f"{failed}; the checkpoint of round {state.round} is kept: fix it and run again with --resume "
             f"(traceback: {run_dir.path / TRACEBACK_FILE})",
             failed.details,
+            str(failed),
         )
 
     def _empty_streak(self, row: dict) -> int:

@@ -39,9 +39,10 @@ class PluginStopped(FedhetError):
     """The run stopped on a :class:`PluginError` (its line, and how to go on); ``details``
     keeps the plug-in's traceback (``fedhet --debug`` prints it)."""
 
-    def __init__(self, message: str, details: str = ""):
+    def __init__(self, message: str, details: str = "", line: str = ""):
         super().__init__(message)
         self.details = details
+        self.line = line or message  # the plug-in's failure alone (without how to go on)
 
 
 def plugin_label(kind: str, name: str) -> str:

@@ -416,7 +416,9 @@ def _worker(storage: str, study_name: str, space: SearchSpace, raw: dict, algori
         except optuna.TrialPruned:
             raise
         except Exception as exc:  # noqa: BLE001  (the trial fails with its reason; K in a row stop)
-            reason = str(exc) if isinstance(exc, FedhetError) else f"{type(exc).__name__}: {exc}"
+            reason = getattr(exc, "line", None) or (  # a plug-in's failure: its own line
+                str(exc) if isinstance(exc, FedhetError) else f"{type(exc).__name__}: {exc}"
+            )
             reason = (reason.strip().splitlines() or [type(exc).__name__])[0][:300]
             trial.set_user_attr("error", reason)
             raise TrialFailed(reason) from None
