@@ -129,3 +129,19 @@ def test_a_grid_table_exports_to_csv_and_latex(tmp_path, capsys):
     assert main(["reproduce", path, "--out", str(out), "--quiet", "--format", "latex"]) == 0
     tex = (out / "table.tex").read_text()
     assert tex.startswith(r"\begin{tabular}{lrr}") and r"$\pm$" in tex and r"\end{tabular}" in tex
+
+
+def test_the_report_of_a_grid_renders_its_table_and_bands_over_seeds(tmp_path):
+    document = {**BASE, "grid": {"algorithm.name": ["fedavg", "salf"], "run.seed": [1, 2, 3]},
+                "report": {"columns": ["algorithm.name"]}}  # fmt: skip
+    path, out = _write(tmp_path, document), tmp_path / "out"
+    assert main(["reproduce", path, "--out", str(out), "--quiet"]) == 0
+    assert main(["report", str(out)]) == 0
+    page = (out / "report.html").read_text()
+    assert "<th>fedavg</th>" in page and "<th>salf</th>" in page and "<pre>| run" not in page
+    assert "mean and 95% confidence band over seeds" in page
+    from fedhet.results import RunDirectory
+    from fedhet.studies.report import _seed_groups
+
+    groups = _seed_groups([RunDirectory(p) for p in sorted(out.iterdir()) if (p / "config.toml").exists()])
+    assert sorted(len(g) for g in groups.values()) == [3, 3]

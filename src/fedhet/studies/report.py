@@ -72,11 +72,11 @@ def _grid_page(path: Path, runs: list[RunDirectory]) -> str:
     parts.append(_runs_table(runs, summaries))
     table = path / "table.md"
     if table.exists():
-        text = html.escape(table.read_text(encoding="utf-8"))
-        parts.append(f"<h2>Experiment table</h2><pre>{text}</pre>")
+        parts.append("<h2>Experiment table</h2>" + _markdown_table(table.read_text(encoding="utf-8")))
     parts.append('<div class="figures">')
     parts.append(_figure(_accuracy_figure(runs, "sim_time"), "test accuracy against simulated time"))
     parts.append(_figure(_accuracy_figure(runs, "round"), "test accuracy against rounds"))
+    parts.append(_figure(_band_figure(runs), "mean and 95% confidence band over seeds, against rounds"))
     parts.append("</div>")
     if len(runs) <= MAX_RUN_SECTIONS:
         parts += [_run_page(run, level=2) for run in runs]
@@ -84,6 +84,80 @@ def _grid_page(path: Path, runs: list[RunDirectory]) -> str:
         parts.append(f"<p>{len(runs)} runs: per-run sections are left out above {MAX_RUN_SECTIONS}; "
                      "run <code>fedhet report RUN</code> on one of them.</p>")  # fmt: skip
     return "\n".join(parts)
+
+
+def _markdown_table(text: str) -> str:
+    """A grid's table.md as an HTML table (its notes as a paragraph under it)."""
+    rows, notes = [], []
+    for line in text.splitlines():
+        if line.startswith("|") and set(line) <= set("|-: "):
+            continue  # the header's rule
+        if line.startswith("|"):
+            rows.append([html.escape(cell.strip()) for cell in line.strip().strip("|").split("|")])
+        elif line.strip():
+            notes.append(html.escape(line.strip()))
+    if not rows:
+        return f"<pre>{html.escape(text)}</pre>"
+    head = "".join(f"<th>{cell}</th>" for cell in rows[0])
+    body = "".join("<tr>" + "".join(f"<td>{cell}</td>" for cell in row) + "</tr>" for row in rows[1:])
+    note = f"<p>{' '.join(notes)}</p>" if notes else ""
+    return f"<table><tr>{head}</tr>{body}</table>{note}"
+
+
+def _seed_groups(runs: list[RunDirectory]) -> dict[str, list[RunDirectory]]:
+    """Runs whose configurations differ only in ``run.seed`` (and name), by a label."""
+    import tomllib
+
+    groups: dict[str, list[RunDirectory]] = {}
+    for run in runs:
+        try:
+            config = tomllib.loads((run.path / "config.toml").read_text(encoding="utf-8"))
+        except (OSError, tomllib.TOMLDecodeError):
+            continue
+        settings = {k: v for k, v in config.items() if k != "run"}
+        settings["run"] = {k: v for k, v in config.get("run", {}).items() if k not in ("seed", "name")}
+        key = repr(sorted((k, repr(v)) for k, v in settings.items()))
+        groups.setdefault(key, []).append(run)
+    return {
+        f"{group[0].path.name} ({len(group)} seeds)": group for group in groups.values() if len(group) > 1
+    }
+
+
+def _band_figure(runs: list[RunDirectory]) -> bytes | None:
+    """Per group of seeds: the mean test score per round and its 95% t-interval as a band."""
+    import numpy as np
+    from scipy import stats
+
+    from fedhet.studies.plots import _pyplot, score_column
+
+    groups = _seed_groups(runs)
+    if not groups:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    column = "test_accuracy"
+    for label, group in groups.items():
+        tables = [run.read_metrics() for run in group]
+        column = score_column([row for rows in tables for row in rows])
+        by_round: dict[int, list[float]] = {}
+        for rows in tables:
+            for row in rows:
+                if row.get(column) is not None:
+                    by_round.setdefault(int(row["round"]), []).append(float(row[column]))
+        rounds = sorted(r for r, values in by_round.items() if len(values) == len(group))
+        if not rounds:
+            continue
+        values = np.array([by_round[r] for r in rounds])
+        mean = values.mean(1)
+        half = stats.t.ppf(0.975, len(group) - 1) * values.std(1, ddof=1) / np.sqrt(len(group))
+        (line,) = ax.plot(rounds, mean, label=label)
+        ax.fill_between(rounds, mean - half, mean + half, alpha=0.2, color=line.get_color())
+    ax.set_xlabel("round")
+    ax.set_ylabel("test RMSE" if column == "test_rmse" else "test accuracy")
+    ax.grid(alpha=0.3)
+    if len(groups) <= 20:
+        ax.legend(fontsize=8)
+    return _png(fig)
 
 
 def _runs_table(runs: list[RunDirectory], summaries: dict) -> str:
