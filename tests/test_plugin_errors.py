@@ -121,3 +121,34 @@ def test_debug_prints_the_plugins_own_traceback_after_the_line(tmp_path, capsys)
     err = capsys.readouterr().err
     assert err.startswith("fedhet: error: algorithm 'test_plugin_errors:Flaky'.aggregate (round 3)")
     assert 'raise KeyError("weights")' in err and "test_plugin_errors.py" in err
+
+
+class LosesAClient:
+    """A system model plug-in whose sample forgets the last client (wraps the full model)."""
+
+    name = "loses-a-client"
+    from fedhet.registry import NoOptions as Options
+
+    @classmethod
+    def build(cls, options, ctx):
+        from fedhet.system.depth import NoStragglers
+
+        class Forgetful(NoStragglers):
+            def sample(self, work, rng):
+                outcomes = super().sample(work, rng)
+                outcomes.participates = outcomes.participates[:-1]
+                return outcomes
+
+        return Forgetful.build(options, ctx)
+
+
+def test_a_system_model_plugin_that_fails_is_named_too(tmp_path):
+    document = {
+        **BASE,
+        "system": {"model": "test_plugin_errors:LosesAClient"},
+        "algorithm": {"name": "fedavg"},
+    }
+    expected = r"'test_plugin_errors:LosesAClient'.sample \(round 1\): returned participates for 3 clients"
+    with pytest.raises(FedhetError, match=expected):
+        run(from_dict(document), tmp_path / "r")
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["stopped_by"] == "plugin_error"

@@ -88,11 +88,13 @@ class RoundDriver:
         work = plan.workload()
         work.start_time = state.sim_time
         work.upload_bytes = upload_bytes(world, work.depth)
-        outcomes = system.sample(work, seeding.round_stream(config.run.seed, "system", t))
+        model = Hooks(config.system.model, t + 1, "system model")  # the system model's, likewise
+        stream = seeding.round_stream(config.run.seed, "system", t)
+        outcomes = model.outcomes(model.call("sample", system.sample, work, stream), world.num_clients)
         context = RoundContext(
             plan,
             outcomes,
-            system.marginals(work),
+            model.marginals(model.call("marginals", system.marginals, work)),
             world.num_clients,
             world.flat.num_layers,
             client_sizes=world.client_sizes,
@@ -126,15 +128,15 @@ class RoundDriver:
         for update in env.pool.run(tasks, state.params, state.buffers):
             what = update_fault(update)
             if what and config.run.on_non_finite == "stop":
-                system.observe([*delivered, update.summary()])
+                model.call("observe", system.observe, [*delivered, update.summary()])
                 return NonFinite(t + 1, update.client, what)
             if what:  # skip-client: left out of this round
                 skipped += 1
-                system.observe([update.summary()])
+                model.call("observe", system.observe, [update.summary()])
                 continue
             delivered.append(update.summary())
             hooks.call(rule, aggregator.add, update)
-        system.observe(delivered)
+        model.call("observe", system.observe, delivered)
         state.system = system.state_dict()
         params, buffers = hooks.model(rule, hooks.call(rule, aggregator.result), state.params, state.buffers)
         if what := params_fault(params, buffers):
@@ -186,8 +188,10 @@ class EventDriver:
             start = engine["starts"][client]
             work = Workload(None, batch, steps, start_time=now)
             work.upload_bytes = full_upload  # the whole model's update travels
-            timing = world.server_system.sample(
-                work, seeding.client_stream(config.run.seed, start, client, "duration")
+            stream = seeding.client_stream(config.run.seed, start, client, "duration")
+            model = Hooks(config.system.model, version + 1, "system model")
+            timing = model.outcomes(
+                model.call("sample", world.server_system.sample, work, stream), world.num_clients
             )
             engine["starts"][client] = start + 1
             if client not in updates or not timing.participates[client]:

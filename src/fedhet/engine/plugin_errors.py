@@ -95,10 +95,11 @@ def checked_model(
 
 
 class Hooks:
-    """The guarded calls of one round into the algorithm ``name``'s hooks."""
+    """The guarded calls of one round into the hooks of plug-in ``name`` (of ``kind``: the
+    algorithm, or the system model)."""
 
-    def __init__(self, name: str, round_number: int):
-        self.label, self.round_number = plugin_label("algorithm", name), round_number
+    def __init__(self, name: str, round_number: int, kind: str = "algorithm"):
+        self.label, self.round_number = plugin_label(kind, name), round_number
 
     def call(self, hook: str, function: Callable[..., T], *args: Any) -> T:
         """``function(*args)`` (the hook ``hook``), guarded (:func:`guarded`)."""
@@ -123,6 +124,29 @@ class Hooks:
                 f"planned {len(plan.assignments)} clients, the run has {num_clients}",
             )  # fmt: skip
         return plan
+
+    def outcomes(self, found: Any, num_clients: int) -> Any:
+        """A system model's ``sample``: :class:`~fedhet.system.types.Outcomes` over every client."""
+        from fedhet.system.types import Outcomes
+
+        if not isinstance(found, Outcomes):
+            what = f"returned {describe(found)}; expected Outcomes"
+            raise PluginError(self.label, "sample", self.round_number, what)
+        for field in ("participates", "depth", "full_time", "finish_time", "steps_done"):
+            size = len(getattr(found, field))
+            if size != num_clients:
+                what = f"returned {field} for {size} clients, the run has {num_clients}"
+                raise PluginError(self.label, "sample", self.round_number, what)
+        return found
+
+    def marginals(self, found: Any) -> Any:
+        """A system model's ``marginals``: :class:`~fedhet.system.types.Marginals`."""
+        from fedhet.system.types import Marginals
+
+        if not isinstance(found, Marginals):
+            what = f"returned {describe(found)}; expected Marginals"
+            raise PluginError(self.label, "marginals", self.round_number, what)
+        return found
 
     def metrics(self, found: Any) -> dict:
         """``round_metrics``' answer checked: a dict of numbers (or None) by column name."""
