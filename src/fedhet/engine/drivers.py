@@ -232,7 +232,8 @@ class EventDriver:
         if what := params_fault(params, buffers):
             return NonFinite(t + 1, None, what)
         state.params, state.buffers = params, buffers
-        world.server_system.observe([u.summary() for u, _ in entries])  # as the round driver does
+        model = Hooks(env.config.system.model, t + 1, "system model")  # as the round driver does
+        model.call("observe", world.server_system.observe, [u.summary() for u, _ in entries])
         state.system = world.server_system.state_dict()
         duration = engine["now"] - state.sim_time
         state.sim_time = clock.advance(duration)
