@@ -35,15 +35,39 @@ TINY = {
 
 
 def check(target: str, report: Callable[[str], None] = print) -> bool:
-    """Run the checks on ``target`` (a ``module:Class`` algorithm or a configuration file);
-    ``report`` gets one line per check. Whether all passed."""
-    from fedhet.config import apply_overrides, from_dict, read_toml
+    """Run the checks on ``target`` (a ``module:Class`` algorithm or a configuration file;
+    a configuration's ``[compare]``: each of its algorithms); ``report`` gets one line per
+    check. Whether all passed."""
+    from fedhet.config import apply_overrides, read_toml
 
     if Path(target).suffix == ".toml" or Path(target).is_file():
         raw = read_toml(target)
     else:
         raw = {**TINY, "algorithm": {"name": target}}
     raw = apply_overrides(raw, [f"run.rounds={ROUNDS}", "run.eval_every=1", "run.time_budget=0"])
+    if not raw.get("compare", {}).get("algorithms"):
+        return _check_one(raw, report)
+    from fedhet.studies.expansion import compare_cells
+
+    try:
+        cells = compare_cells(raw, target)
+    except FedhetError as exc:
+        report(f"class: {exc}")
+        return False
+    passed = []
+    for cell in cells:  # each compared algorithm on its own, its lines prefixed with its name
+        passed.append(_check_one(cell.config.to_dict(), _prefixed(report, cell.name)))
+    return all(passed)
+
+
+def _prefixed(report: Callable[[str], None], name: str) -> Callable[[str], None]:
+    """``report`` with each line prefixed by ``name``."""
+    return lambda line: report(f"{name}: {line}")
+
+
+def _check_one(raw: dict, report: Callable[[str], None]) -> bool:
+    from fedhet.config import from_dict
+
     results = []
     try:
         config = from_dict(raw)
