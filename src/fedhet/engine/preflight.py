@@ -63,23 +63,34 @@ NEVER = 1e-12  # a delivery probability below this: the client never delivers
 MOSTLY = 0.5  # the share of clients that never deliver above which a run is caveated
 
 
-def run_caveats(config, world, algorithm_state: dict) -> list[str]:
-    """What makes a run say little, one line each: the rule's own caveats (settings under
-    which it is another rule) and, priced with the first round's plan, most clients never
-    able to deliver an update (fixed stragglers under a rule that keeps only finished work)."""
+def first_round(config, world, algorithm_state: dict):
+    """The first round priced before it runs: (plan, workload, asked, marginals, per client
+    P[delivers]); None for rules and models this cannot price (event-driven rules, models that
+    learn their marginals as the run goes)."""
     algorithm, system = world.algorithm, world.server_system
-    found = list(algorithm.caveats())
     if system.wall_clock or getattr(algorithm, "driver", "round") != "round":
-        return found
+        return None
     plan = algorithm.plan(0, algorithm_state, system, config.round_deadline)
     work = plan.workload()
     asked = np.array([a.asked for a in plan.assignments], dtype=bool)
     from fedhet.engine.drivers import upload_bytes
 
     work.upload_bytes = upload_bytes(world, work.depth)
-    per_client = delivery_probability(
-        algorithm.partial_work, system.marginals(work), work, world.flat.num_layers
-    )
+    marginals = system.marginals(work)
+    delivering = delivery_probability(algorithm.partial_work, marginals, work, world.flat.num_layers)
+    return plan, work, asked, marginals, delivering
+
+
+def run_caveats(config, world, algorithm_state: dict) -> list[str]:
+    """What makes a run say little, one line each: the rule's own caveats (settings under
+    which it is another rule) and, priced with the first round's plan, most clients never
+    able to deliver an update (fixed stragglers under a rule that keeps only finished work)."""
+    algorithm = world.algorithm
+    found = list(algorithm.caveats())
+    first = first_round(config, world, algorithm_state)
+    if first is None:
+        return found
+    _, _, asked, _, per_client = first
     never = int(np.sum((per_client < NEVER) & asked))
     if asked.any() and never > MOSTLY * int(asked.sum()):
         what = {"layers": "the top layer of its steps", "steps": "one local step"}.get(
@@ -96,18 +107,13 @@ def run_caveats(config, world, algorithm_state: dict) -> list[str]:
 def check_first_round(config, world, algorithm_state: dict) -> None:
     """Refuse, in one line, a run whose first round's plan cannot deliver a single update
     over the run's rounds (ADEL-FL Lemma 1's reach probabilities, or their step analogue)."""
-    algorithm, system = world.algorithm, world.system
-    if system.wall_clock or getattr(algorithm, "driver", "round") != "round":
+    algorithm, system = world.algorithm, world.server_system
+    first = first_round(config, world, algorithm_state)
+    if first is None:
         return
-    plan = algorithm.plan(0, algorithm_state, system, config.round_deadline)
-    work = plan.workload()
-    asked = np.array([a.asked for a in plan.assignments], dtype=bool)
-    from fedhet.engine.drivers import upload_bytes
-
-    work.upload_bytes = upload_bytes(world, work.depth)
-    marginals = system.marginals(work)
+    plan, work, asked, marginals, delivering = first
     layers = world.flat.num_layers
-    per_client = delivery_probability(algorithm.partial_work, marginals, work, layers) * asked
+    per_client = delivering * asked
     expected = float(np.sum(per_client)) * config.run.rounds
     if expected >= NOTHING:
         return
