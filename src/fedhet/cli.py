@@ -272,6 +272,19 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Every method of a suite tuned under the same budget in every scenario, run over seeds,
+    ranked (fedhet.bench); prints the leaderboard's files."""
+    from fedhet.bench.command import run_bench
+
+    paths = run_bench(args.suite, args.method, args.trials, args.seeds, args.jobs, args.ray, args.out,
+                      args.set, quiet=args.quiet)  # fmt: skip
+    print(paths[0].read_text(encoding="utf-8"), end="")
+    for path in paths:
+        print(path, file=sys.stderr)
+    return 0
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     """Try a plug-in (module:Class algorithm) or a configuration on a tiny run: one line per
     check (fedhet.plugin_check); exit status 1 when one fails."""
@@ -473,6 +486,21 @@ def _add_tune_and_list(sub) -> None:
     p.add_argument("--quiet", action="store_true", help="no line per trial, no progress bar")
     p.set_defaults(func=cmd_tune)
 
+    p = sub.add_parser("bench", help="tune every method of a suite under one budget, run seeds, rank them")
+    p.add_argument("suite", help="a suite TOML file (scenarios, methods, budget), e.g. suites/smoke.toml")
+    p.add_argument("--method", action="append", default=[], metavar="NAME_OR_PATH",
+                   help="add a method: a built-in name or package.module:Class (repeatable)")  # fmt: skip
+    p.add_argument("--trials", type=_positive_int, help="tuning trials per method and scenario (the suite's)")
+    p.add_argument("--seeds", type=_positive_int, help="seeds 1..S of each tuned setting (the suite's)")
+    p.add_argument("--jobs", type=_positive_int, default=1, help="studies and seed runs at once (default 1)")
+    p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
+                   help="studies and seeds as Ray tasks: a local Ray, or the cluster at ADDRESS")  # fmt: skip
+    p.add_argument("--out", help="the bench folder (default runs/bench-<suite name>)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a value of the suite's base configuration (repeatable)")  # fmt: skip
+    p.add_argument("--quiet", action="store_true", help="no progress display, no line per study")
+    p.set_defaults(func=cmd_bench)
+
     p = sub.add_parser("check", help="try a plug-in or a configuration on a tiny run: which part fails, why")
     p.add_argument("target", help="an algorithm plug-in (package.module:ClassName) or a configuration file")
     p.set_defaults(func=cmd_check)
@@ -523,6 +551,7 @@ INTERRUPTED = {
     "run": "finished rounds are saved; continue with the same command and --resume",
     "reproduce": "finished cells are kept; run the same command again to continue "
     "(finished cells are skipped, unfinished ones resume)",
+    "bench": "finished trials and seeds are kept; run the same command again to continue",
 }
 
 

@@ -41,6 +41,7 @@ can overshoot S by one step) and cap t_i at ``max_steps``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -314,6 +315,10 @@ class AMSFL(FedAvg):
     name = "amsfl"
     summary = "AMSFL: local steps per client chosen under a time budget from GDA drift estimates"
     Options = AMSFLOptions
+    hyperparameters: ClassVar[dict[str, dict]] = {
+        **FedAvg.hyperparameters,
+        "mu": {"low": 0.01, "high": 1.0, "log": True},
+    }
     uses_deadline = False
     partial_work = "none"
     tracks_gradient_differences = True

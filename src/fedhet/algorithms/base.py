@@ -60,6 +60,9 @@ OwnState = MutableMapping[str, Any]
 
 PARTIAL_WORK = ("none", "layers", "steps")
 
+# the default range of a server learning rate eta_s, for the rules that have one
+SERVER_LR_RANGE = {"low": 0.25, "high": 2.0, "log": True}
+
 
 @dataclass(frozen=True)
 class ClientAssignment:
@@ -161,6 +164,10 @@ class Algorithm:
     # Whether the rule works on weights stored channels-last (run.memory_format); rules that
     # index parameter elements by their contiguous position (width masks) say False.
     supports_channels_last: ClassVar[bool] = True
+    # The options worth tuning, with default ranges (``fedhet bench`` and its suites tune
+    # them beside the learning rate): option name -> { low, high[, log][, int] } or
+    # { choices = [...] }, as in a search space file. Empty: the learning rate alone.
+    hyperparameters: ClassVar[dict[str, dict]] = {}
     # the capability flags a class set itself (checked against its hooks at registration)
     _declared_capabilities: ClassVar[dict[str, Any]] = {}
 
@@ -411,6 +418,7 @@ def check_algorithm_class(cls: type, name: str) -> None:
     if cls.driver == "event" and not issubclass(cls, AsyncAlgorithm):
         raise ConfigError(f"{label}: driver = 'event' needs a subclass of AsyncAlgorithm")
     _check_hook_signatures(cls, label)
+    _check_hyperparameters(cls, label)
     derived = _derived_capabilities(cls)
     for flag, value in derived.items():
         declared = next(
@@ -424,6 +432,22 @@ def check_algorithm_class(cls: type, name: str) -> None:
             raise ConfigError(
                 f"{label}: {flag} = {declared!r} but the class {what} {hook} for the rule in effect "
                 "(remove the flag: it follows from the hooks)"
+            )
+
+
+def _check_hyperparameters(cls: type, label: str) -> None:
+    """The declared hyperparameters are options of the class, with ranges that parse."""
+    from fedhet.errors import ConfigError
+    from fedhet.search_space import declared_params
+
+    params = declared_params(cls, label)
+    fields = registry.option_fields(cls)
+    for param in params:
+        option = param.key.split(".", 1)[1]
+        if option not in fields:
+            raise ConfigError(
+                f"{label}: hyperparameters: {option!r} is not one of its options "
+                f"({', '.join(sorted(fields)) or 'it has none'})"
             )
 
 

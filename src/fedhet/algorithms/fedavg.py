@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
-from fedhet.algorithms.base import Algorithm, register
+from fedhet.algorithms.base import SERVER_LR_RANGE, Algorithm, register
 from fedhet.algorithms.streaming import WeightedSumAggregator
 from fedhet.errors import ConfigError
 
@@ -36,6 +37,7 @@ class FedAvg(Algorithm):
     partial_work = "none"
     summary = "FedAvg waiting for all clients (no deadline); over the present ones under participation"
     Options = FedAvgOptions
+    hyperparameters: ClassVar[dict[str, dict]] = {"server_lr": SERVER_LR_RANGE}
     uses_deadline = False
 
     def streaming_aggregator(self, params, buffers, tasks, state, context, layout):

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
-from fedhet.algorithms.base import AsyncAlgorithm, register
+from fedhet.algorithms.base import SERVER_LR_RANGE, AsyncAlgorithm, register
 from fedhet.errors import ConfigError
 
 
@@ -44,6 +45,7 @@ class FedBuff(AsyncAlgorithm):
     name = "fedbuff"
     summary = "FedBuff: buffered asynchronous aggregation, staleness weight 1/sqrt(1+s)"
     Options = FedBuffOptions
+    hyperparameters: ClassVar[dict[str, dict]] = {"server_lr": SERVER_LR_RANGE}
 
     def init_state(self, setting) -> dict:
         if self.options.buffer_size > setting.num_clients:

@@ -4,6 +4,7 @@ server state h."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -36,6 +37,7 @@ class FedDyn(Algorithm):
     name = "feddyn"
     summary = "FedDyn: dynamic regularisation (alpha); partial steps accepted"
     Options = FedDynOptions
+    hyperparameters: ClassVar[dict[str, dict]] = {"alpha": {"low": 1e-4, "high": 1.0, "log": True}}
     partial_work = "steps"
 
     def init_state(self, setting: RunSetting) -> dict:

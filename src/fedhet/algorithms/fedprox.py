@@ -4,6 +4,7 @@ partial work (the whole local steps it finished by the deadline) is accepted."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from fedhet.algorithms.base import register
 from fedhet.algorithms.fedavg import FedAvg, FedAvgOptions
@@ -31,6 +32,10 @@ class FedProx(FedAvg):
     name = "fedprox"
     summary = "FedProx: proximal term mu, partial local work by the deadline accepted"
     Options = FedProxOptions
+    hyperparameters: ClassVar[dict[str, dict]] = {
+        **FedAvg.hyperparameters,
+        "mu": {"low": 1e-4, "high": 1.0, "log": True},
+    }
     uses_deadline = True
     partial_work = "steps"
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from fedhet.algorithms.aggregation import layerwise_mean_buffers
-from fedhet.algorithms.base import Algorithm, RunSetting, register
+from fedhet.algorithms.base import SERVER_LR_RANGE, Algorithm, RunSetting, register
 from fedhet.errors import ConfigError
 
 
@@ -36,6 +37,7 @@ class Scaffold(Algorithm):
     name = "scaffold"
     summary = "SCAFFOLD (option II): control variates correct client drift; partial steps accepted"
     Options = ScaffoldOptions
+    hyperparameters: ClassVar[dict[str, dict]] = {"server_lr": SERVER_LR_RANGE}
     partial_work = "steps"
 
     def init_state(self, setting: RunSetting) -> dict:

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
 
 from fedhet.algorithms.aggregation import layerwise_mean_buffers
-from fedhet.algorithms.base import Algorithm, RoundContext, RunSetting, register
+from fedhet.algorithms.base import SERVER_LR_RANGE, Algorithm, RoundContext, RunSetting, register
 from fedhet.algorithms.fedau import FedAUEstimator
 from fedhet.algorithms.fedavg import FedAvgOptions
 from fedhet.algorithms.memory import DTYPES, STORAGES, ClientMemory
@@ -98,6 +99,7 @@ class MemoryAlgorithm(Algorithm):
     Subclasses implement :meth:`direction` (the aggregate D of one round)."""
 
     Options = MemoryOptions
+    hyperparameters: ClassVar[dict[str, dict]] = {"server_lr": SERVER_LR_RANGE}
     partial_work = "none"  # unfinished by the deadline: counts as absent, so not asked
     refresh_before_direction = False  # MIFA refreshes h with this round's updates first
 
@@ -279,6 +281,10 @@ class FedStale(MemoryAlgorithm):
     name = "fedstale"
     summary = "convex mix of fresh and stale updates, weight beta on stale (FedStale eq. 9)"
     Options = FedStaleOptions
+    hyperparameters: ClassVar[dict[str, dict]] = {
+        **MemoryAlgorithm.hyperparameters,
+        "beta": {"low": 0.0, "high": 1.0},
+    }
 
     def direction(self, memory, updates, client_weight, inverse_prob):
         beta = self.options.beta

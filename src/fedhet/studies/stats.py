@@ -62,3 +62,17 @@ def difference_p_value(a: dict, b: dict) -> float | None:
     from scipy.stats import ttest_ind
 
     return float(ttest_ind(xa, xb, equal_var=False).pvalue)
+
+
+def holm(p_values: list[float | None]) -> list[float | None]:
+    """Holm-Bonferroni adjusted p-values of one family of tests (``None``: no test, left
+    out of the family): with the m p-values sorted, p_(1) <= ... <= p_(m), the adjusted
+    p_(j) = max over i <= j of min(1, (m - i + 1) p_(i)). Rejecting where the adjusted value
+    is below alpha keeps the family-wise error rate at alpha (Holm 1979)."""
+    tested = sorted((p, i) for i, p in enumerate(p_values) if p is not None)
+    adjusted: list[float | None] = [None] * len(p_values)
+    running, m = 0.0, len(tested)
+    for rank, (p, index) in enumerate(tested):
+        running = max(running, min(1.0, (m - rank) * p))
+        adjusted[index] = running
+    return adjusted

@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from fedhet.config import apply_overrides, from_dict, read_toml
 from fedhet.errors import ConfigError, FedhetError
+from fedhet.search_space import Param, parse_param
 
 if TYPE_CHECKING:
     from fedhet.engine.callbacks import RunContext
@@ -60,25 +61,6 @@ log = logging.getLogger("fedhet")
 
 SUMMARY_VALUES = ("final_test_accuracy", "best_test_accuracy", "final_test_loss", "sim_time", "rounds")
 PRUNED_FILE = "pruned.json"
-
-
-@dataclass
-class Param:
-    """One searched key: a float or int range (``log`` for a log scale) or a list of choices."""
-
-    key: str
-    low: float | None = None
-    high: float | None = None
-    log: bool = False
-    integer: bool = False
-    choices: list | None = None
-
-    def suggest(self, trial):
-        if self.choices is not None:
-            return trial.suggest_categorical(self.key, self.choices)
-        if self.integer:
-            return trial.suggest_int(self.key, int(self.low), int(self.high), log=self.log)
-        return trial.suggest_float(self.key, float(self.low), float(self.high), log=self.log)
 
 
 @dataclass
@@ -137,38 +119,6 @@ def check_space(space: SearchSpace, studies: list[tuple[str | None, dict]]) -> N
                     raise ConfigError(f"{space.path}: {where} = {value!r}{study}: {exc}{hint}") from None
 
 
-def _param(key: str, spec, where: str) -> Param:
-    if "." not in key:
-        raise ConfigError(f"{where}: {key!r}: a searched key looks like section.key (e.g. train.lr)")
-    if not isinstance(spec, dict):
-        raise ConfigError(
-            f"{where}.{key}: expected a table, {{ low = .., high = .. }} or {{ choices = [..] }}"
-        )
-    unknown = set(spec) - {"low", "high", "log", "int", "choices"}
-    if unknown:
-        raise ConfigError(
-            f"{where}.{key}: unknown option {sorted(unknown)[0]!r} (low, high, log, int, choices)"
-        )
-    if "choices" in spec:
-        choices = spec["choices"]
-        if not isinstance(choices, list) or not choices or set(spec) - {"choices"}:
-            raise ConfigError(f"{where}.{key}: choices must be a non-empty list, alone")
-        return Param(key, choices=choices)
-    low: Any = spec.get("low")
-    high: Any = spec.get("high")
-    numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (low, high))
-    if not numbers or not math.isfinite(low) or not math.isfinite(high) or not low < high:
-        raise ConfigError(f"{where}.{key}: needs numbers low < high (got {low!r}, {high!r})")
-    use_log, integer = spec.get("log", False), spec.get("int", False)
-    if not isinstance(use_log, bool) or not isinstance(integer, bool):
-        raise ConfigError(f"{where}.{key}: log and int are true or false")
-    if use_log and low <= 0:
-        raise ConfigError(f"{where}.{key}: a log scale needs low > 0")
-    if integer and not (isinstance(low, int) and isinstance(high, int)):
-        raise ConfigError(f"{where}.{key}: int = true needs whole numbers (got low {low!r}, high {high!r})")
-    return Param(key, low, high, use_log, integer)
-
-
 def load_space(path: str | Path) -> SearchSpace:
     """Read and check a search space file; errors name the file and the key."""
     raw = read_toml(path)
@@ -204,12 +154,12 @@ def load_space(path: str | Path) -> SearchSpace:
         raise ConfigError(f"{path}: pruner.name = {space.pruner!r}: median or none")
     space.startup_trials = pruner.get("startup_trials", 3)
     space.warmup_steps = pruner.get("warmup_steps", 0)
-    space.params = [_param(k, v, f"{path}: params") for k, v in raw.get("params", {}).items()]
+    space.params = [parse_param(k, v, f"{path}: params") for k, v in raw.get("params", {}).items()]
     for algorithm, table in raw.get("algorithm_params", {}).items():
         if not isinstance(table, dict):
             raise ConfigError(f"{path}: algorithm_params.{algorithm}: expected a table of keys")
         space.per_algorithm[algorithm] = [
-            _param(k, v, f"{path}: algorithm_params.{algorithm}") for k, v in table.items()
+            parse_param(k, v, f"{path}: algorithm_params.{algorithm}") for k, v in table.items()
         ]
     if not space.params and not space.per_algorithm:
         raise ConfigError(f"{path}: [params] is empty: nothing to search")
@@ -228,7 +178,7 @@ def objective_value(summary: dict, space: SearchSpace) -> float:
     return math.nan if value is None else float(value)
 
 
-class _Pruning:
+class TrialPruning:
     """A run callback: each evaluation goes to the trial; when the median pruner says so,
     the run stops (``stopped_by = "callback"``) and its folder says why (pruned.json)."""
 
@@ -463,7 +413,7 @@ def _run_trial(trial, params: list[Param], raw: dict, study_name: str, out: str,
     folder = Path(out) / study_name / f"trial-{trial.number}"
     config = from_dict(_trial_config(raw, values, trial.number, study_name))
     trial.set_user_attr("run_folder", str(folder))
-    pruning = _Pruning(trial, space)
+    pruning = TrialPruning(trial, space)
     summary = run(config, folder, overwrite=True, group=study_name, callbacks=[pruning]).summary
     if pruning.pruned:
         raise optuna.TrialPruned(pruning.pruned)

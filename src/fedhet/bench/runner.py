@@ -1,0 +1,366 @@
+"""Running a bench: every study and every seed run as a task, in worker processes on this
+machine or as Ray tasks, then the leaderboard.
+
+The bench folder holds ``bench.db`` (the Optuna studies, SQLite), ``trials/<scenario>/
+<method>/trial-<n>`` (the tuning runs), ``seeds/<scenario>/<method>/seed-<s>`` (the test
+runs of each tuned setting) and the leaderboard (``leaderboard.md``, ``.csv``, ``.html``).
+A study is one task: its trials run in their order with seeded samplers
+(:mod:`fedhet.bench.study`), so a bench gives the same leaderboard with any ``--jobs``, on
+Ray, and after any interruption. When a study finishes its seeds are queued. Run again, a
+bench skips finished trials and seeds, resumes a half-finished seed run from its
+checkpoint and runs an interrupted trial again. Every run uses ``suite.threads`` torch
+threads (one by default), whatever the parallelism, so its numbers do not depend on it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedhet.bench.study import StudyResult, open_study, run_study, status
+from fedhet.bench.suite import Method, Scenario, Suite
+from fedhet.errors import FedhetError
+
+log = logging.getLogger("fedhet")
+
+DATABASE = "bench.db"
+
+
+@dataclass
+class SeedRun:
+    """One seed of a tuned setting on the test set: its folder and, once run, its summary."""
+
+    scenario: str
+    method: str
+    seed: int
+    folder: Path
+    raw: dict
+    summary: dict | None = None
+    fresh: bool = False  # its settings changed since it ran: start again
+
+
+@dataclass
+class Progress:
+    """What a bench has done, for its display: units are trials and seed runs."""
+
+    trials_total: int = 0
+    seeds_total: int = 0
+    trials_done: int = 0
+    seeds_done: int = 0
+    studies_total: int = 0
+    studies_done: int = 0
+    scenario_units: dict[str, list[int]] = field(default_factory=dict)  # name -> [done, total]
+    lines: list[str] = field(default_factory=list)  # news since the display last read them
+
+
+def _seed_task(raw: dict, folder: str, fresh: bool, group: str) -> dict:
+    """Run (or resume) one seed run; its summary."""
+    from fedhet.config import from_dict
+    from fedhet.engine.launch import run
+
+    return run(from_dict(raw), folder, resume=not fresh, overwrite=fresh, group=group).summary
+
+
+def _study_task(suite: Suite, scenario: Scenario, method: Method, storage: str, out: str) -> StudyResult:
+    return run_study(suite, scenario, method, storage, out)
+
+
+class _Executor:
+    """Worker processes here (each ending when this process dies) or Ray tasks."""
+
+    def __init__(self, jobs: int, ray_address: str | None):
+        self.ray_address, self.started_ray = ray_address, False
+        if ray_address is None:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            from fedhet.studies.launcher import _watch_parent
+
+            if multiprocessing.get_start_method(allow_none=False) == "fork":
+                import torch
+
+                torch.set_num_threads(1)  # a forking process must not hold OpenMP threads
+            self.pool = ProcessPoolExecutor(
+                max_workers=jobs, initializer=_watch_parent, initargs=(os.getpid(),)
+            )
+            return
+        try:
+            import ray
+        except ImportError:
+            raise FedhetError("--ray needs Ray: pip install 'fedhet[flower]' (it brings ray)") from None
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+        if not ray.is_initialized():
+            options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
+                                       "configure_logging": False}  # fmt: skip
+            try:
+                if ray_address == "local":
+                    ray.init(num_cpus=max(1, jobs), **options)
+                else:
+                    ray.init(address=ray_address, **options)
+            except (ConnectionError, ValueError, RuntimeError) as exc:
+                raise FedhetError(
+                    f"--ray {ray_address}: cannot connect ({str(exc).splitlines()[0]})"
+                ) from None
+            self.started_ray = True
+        self.ray = ray
+
+    def submit(self, function: Callable, *args: Any) -> Future:
+        if self.ray_address is None:
+            return self.pool.submit(function, *args)
+        return self.ray.remote(num_cpus=1)(function).remote(*args).future()
+
+    def close(self) -> None:
+        if self.ray_address is None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+        elif self.started_ray:
+            self.ray.shutdown()
+
+
+def _task_error(exc: BaseException) -> Exception:
+    """The fedhet error inside a task's failure (a Ray task wraps it)."""
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, Exception) else exc  # type: ignore[return-value]
+
+
+class Bench:
+    """One bench of a suite into a folder (see the module's docstring)."""
+
+    def __init__(self, suite: Suite, out: Path, jobs: int = 1, ray: str | None = None,
+                 on_progress: Callable[[Progress], None] | None = None):  # fmt: skip
+        self.suite, self.out, self.jobs, self.ray = suite, out, jobs, ray
+        self.on_progress = on_progress or (lambda progress: None)
+        self.progress = Progress()
+        self.studies: dict[str, StudyResult] = {}
+        self.study_errors: dict[str, str] = {}
+        self.seeds: dict[str, list[SeedRun]] = {}
+        self.group = f"bench-{suite.name}"
+
+    # -- the folder ----------------------------------------------------------------------
+    @property
+    def storage(self) -> str:
+        return f"sqlite:///{(self.out / DATABASE).resolve()}"
+
+    def _seed_runs(self, scenario: Scenario, method: Method, params: dict) -> list[SeedRun]:
+        """The seed runs of a tuned setting, each marked done (summary) or fresh (changed)."""
+        from fedhet.config import from_dict
+        from fedhet.results import RunDirectory
+        from fedhet.studies.expansion import Cell
+        from fedhet.studies.launcher import settings_changed
+
+        runs = []
+        for seed in self.suite.seeds:
+            name = f"{scenario.name}-{method.label}-seed-{seed}"
+            raw = self.suite.config(scenario, method, params, name, seed=seed)
+            folder = self.out / "seeds" / scenario.name / method.label / f"seed-{seed}"
+            run = SeedRun(scenario.name, method.label, seed, folder, raw)
+            directory = RunDirectory(folder)
+            if directory.summary_path.exists():
+                try:
+                    summary = directory.read_summary()
+                except FedhetError:
+                    summary = {}
+                changed, _ = settings_changed(Cell(name, {}, from_dict(raw)), directory)
+                if changed:
+                    run.fresh = True
+                elif summary.get("finished") or summary.get("stopped_by") in (
+                    "non_finite",
+                    "no_participants",
+                ):
+                    run.summary = summary
+            runs.append(run)
+        return runs
+
+    # -- running -------------------------------------------------------------------------
+    def run(self) -> dict:
+        """Run what is left; return the leaderboard's data (see :mod:`fedhet.bench.leaderboard`)."""
+        from fedhet.bench.study import requeue_interrupted
+        from fedhet.results import RunLock, make_folder
+        from fedhet.studies.tune import _create_sqlite_whole
+
+        make_folder(self.out, "bench folder")
+        lock = RunLock(self.out / ".bench.lock")
+        lock.acquire()
+        try:
+            _create_sqlite_whole(self.out / DATABASE)
+            todo: list[tuple[Scenario, Method]] = []
+            for scenario, method in self.suite.pairs():
+                study = open_study(self.suite, scenario, method, self.storage)
+                requeue_interrupted(study)
+                result = status(study, self.suite.trials)
+                result.stopped = ""  # a stopped study runs again: it may have been fixed
+                self.studies[study.study_name] = result
+                if result.counted >= self.suite.trials:
+                    self._queue_seeds(scenario, method, result)
+                else:
+                    todo.append((scenario, method))
+            self._count()
+            self._execute(todo)
+        finally:
+            lock.release()
+        return self.results()
+
+    def _queue_seeds(self, scenario: Scenario, method: Method, result: StudyResult) -> None:
+        if result.best_value is None:
+            self.study_errors[result.name] = result.stopped or "no trial finished with a value"
+            return
+        self.seeds[result.name] = self._seed_runs(scenario, method, result.best_params)
+
+    def _count(self) -> None:
+        p, suite = self.progress, self.suite
+        pairs = suite.pairs()
+        p.studies_total, p.trials_total = len(pairs), len(pairs) * suite.trials
+        p.seeds_total = len(pairs) * len(suite.seeds)
+        p.scenario_units = {s.name: [0, 0] for s in suite.scenarios}
+        p.trials_done = p.seeds_done = p.studies_done = 0
+        for scenario, method in pairs:
+            name = suite.study_name(scenario, method)
+            result = self.studies.get(name)
+            trials = min(result.counted, suite.trials) if result else 0
+            failed = name in self.study_errors
+            done_seeds = sum(1 for r in self.seeds.get(name, []) if r.summary is not None)
+            if failed:  # its seeds will not run
+                trials, done_seeds = suite.trials, len(suite.seeds)
+            p.trials_done += trials
+            p.seeds_done += done_seeds
+            p.studies_done += int(failed or (result is not None and result.counted >= suite.trials))
+            units = p.scenario_units[scenario.name]
+            units[0] += trials + done_seeds
+            units[1] += suite.trials + len(suite.seeds)
+        self.on_progress(p)
+
+    def _poll(self, running: set[str]) -> None:
+        """Trials finished so far by the running studies (read from the database)."""
+        import optuna
+
+        for name in running:
+            try:
+                study = optuna.load_study(study_name=name, storage=self.storage)
+                self.studies[name] = status(study, self.suite.trials)
+            except Exception:  # noqa: BLE001  (a busy database: the next poll reads it)
+                continue
+        self._count()
+
+    def _execute(self, todo: list[tuple[Scenario, Method]]) -> None:
+        pending: dict[Future, tuple[str, Any]] = {}
+        waiting_seeds = [r for runs in self.seeds.values() for r in runs if r.summary is None]
+        if not todo and not waiting_seeds:
+            return
+        executor = _Executor(self.jobs, self.ray)
+        pairs = {self.suite.study_name(s, m): (s, m) for s, m in self.suite.pairs()}
+        try:
+            for scenario, method in todo:
+                future = executor.submit(_study_task, self.suite, scenario, method, self.storage,
+                                         str(self.out / "trials"))  # fmt: skip
+                pending[future] = ("study", self.suite.study_name(scenario, method))
+            for run in waiting_seeds:
+                pending[self._submit_seed(executor, run)] = ("seed", run)
+            last_poll = 0.0
+            while pending:
+                done, _ = wait(list(pending), timeout=1.0, return_when=FIRST_COMPLETED)
+                for future in done:
+                    kind, what = pending.pop(future)
+                    if kind == "study":
+                        self._study_done(future, what, pairs[what], executor, pending)
+                    else:
+                        self._seed_done(future, what)
+                if time.monotonic() - last_poll > 2.0 or done:
+                    self._poll({w for k, w in pending.values() if k == "study"})
+                    last_poll = time.monotonic()
+        except BrokenProcessPool:
+            raise FedhetError(
+                "a bench worker process died (killed, or out of memory); finished trials and seeds are "
+                "kept: run the same command again to resume"
+            ) from None
+        finally:
+            executor.close()
+
+    def _submit_seed(self, executor: _Executor, run: SeedRun) -> Future:
+        return executor.submit(_seed_task, run.raw, str(run.folder), run.fresh, self.group)
+
+    def _study_done(self, future: Future, name: str, pair, executor: _Executor, pending: dict) -> None:
+        try:
+            result: StudyResult = future.result()
+        except BrokenProcessPool:
+            raise
+        except Exception as exc:  # noqa: BLE001  (one study's failure: the others go on)
+            error = _task_error(exc)
+            if not isinstance(error, FedhetError):
+                raise
+            self.study_errors[name] = str(error)
+            self.progress.lines.append(f"{name}: failed: {error}")
+            return
+        self.studies[name] = result
+        if result.stopped or result.best_value is None:
+            self.study_errors[name] = result.stopped or "no trial finished with a value"
+            self.progress.lines.append(f"{name}: stopped: {self.study_errors[name]}")
+            return
+        values = ", ".join(f"{k}={_short(v)}" for k, v in result.best_params.items())
+        self.progress.lines.append(f"{name}: tuned, validation {result.best_value:.4f} ({values})")
+        self._queue_seeds(pair[0], pair[1], result)
+        for run in self.seeds[name]:
+            if run.summary is None:
+                pending[self._submit_seed(executor, run)] = ("seed", run)
+
+    def _seed_done(self, future: Future, run: SeedRun) -> None:
+        try:
+            run.summary = future.result()
+        except BrokenProcessPool:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            error = _task_error(exc)
+            if not isinstance(error, FedhetError):
+                raise
+            run.summary = {"finished": False, "failed": str(error)}
+            self.progress.lines.append(f"{run.scenario}/{run.method} seed {run.seed}: failed: {error}")
+
+    # -- results -------------------------------------------------------------------------
+    def results(self) -> dict:
+        """Per (scenario, method): status, tuned values and validation value, per-seed
+        results; what the leaderboard is made of."""
+        rows = []
+        for scenario in self.suite.scenarios:
+            for method in self.suite.methods:
+                name = self.suite.study_name(scenario, method)
+                row: dict[str, Any] = {"scenario": scenario.name, "method": method.label,
+                                       "lr_only": method.lr_only, "status": "ok", "reason": "",
+                                       "params": {}, "validation": None, "seeds": {}}  # fmt: skip
+                if method.label in scenario.skip:
+                    row.update(status="skipped", reason=scenario.skip[method.label])
+                elif name in self.study_errors:
+                    row.update(status="failed", reason=self.study_errors[name])
+                else:
+                    result = self.studies[name]
+                    row.update(params=result.best_params, validation=result.best_value)
+                    for run in self.seeds.get(name, []):
+                        row["seeds"][run.seed] = _seed_result(run, self.suite.target)
+                rows.append(row)
+        return {"rows": rows}
+
+
+def _short(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _seed_result(run: SeedRun, target: float | None) -> dict:
+    """A seed run's numbers: final test accuracy, time to the target, its curve's folder."""
+    summary = run.summary or {}
+    if summary.get("failed") or not summary:
+        return {"failed": summary.get("failed", "did not run")}
+    hit = None
+    if target is not None:
+        targets = summary.get("targets") or {}
+        hit = targets.get(str(target)) or targets.get(f"{target:g}")
+    return {
+        "accuracy": summary.get("final_test_accuracy"),
+        "time_to_target": None if not hit else float(hit["sim_time"]),
+        "sim_time": summary.get("sim_time"),
+        "folder": str(run.folder),
+    }

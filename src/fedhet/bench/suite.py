@@ -1,0 +1,370 @@
+"""Suite files: the scenarios a bench runs, the methods it compares and the budget each
+method is tuned under.
+
+::
+
+    [suite]
+    name = "smoke"
+    description = "..."
+    methods = ["fedavg", "salf", { name = "salf", normalize = "all", label = "salf-all" }]
+    trials = 4                  # tuning trials per method and scenario (finished or pruned)
+    seeds = 3                   # seeds 1..3 of each tuned setting on the test set (or a list)
+    validation_fraction = 0.2   # the tuning trials are judged on this share of the training set
+    objective = "final_test_accuracy"   # what a trial is judged by (as fedhet tune's objectives)
+    target = 0.8                # the leaderboard's time-to-accuracy on the simulated clock
+    base = "base.toml"          # optional: a configuration the sections below add to
+
+    [params]                    # searched for every method (default: the learning rate)
+    "train.lr" = { low = 0.005, high = 0.5, log = true }
+
+    [algorithm_params.salf-all] # one method's ranges: replace or add to what it declares
+    "algorithm.beta" = { low = 0.1, high = 0.9 }
+
+    [run]                       # the base configuration: every scenario starts from it
+    time_budget = 30.0
+    [data]
+    dataset = "digits"
+    ...
+
+    [scenarios.random-50]       # a scenario: the settings that make it one (dotted keys)
+    description = "half the clients are stragglers, drawn each round"
+    "system.straggler_ratio" = 0.5
+    options.amsfl = { round_budget = 4.0 }    # a method's fixed options in this scenario
+    skip.heterofl = "why it does not run here"
+
+Each method's searched keys are the suite's ``[params]`` (the learning rate by default), the
+hyperparameters its class declares (:attr:`fedhet.algorithms.Algorithm.hyperparameters`)
+and the suite's ``[algorithm_params.<label>]``; an option a method's table fixes is not
+searched. Every configuration a bench would run is built and checked when the suite is
+loaded, so a bad suite is refused in one line before anything runs.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedhet.config import GRID_SECTIONS, SECTIONS, apply_overrides, check_name, from_dict, read_toml
+from fedhet.errors import ConfigError
+from fedhet.search_space import Param, declared_params, parse_param
+
+DEFAULT_PARAMS = {"train.lr": {"low": 0.005, "high": 0.5, "log": True}}
+SUITE_KEYS = {
+    "name", "description", "methods", "trials", "seeds", "validation_fraction", "objective", "direction",
+    "target", "base", "alpha", "random_trials", "pruner", "startup_trials", "warmup_steps",
+    "max_failures", "threads", "sampler_seed",
+}  # fmt: skip
+SCENARIO_KEYS = {"description", "options", "skip"}
+OBJECTIVES = ("final_test_accuracy", "best_test_accuracy", "final_test_loss")
+
+
+@dataclass
+class Method:
+    """One compared method: its leaderboard ``label``, algorithm ``name`` (built-in, entry
+    point or ``module:Class``), the options it fixes and the keys searched for it."""
+
+    label: str
+    name: str
+    options: dict[str, Any]
+    params: list[Param]
+    lr_only: bool  # neither the class nor the suite gives it keys of its own
+    plugin: bool = False  # added with --method
+
+
+@dataclass
+class Scenario:
+    """A base configuration's variant: ``settings`` (dotted keys), per-method fixed
+    ``options`` and methods it ``skip``s (label -> why)."""
+
+    name: str
+    description: str
+    settings: dict[str, Any]
+    options: dict[str, dict] = field(default_factory=dict)
+    skip: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Suite:
+    """A parsed suite (see the module's docstring)."""
+
+    name: str
+    path: str
+    description: str
+    base: dict
+    scenarios: list[Scenario]
+    methods: list[Method]
+    trials: int = 4
+    seeds: list[int] = field(default_factory=lambda: [1, 2, 3])
+    validation_fraction: float = 0.2
+    objective: str = "final_test_accuracy"
+    direction: str = "maximize"
+    target: float | None = None
+    alpha: float = 0.05
+    random_trials: int = 3
+    pruner: str = "median"
+    startup_trials: int = 3
+    warmup_steps: int = 0
+    max_failures: int = 3
+    threads: int = 1
+    sampler_seed: int = 1
+
+    def pairs(self) -> list[tuple[Scenario, Method]]:
+        """Every (scenario, method) that runs: the product, less each scenario's skips."""
+        return [(s, m) for s in self.scenarios for m in self.methods if m.label not in s.skip]
+
+    def study_name(self, scenario: Scenario, method: Method) -> str:
+        return f"{scenario.name}/{method.label}"
+
+    def config(self, scenario: Scenario, method: Method, values: dict[str, Any], run_name: str,
+               seed: int | None = None) -> dict:  # fmt: skip
+        """The raw configuration of one run: the base, the scenario, the method and its
+        fixed options, the searched ``values``; a tuning trial (``seed`` None) on the
+        validation split, a seed run (``run.seed = seed``) on the test set."""
+        raw = copy.deepcopy(self.base)
+        where = f"{self.path}: scenarios.{scenario.name}"
+        for key, value in scenario.settings.items():
+            raw = _set(raw, key, value, where)
+        raw["algorithm"] = {"name": method.name, **method.options, **scenario.options.get(method.label, {})}
+        where = f"{self.path}: method {method.label}"
+        for key, value in values.items():
+            raw = _set(raw, key, value, where)
+        run = raw.setdefault("run", {})
+        run["name"] = run_name
+        run["threads"] = self.threads
+        if self.target is not None:
+            run["targets"] = sorted({*run.get("targets", []), self.target})
+        data = raw.setdefault("data", {})
+        if seed is None:
+            data["validation_fraction"] = self.validation_fraction
+        else:
+            data.pop("validation_fraction", None)
+            run["seed"] = seed
+        return raw
+
+
+def _set(raw: dict, key: str, value: Any, where: str) -> dict:
+    from fedhet.studies.expansion import _override_text
+
+    try:
+        return apply_overrides(raw, [_override_text(key, value)])
+    except ConfigError as exc:
+        reason = str(exc).split(": ", 1)[-1]
+        raise ConfigError(f"{where}: {key} = {value!r}: {reason}") from None
+
+
+def _int(table: dict, key: str, where: str, low: int, default: int) -> int:
+    value = table.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ConfigError(f"{where}: suite.{key} = {value!r}: a whole number >= {low}")
+    return value
+
+
+def _label(name: str) -> str:
+    return name.rsplit(":", 1)[-1] if ":" in name else name
+
+
+def _methods(entries: Any, extra: list[str], where: str) -> list[Method]:
+    from fedhet import registry
+
+    if not isinstance(entries, list) or not all(isinstance(e, str | dict) for e in entries):
+        raise ConfigError(f"{where}: suite.methods: a list of algorithm names or tables {{ name = .. }}")
+    methods = []
+    for entry in [*entries, *extra]:
+        table = dict(entry) if isinstance(entry, dict) else {"name": entry}
+        name = table.pop("name", None)
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"{where}: suite.methods: {entry!r}: a method needs a name")
+        label = table.pop("label", _label(name))
+        try:
+            check_name("label", label)
+        except ConfigError:
+            raise ConfigError(f"{where}: method {label!r}: its label must be a plain folder name") from None
+        cls = registry.resolve("algorithm", name, f"{where}: method").cls
+        methods.append(Method(label, name, table, [], False, plugin=entry in extra))
+        methods[-1].params = declared_params(cls, f"{where}: method {label}")
+    labels = [m.label for m in methods]
+    doubled = sorted({x for x in labels if labels.count(x) > 1})
+    if doubled:
+        raise ConfigError(f"{where}: method {doubled[0]!r} is listed twice (give one a label = ..)")
+    if not methods:
+        raise ConfigError(f"{where}: suite.methods is empty: nothing to compare")
+    return methods
+
+
+def _search(methods: list[Method], shared: dict, own: dict, where: str) -> None:
+    """Each method's searched keys: the shared ones, its declared ones, the suite's own for
+    it; keys its table fixes are not searched."""
+    common = [parse_param(k, v, f"{where}: params") for k, v in {**DEFAULT_PARAMS, **shared}.items()]
+    labels = {m.label for m in methods}
+    for label in own:
+        if label not in labels:
+            raise ConfigError(f"{where}: [algorithm_params.{label}]: not a method of the suite")
+    for method in methods:
+        given = own.get(method.label, {})
+        if not isinstance(given, dict):
+            raise ConfigError(f"{where}: algorithm_params.{method.label}: expected a table of keys")
+        suite_own = [parse_param(k, v, f"{where}: algorithm_params.{method.label}") for k, v in given.items()]
+        keys: dict[str, Param] = {}
+        for param in [*common, *method.params, *suite_own]:
+            keys[param.key] = param
+        fixed = {f"algorithm.{k}" for k in method.options}
+        method.params = [p for k, p in keys.items() if k not in fixed]
+        method.lr_only = not any(p.key.startswith("algorithm.") for p in method.params)
+
+
+def _scenarios(raw: Any, where: str) -> list[Scenario]:
+    if not isinstance(raw, dict) or not raw:
+        raise ConfigError(f"{where}: [scenarios.<name>]: a suite needs at least one scenario")
+    out = []
+    for name, table in raw.items():
+        try:
+            check_name("scenario", name)
+        except ConfigError:
+            raise ConfigError(f"{where}: scenarios.{name}: the name must be a plain folder name") from None
+        if not isinstance(table, dict):
+            raise ConfigError(f"{where}: scenarios.{name}: expected a table of settings")
+        settings = {k: v for k, v in table.items() if k not in SCENARIO_KEYS}
+        for key in settings:
+            if "." not in key:
+                raise ConfigError(
+                    f'{where}: scenarios.{name}.{key}: a setting looks like "section.key" = value '
+                    "(or description, options, skip)"
+                )
+        options, skip = table.get("options", {}), table.get("skip", {})
+        if not isinstance(options, dict) or not all(isinstance(v, dict) for v in options.values()):
+            raise ConfigError(f"{where}: scenarios.{name}.options: a table of method label -> options")
+        if not isinstance(skip, dict) or not all(isinstance(v, str) for v in skip.values()):
+            raise ConfigError(f"{where}: scenarios.{name}.skip: a table of method label -> why")
+        out.append(Scenario(name, str(table.get("description", "")), settings, options, skip))
+    return out
+
+
+def _base(raw: dict, path: Path, overrides: list[str]) -> dict:
+    """The base configuration: ``suite.base``'s file (relative to the suite) with the
+    suite's own sections added, then ``--set`` overrides."""
+    for section in ("algorithm", "compare", *GRID_SECTIONS):
+        if section in raw or section in raw.get("suite", {}):
+            raise ConfigError(
+                f"{path}: [{section}]: not part of a suite (methods come from suite.methods, "
+                "scenarios from [scenarios.<name>])"
+            )
+    base: dict = {}
+    if "base" in raw["suite"]:
+        base_path = path.parent / str(raw["suite"]["base"])
+        base = read_toml(base_path)
+        for section in ("algorithm", "compare"):
+            base.pop(section, None)
+    for section in SECTIONS:
+        if section in raw:
+            base[section] = {**base.get(section, {}), **raw[section]}
+    return apply_overrides(base, overrides)
+
+
+def load_suite(
+    path: str | Path,
+    extra_methods: list[str] | None = None,
+    trials: int | None = None,
+    seeds: int | None = None,
+    overrides: list[str] | None = None,
+) -> Suite:
+    """Read a suite; ``extra_methods`` (``--method``), ``trials`` and ``seeds`` (a count:
+    seeds 1..S) replace or add to the file's. Every configuration is checked (:func:`check`)."""
+    path = Path(path)
+    raw = read_toml(path)
+    where = str(path)
+    known = {"suite", "params", "algorithm_params", "scenarios", *SECTIONS}
+    for section in raw:
+        if section not in known and section not in ("algorithm", "compare", *GRID_SECTIONS):
+            raise ConfigError(f"{where}: [{section}]: unknown section (known: {', '.join(sorted(known))})")
+    table = raw.get("suite")
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: [suite] is missing (name, methods, trials, seeds, ...)")
+    unknown = sorted(set(table) - SUITE_KEYS)
+    if unknown:
+        raise ConfigError(
+            f"{where}: suite.{unknown[0]}: unknown key (known: {', '.join(sorted(SUITE_KEYS))})"
+        )
+    name = table.get("name", path.stem)
+    try:
+        check_name("suite.name", name)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    methods = _methods(table.get("methods", []), list(extra_methods or []), where)
+    _search(methods, raw.get("params", {}), raw.get("algorithm_params", {}), where)
+    suite = Suite(name, where, str(table.get("description", "")), _base(raw, path, overrides or []),
+                  _scenarios(raw.get("scenarios"), where), methods)  # fmt: skip
+    _settings(suite, table, trials, seeds)
+    check(suite)
+    return suite
+
+
+def _settings(suite: Suite, table: dict, trials: int | None, seeds: int | None) -> None:
+    """The suite's budget and statistics settings, checked."""
+    where = suite.path
+    suite.trials = trials if trials is not None else _int(table, "trials", where, 1, suite.trials)
+    if suite.trials < 1:
+        raise ConfigError(f"--trials {suite.trials}: must be >= 1")
+    given = seeds if seeds is not None else table.get("seeds", 3)
+    if isinstance(given, list):
+        if not given or not all(isinstance(s, int) and not isinstance(s, bool) for s in given):
+            raise ConfigError(f"{where}: suite.seeds = {given!r}: a count >= 1 or a non-empty list of seeds")
+        if len(set(given)) != len(given):
+            raise ConfigError(f"{where}: suite.seeds = {given!r}: a seed is listed twice")
+        suite.seeds = list(given)
+    elif isinstance(given, int) and not isinstance(given, bool) and given >= 1:
+        suite.seeds = list(range(1, given + 1))
+    else:
+        what = f"--seeds {given}" if seeds is not None else f"{where}: suite.seeds = {given!r}"
+        raise ConfigError(f"{what}: the number of seeds must be >= 1")
+    fraction = table.get("validation_fraction", 0.2)
+    if not isinstance(fraction, int | float) or not 0 < fraction < 1:
+        raise ConfigError(f"{where}: suite.validation_fraction = {fraction!r}: in (0, 1)")
+    suite.validation_fraction = float(fraction)
+    suite.objective = table.get("objective", suite.objective)
+    if suite.objective not in OBJECTIVES:
+        raise ConfigError(f"{where}: suite.objective = {suite.objective!r}: one of {', '.join(OBJECTIVES)}")
+    suite.direction = "minimize" if suite.objective.endswith("loss") else "maximize"
+    target = table.get("target")
+    if target is not None and (not isinstance(target, int | float) or not 0 < target <= 1):
+        raise ConfigError(f"{where}: suite.target = {target!r}: an accuracy in (0, 1]")
+    suite.target = None if target is None else float(target)
+    alpha = table.get("alpha", 0.05)
+    if not isinstance(alpha, float) or not 0 < alpha < 1:
+        raise ConfigError(f"{where}: suite.alpha = {alpha!r}: a significance level in (0, 1)")
+    suite.alpha = alpha
+    suite.pruner = table.get("pruner", "median")
+    if suite.pruner not in ("median", "none"):
+        raise ConfigError(f"{where}: suite.pruner = {suite.pruner!r}: median or none")
+    suite.random_trials = _int(table, "random_trials", where, 0, 3)
+    suite.startup_trials = _int(table, "startup_trials", where, 0, 3)
+    suite.warmup_steps = _int(table, "warmup_steps", where, 0, 0)
+    suite.max_failures = _int(table, "max_failures", where, 1, 3)
+    suite.threads = _int(table, "threads", where, 1, 1)
+    suite.sampler_seed = _int(table, "sampler_seed", where, 0, 1)
+
+
+def check(suite: Suite) -> None:
+    """Build every configuration the bench would run — each scenario with each method, each
+    searched key at both ends of its range (every choice) — and refuse the first that fails,
+    in one line naming the scenario, the method and the key."""
+    for scenario in suite.scenarios:
+        for label in [*scenario.options, *scenario.skip]:
+            if label not in {m.label for m in suite.methods}:
+                raise ConfigError(
+                    f"{suite.path}: scenarios.{scenario.name}: {label!r} is not a method of the suite"
+                )
+    for scenario, method in suite.pairs():
+        label = f"{suite.path}: scenario {scenario.name}, method {method.label}"
+        probes: list[tuple[str, dict]] = [("", {})]
+        probes += [(f"{p.key} = {v!r}", {p.key: v}) for p in method.params for v in p.ends()]
+        for what, values in probes:
+            try:
+                from_dict(suite.config(scenario, method, values, "check"))
+                from_dict(suite.config(scenario, method, values, "check", seed=suite.seeds[0]))
+            except ConfigError as exc:
+                text = str(exc)
+                if text.startswith(suite.path):
+                    raise
+                raise ConfigError(f"{label}{': ' + what if what else ''}: {text}") from None
