@@ -367,4 +367,6 @@ def check(suite: Suite) -> None:
                 text = str(exc)
                 if text.startswith(suite.path):
                     raise
+                if not what and any(text.startswith(key) for key in scenario.settings):
+                    label = f"{suite.path}: scenarios.{scenario.name}"  # the scenario's own setting
                 raise ConfigError(f"{label}{': ' + what if what else ''}: {text}") from None

@@ -1,0 +1,249 @@
+"""``fedhet bench``: a bench killed during tuning and during seeds resumes without running a
+trial or a seed twice and ends with the leaderboard of a bench never interrupted; ``--jobs``
+and Ray give the same leaderboard; the statistics agree with scipy; bad suites are refused
+in one line before anything runs."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedhet.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOKE = ROOT / "suites" / "smoke.toml"
+PLUGIN = "bench_rules:TrimmedMean"
+# the smoke suite with the test package's method, at a smaller budget
+BENCH_ARGS = ["--method", PLUGIN, "--trials", "2", "--seeds", "2", "--set", "run.time_budget=4"]
+
+
+def _env() -> dict:
+    paths = [str(ROOT / "tests" / "bench_plugin"), str(ROOT / "src")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "OMP_NUM_THREADS": "1"}
+
+
+def _bench_command(out: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "fedhet",
+        "bench",
+        str(SMOKE),
+        *BENCH_ARGS,
+        "--out",
+        str(out),
+        "--quiet",
+        *extra,
+    ]
+
+
+def _bench(out: Path, *extra: str) -> subprocess.CompletedProcess:
+    done = subprocess.run(
+        _bench_command(out, *extra), env=_env(), capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def _kill_when(out: Path, pattern: str, timeout: float = 300.0) -> None:
+    """Start a bench and SIGKILL it as soon as a file matching ``pattern`` appears."""
+    process = subprocess.Popen(_bench_command(out), env=_env(), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline and process.poll() is None:
+            if list(out.glob(pattern)):
+                break
+            time.sleep(0.05)
+        assert process.poll() is None, f"the bench ended before {pattern} appeared"
+        process.send_signal(signal.SIGKILL)
+    finally:
+        process.wait()
+    time.sleep(1.0)  # its workers notice their parent is gone and end
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("bench") / "whole"
+    _bench(out)
+    return out
+
+
+def _counted_trials(out: Path) -> dict[str, list[dict]]:
+    import optuna
+    from optuna.trial import TrialState
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    storage = f"sqlite:///{out / 'bench.db'}"
+    studies = {}
+    for summary in optuna.get_all_study_summaries(storage):
+        study = optuna.load_study(study_name=summary.study_name, storage=storage)
+        studies[summary.study_name] = [
+            t.params
+            for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+        ]
+    return studies
+
+
+def test_a_bench_killed_during_tuning_and_seeds_resumes_to_the_same_leaderboard(tmp_path, uninterrupted):
+    out = tmp_path / "killed"
+    _kill_when(out, "trials/*/*/trial-1/metrics.csv")
+    assert not list(out.glob("seeds/*/*/seed-*/summary.json")), "the first kill should come during tuning"
+    _kill_when(out, "seeds/*/*/seed-*/metrics.csv")
+    _bench(out)
+    # each study holds its two counted trials once (an interrupted trial is failed and its
+    # values ran again as a new trial)
+    studies = _counted_trials(out)
+    assert len(studies) == 2 * 5
+    for name, params in studies.items():
+        assert len(params) == 2, name
+        assert params[0] != params[1], name
+    # every seed ran once: one folder per seed, each with its rounds written once
+    summaries = sorted(out.glob("seeds/*/*/seed-*/summary.json"))
+    assert len(summaries) == 2 * 5 * 2
+    for summary in summaries:
+        rounds = [
+            line.split(",")[0] for line in (summary.parent / "metrics.csv").read_text().splitlines()[1:]
+        ]
+        assert len(rounds) == len(set(rounds)), summary
+    assert (out / "leaderboard.csv").read_text() == (uninterrupted / "leaderboard.csv").read_text()
+
+
+def test_parallel_and_ray_benches_give_the_same_leaderboard(tmp_path, uninterrupted):
+    pytest.importorskip("ray")
+    expected = (uninterrupted / "leaderboard.csv").read_text()
+    _bench(tmp_path / "jobs2", "--jobs", "2")
+    assert (tmp_path / "jobs2" / "leaderboard.csv").read_text() == expected
+    _bench(tmp_path / "ray", "--ray", "--jobs", "2")
+    assert (tmp_path / "ray" / "leaderboard.csv").read_text() == expected
+
+
+def test_the_leaderboard_states_its_budget_and_marks_methods_tuned_on_the_learning_rate_alone(uninterrupted):
+    import csv
+
+    rows = list(csv.DictReader((uninterrupted / "leaderboard.csv").open()))
+    by_method = {(r["scenario"], r["method"]): r for r in rows}
+    assert by_method[("random-50", "salf")]["lr_only"] == "true"
+    assert by_method[("random-50", "fedprox")]["lr_only"] == "false"
+    assert '"algorithm.trim"' in by_method[("random-50", "TrimmedMean")]["tuned"]
+    assert sorted(r["rank"] for r in rows if r["scenario"] == "random-50")[0] == "1"
+    page = (uninterrupted / "leaderboard.md").read_text()
+    facts = ("2 trials per method and scenario", "validation split of 0.2", "2 (1, 2) of each tuned setting")
+    for fact in (*facts, "fedhet version", "Holm"):
+        assert fact in page
+    html = (uninterrupted / "leaderboard.html").read_text()
+    assert html.count("data:image/png;base64,") == 2
+
+
+def test_holm_decisions_and_t_intervals_agree_with_scipy():
+    from scipy import stats
+
+    from fedhet.bench.leaderboard import build
+    from fedhet.studies.stats import holm
+
+    # Holm on a known family: p sorted 0.01, 0.02, 0.03, 0.2 -> 0.04, 0.06, 0.06, 0.2
+    assert holm([0.03, 0.01, None, 0.2, 0.02]) == pytest.approx([0.06, 0.04, None, 0.2, 0.06])
+    seeds = {
+        "best": [0.90, 0.92, 0.91, 0.93, 0.90],
+        "close": [0.89, 0.92, 0.90, 0.93, 0.90],
+        "far": [0.80, 0.83, 0.81, 0.84, 0.79],
+        "farther": [0.70, 0.74, 0.69, 0.73, 0.71],
+    }
+    rows = [
+        {"scenario": "s", "method": m, "status": "ok", "reason": "", "lr_only": False, "params": {},
+         "validation": None, "seeds": {i + 1: {"accuracy": v} for i, v in enumerate(values)}}
+        for m, values in seeds.items()
+    ]  # fmt: skip
+    board = build(rows, alpha=0.05)
+    entries = {e.method: e for e in board.scenarios["s"]}
+    for method, values in seeds.items():
+        low, high = stats.t.interval(0.95, len(values) - 1, loc=np.mean(values), scale=stats.sem(values))
+        assert entries[method].mean == pytest.approx(np.mean(values))
+        assert entries[method].ci95 == pytest.approx((high - low) / 2)
+    assert entries["best"].best and entries["best"].rank == 1
+    raw = {m: stats.ttest_rel(seeds["best"], seeds[m]).pvalue for m in ("close", "far", "farther")}
+    m = len(raw)
+    order = sorted(raw, key=raw.get)
+    expected, running = {}, 0.0
+    for i, method in enumerate(order):
+        running = max(running, min(1.0, (m - i) * raw[method]))
+        expected[method] = running
+    for method in raw:
+        assert entries[method].p == pytest.approx(raw[method])
+        assert entries[method].p_holm == pytest.approx(expected[method])
+        assert entries[method].worse == (expected[method] < 0.05)
+    assert entries["close"].worse is False and entries["far"].worse and entries["farther"].worse
+    assert [e.rank for e in sorted(entries.values(), key=lambda e: e.rank)] == [1, 2, 3, 4]
+    overall = {o.method: o for o in board.overall}
+    assert overall["best"].wins == 1 and overall["close"].not_worse == 1 and overall["far"].not_worse == 0
+    assert math.isclose(overall["farther"].mean_rank, 4.0)
+
+
+def _suite(tmp_path: Path, text: str) -> Path:
+    base = SMOKE.read_text()
+    path = tmp_path / "suite.toml"
+    path.write_text(base + text if not text.startswith("!") else text[1:])
+    return path
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (("methods = [", 'methods = ["fedavgg", '), "'fedavgg': unknown; did you mean 'fedavg'"),
+        (('"train.lr" = { low = 0.02, high = 0.5', '"train.lr" = { low = 0.5, high = 0.02'), "low < high"),
+        (('"system.straggler_ratio" = 0.5', '"system.straggler_rate" = 0.5'),
+         "scenarios.random-50: system.straggler_rate"),
+        (("seeds = 2", "seeds = 0"), "suite.seeds = 0"),
+        (("[algorithm_params", "[algorithm_params"), None),
+    ],
+)  # fmt: skip
+def test_bad_suites_are_refused_in_one_line_before_anything_runs(tmp_path, change, message):
+    from fedhet.bench.suite import load_suite
+
+    if message is None:  # the unchanged suite loads
+        load_suite(SMOKE)
+        return
+    path = tmp_path / "bad.toml"
+    text = SMOKE.read_text()
+    assert change[0] in text
+    path.write_text(text.replace(change[0], change[1], 1))
+    with pytest.raises(ConfigError) as caught:
+        load_suite(path)
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+    command = [sys.executable, "-m", "fedhet", "bench", str(path), "--out", str(tmp_path / "out")]
+    done = subprocess.run(command, env=_env(), capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_range_a_method_cannot_take_and_a_declared_option_it_lacks_are_refused(tmp_path):
+    from fedhet.algorithms.base import check_algorithm_class
+    from fedhet.bench.suite import load_suite
+    from fedhet.search_space import declared_params
+
+    path = tmp_path / "suite.toml"
+    path.write_text(
+        SMOKE.read_text() + '\n[algorithm_params.fedprox]\n"algorithm.mu" = { low = -1.0, high = 1.0 }\n'
+    )
+    with pytest.raises(ConfigError, match=r"method fedprox: algorithm.mu = -1.0"):
+        load_suite(path)
+    sys.path.insert(0, str(ROOT / "tests" / "bench_plugin"))
+    try:
+        from bench_rules import TrimmedMean
+    finally:
+        sys.path.pop(0)
+    assert [p.key for p in declared_params(TrimmedMean, "x")] == ["algorithm.trim"]
+
+    class Wrong(TrimmedMean):
+        hyperparameters = {"trimm": {"low": 0.0, "high": 0.3}}
+
+    with pytest.raises(ConfigError, match="'trimm' is not one of its options"):
+        check_algorithm_class(Wrong, "wrong")
