@@ -140,6 +140,7 @@ class Bench:
         self.progress = Progress()
         self.studies: dict[str, StudyResult] = {}
         self.study_errors: dict[str, str] = {}
+        self.not_applicable: dict[str, str] = {}
         self.seeds: dict[str, list[SeedRun]] = {}
         self.group = f"bench-{suite.name}"
 
@@ -298,6 +299,11 @@ class Bench:
             self.progress.lines.append(f"{name}: failed: {error}")
             return
         self.studies[name] = result
+        if result.not_applicable:
+            self.not_applicable[name] = result.not_applicable
+            self.study_errors[name] = result.stopped
+            self.progress.lines.append(f"{name}: does not apply: {result.not_applicable}")
+            return
         if result.stopped or result.best_value is None:
             self.study_errors[name] = result.stopped or "no trial finished with a value"
             self.progress.lines.append(f"{name}: stopped: {self.study_errors[name]}")
@@ -334,6 +340,8 @@ class Bench:
                                        "params": {}, "validation": None, "seeds": {}}  # fmt: skip
                 if method.label in scenario.skip:
                     row.update(status="skipped", reason=scenario.skip[method.label])
+                elif name in self.not_applicable:
+                    row.update(status="n/a", reason=self.not_applicable[name])
                 elif name in self.study_errors:
                     row.update(status="failed", reason=self.study_errors[name])
                 else:

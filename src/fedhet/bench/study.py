@@ -7,7 +7,9 @@ a kill interrupted (left RUNNING) is marked failed and ``interrupted``, and its 
 again as the next trial. The tuning trials are judged on the validation split
 (``suite.validation_fraction``); a run that diverged scores the worst value, a failed run
 does not count and ``suite.max_failures`` failures in a row stop the study with the last
-one's reason.
+one's reason. A configuration error before any trial finished (the method refuses the
+scenario: ADEL-FL without its exponential time model) stops the study at once: the method
+does not apply there, and the leaderboard says why.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from fedhet.bench.suite import Method, Scenario, Suite
-from fedhet.errors import FedhetError
+from fedhet.errors import ConfigError, FedhetError
 
 INTERRUPTED = "interrupted"
 
@@ -36,6 +38,7 @@ class StudyResult:
     best_value: float | None = None
     best_trial: int | None = None
     stopped: str = ""
+    not_applicable: str = ""  # the method refuses the scenario's settings (why)
 
     def done(self, trials: int) -> bool:
         return bool(self.stopped) or self.counted >= trials
@@ -113,7 +116,8 @@ def status(study, trials: int) -> StudyResult:
     """The study as it stands (read from its storage)."""
     from optuna.trial import TrialState
 
-    result = StudyResult(study.study_name, stopped=study.user_attrs.get("stopped", ""))
+    result = StudyResult(study.study_name, stopped=study.user_attrs.get("stopped", ""),
+                         not_applicable=study.user_attrs.get("not_applicable", ""))  # fmt: skip
     finite = []
     for trial in study.get_trials(deepcopy=False):
         if trial.state in (TrialState.COMPLETE, TrialState.PRUNED):
@@ -142,8 +146,9 @@ def run_study(suite: Suite, scenario: Scenario, method: Method, storage: str, ou
 
     study = open_study(suite, scenario, method, storage)
     requeue_interrupted(study)
-    if study.user_attrs.get("stopped"):
-        study.set_user_attr("stopped", "")  # run again: it may have been fixed
+    if study.user_attrs.get("stopped"):  # run again: it may have been fixed
+        study.set_user_attr("stopped", "")
+        study.set_user_attr("not_applicable", "")
     space = _space(suite, method)
     failures, reason = 0, ""
     while status(study, suite.trials).counted < suite.trials:
@@ -164,6 +169,10 @@ def run_study(suite: Suite, scenario: Scenario, method: Method, storage: str, ou
             reason = (reason.strip().splitlines() or [type(exc).__name__])[0][:300]
             trial.set_user_attr("error", reason)
             study.tell(trial, state=TrialState.FAIL)
+            if isinstance(exc, ConfigError) and status(study, suite.trials).counted == 0:
+                study.set_user_attr("not_applicable", reason)
+                study.set_user_attr("stopped", f"does not run in this scenario: {reason}")
+                break
             failures += 1
             if failures >= suite.max_failures:
                 study.set_user_attr("stopped", f"{failures} trials in a row failed; the last: {reason}")
