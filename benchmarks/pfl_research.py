@@ -13,7 +13,7 @@ random images of the same shape written in that format (timing only: nothing to 
 ``--data fmnist`` runs both on real Fashion-MNIST (1,000 clients x 60 images) to check that
 they learn the same before their speeds are compared.
 
-Needs the benchmark extra: pip install -e ".[bench]"   (pfl[pytorch], pinned)
+Needs the benchmark extra: pip install -e ".[pfl]"   (pfl[pytorch], pinned)
 
 Both sides use both cores, each in its best configuration, chosen by measurement first
 (alternated blocks): pfl-research as one process with two torch threads, or as two

@@ -337,6 +337,12 @@ def _describe_plugin(kind: str, name: str) -> int:
     options_doc = inspect.getdoc(options) if options is not None else None
     if options_doc:
         print("\n" + options_doc)
+    if kind == "algorithm":
+        from fedhet.search_space import declared_params
+
+        declared = declared_params(entry.cls, name)
+        ranges = ", ".join(f"{p.key.split('.', 1)[1]} {p.describe()}" for p in declared)
+        print(f"\ntuned by fedhet bench: the learning rate{', ' + ranges if ranges else ' alone'}")
     return 0
 
 

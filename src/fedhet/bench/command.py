@@ -54,7 +54,7 @@ def run_bench(suite_path: str | Path, methods: list[str], trials: int | None, se
     try:
         import optuna  # noqa: F401
     except ImportError:
-        raise FedhetError("fedhet bench needs Optuna: pip install 'fedhet[tune]'") from None
+        raise FedhetError("fedhet bench needs Optuna: pip install 'fedhet[bench]'") from None
     suite = load_suite(suite_path, methods, trials, seeds, overrides)
     folder = Path(out) if out else Path("runs") / f"bench-{suite.name}"
     with _Display(suite, quiet) as display:

@@ -22,7 +22,7 @@ from fedhet.studies.stats import difference_p_value, estimate, holm
 CSV_COLUMNS = (
     "scenario", "method", "status", "rank", "mean_accuracy", "ci95", "seeds", "accuracy_by_seed",
     "time_to_target", "target_reached", "p_vs_best", "p_holm", "worse_than_best", "validation_value",
-    "tuned", "lr_only", "reason",
+    "tuned", "lr_only", "reason", "caveats",
 )  # fmt: skip
 
 
@@ -40,6 +40,7 @@ class Entry:
     accuracy: dict[int, float] = field(default_factory=dict)  # seed -> final test accuracy
     times: dict[int, float | None] = field(default_factory=dict)  # seed -> time to target
     folders: dict[int, str] = field(default_factory=dict)
+    caveats: list[str] = field(default_factory=list)  # settings under which it is another rule
     mean: float | None = None
     ci95: float | None = None
     rank: int | None = None
@@ -90,6 +91,7 @@ def build(rows: list[dict], alpha: float = 0.05) -> Leaderboard:
             entry.accuracy[int(seed)] = float(result["accuracy"])
             entry.times[int(seed)] = result.get("time_to_target")
             entry.folders[int(seed)] = result.get("folder", "")
+            entry.caveats += [c for c in result.get("caveats", []) if c not in entry.caveats]
         if entry.status == "ok" and not entry.accuracy:
             entry.status, entry.reason = "failed", entry.reason or "no seed finished"
         scenarios.setdefault(entry.scenario, []).append(entry)
@@ -169,7 +171,7 @@ def csv_rows(board: Leaderboard) -> list[dict]:
                 "worse_than_best": "" if e.worse is None else str(e.worse).lower(),
                 "validation_value": _number(e.validation, 6),
                 "tuned": json.dumps(e.params, sort_keys=True), "lr_only": str(e.lr_only).lower(),
-                "reason": e.reason,
+                "reason": e.reason, "caveats": " | ".join(e.caveats),
             })  # fmt: skip
     return rows
 
@@ -207,12 +209,16 @@ def scenario_lines(entries: list[Entry], target: float | None, alpha: float) -> 
             else f"– (0/{seeds})"
         )
         marker = " **best**" if e.best else (" *worse*" if e.worse else "")
+        marker += " ⚠" if e.caveats else ""
         note = " (lr only)" if e.lr_only else ""
         tuned = f"{_values(e.params)}{note} ({_number(e.validation)})"
         accuracy = f"{e.mean:.4f}{interval} (n={len(e.accuracy)})"
         lines.append(
             f"| {e.rank} | {e.method}{marker} | {accuracy} | {time} | {_p(e.p)} | {_p(e.p_holm)} | {tuned} |"
         )
+    caveats = [(e.method, c) for e in sorted(entries, key=_order) for c in e.caveats]
+    if caveats:
+        lines += ["", *[f"- ⚠ {method}: {caveat}" for method, caveat in caveats]]
     return lines
 
 
@@ -226,7 +232,8 @@ def markdown(board: Leaderboard, header: dict) -> str:
         f"Test accuracy: mean over seeds with its 95% Student-t interval (n seeds). p vs best: a paired "
         f"t-test against the scenario's best method over the seeds both ran; p Holm: Holm-corrected "
         f"within the scenario; *worse*: Holm-corrected p < {board.alpha:g}. (lr only): the method "
-        "declares no hyperparameters of its own and was tuned on the learning rate alone.",
+        "declares no hyperparameters of its own and was tuned on the learning rate alone. ⚠: under "
+        "this scenario's settings the method is provably another, simpler rule (the caveat says which).",
         "",
         "## Across scenarios",
         "",

@@ -370,5 +370,6 @@ def _seed_result(run: SeedRun, target: float | None) -> dict:
         "accuracy": summary.get("final_test_accuracy"),
         "time_to_target": None if not hit else float(hit["sim_time"]),
         "sim_time": summary.get("sim_time"),
+        "caveats": list(summary.get("caveats") or []),
         "folder": str(run.folder),
     }

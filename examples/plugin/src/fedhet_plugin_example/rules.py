@@ -9,6 +9,7 @@ keys) and the pieces it changes; ``Algorithm.build(options, ctx)`` is inherited.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -35,6 +36,8 @@ class CoordinateMedian(Algorithm):
     summary = "coordinate-wise median of the finishers' updates (Yin et al. 2018)"
     Options = CoordinateMedianOptions
     partial_work = "none"
+    # tuned by fedhet bench beside the learning rate (the range, as in a search space file)
+    hyperparameters: ClassVar[dict[str, dict]] = {"server_lr": {"low": 0.25, "high": 2.0, "log": True}}
 
     def aggregate(self, params, buffers, updates, state, context, layout):
         full = [u for u in updates if u.coverage.is_full()]
