@@ -143,6 +143,7 @@ class Bench:
         self.not_applicable: dict[str, str] = {}
         self.seeds: dict[str, list[SeedRun]] = {}
         self.group = f"bench-{suite.name}"
+        self._reader: Any = None  # this process's connection to the database, for the display
 
     # -- the folder ----------------------------------------------------------------------
     @property
@@ -241,9 +242,11 @@ class Bench:
         """Trials finished so far by the running studies (read from the database)."""
         import optuna
 
+        if self._reader is None:
+            self._reader = optuna.storages.RDBStorage(self.storage)
         for name in running:
             try:
-                study = optuna.load_study(study_name=name, storage=self.storage)
+                study = optuna.load_study(study_name=name, storage=self._reader)
                 self.studies[name] = status(study, self.suite.trials)
             except Exception:  # noqa: BLE001  (a busy database: the next poll reads it)
                 continue
@@ -272,9 +275,13 @@ class Bench:
                         self._study_done(future, what, pairs[what], executor, pending)
                     else:
                         self._seed_done(future, what)
-                if time.monotonic() - last_poll > 2.0 or done:
-                    self._poll({w for k, w in pending.values() if k == "study"})
+                # the display reads the studies in work (Ray's futures do not say: all, less often)
+                running = {w for f, (k, w) in pending.items() if k == "study" and (self.ray or f.running())}
+                if time.monotonic() - last_poll > (10.0 if self.ray else 2.0):
+                    self._poll(running)
                     last_poll = time.monotonic()
+                elif done:
+                    self._count()
         except BrokenProcessPool:
             raise FedhetError(
                 "a bench worker process died (killed, or out of memory); finished trials and seeds are "
