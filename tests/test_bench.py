@@ -201,7 +201,7 @@ def _suite(tmp_path: Path, text: str) -> Path:
         (('"train.lr" = { low = 0.02, high = 0.5', '"train.lr" = { low = 0.5, high = 0.02'), "low < high"),
         (('"system.straggler_ratio" = 0.5', '"system.straggler_rate" = 0.5'),
          "scenarios.random-50: system.straggler_rate"),
-        (("seeds = 2", "seeds = 0"), "suite.seeds = 0"),
+        (("seeds = 3", "seeds = 0"), "suite.seeds = 0"),
         (("[algorithm_params", "[algorithm_params"), None),
     ],
 )  # fmt: skip

@@ -307,7 +307,11 @@ def figures(board: Leaderboard, out: Path) -> list[Path]:
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(names) :]:
         ax.axis("off")
-    handles, labels = axes.flat[0].get_legend_handles_labels()
+    legend: dict[str, Any] = {}  # every method of every scenario, once
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            legend.setdefault(label, handle)
+    handles, labels = list(legend.values()), list(legend)
     fig.legend(handles, labels, loc="lower center", ncol=min(6, len(labels) or 1), fontsize=8)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     curves = out / "leaderboard-curves.png"

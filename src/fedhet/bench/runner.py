@@ -187,6 +187,7 @@ class Bench:
         from fedhet.results import RunLock, make_folder
         from fedhet.studies.tune import _create_sqlite_whole
 
+        self._check_engines()
         make_folder(self.out, "bench folder")
         lock = RunLock(self.out / ".bench.lock")
         lock.acquire()
@@ -208,6 +209,17 @@ class Bench:
         finally:
             lock.release()
         return self.results()
+
+    def _check_engines(self) -> None:
+        """Every scenario's engine takes the bench's placement (``--jobs``, ``--ray``)."""
+        from fedhet.config import from_dict
+        from fedhet.engine.launch import check_placement
+
+        configs = [
+            (f"scenario {s.name}, method {m.label}", from_dict(self.suite.config(s, m, {}, "check")))
+            for s, m in self.suite.pairs()
+        ]
+        check_placement(configs, parallel=self.jobs > 1, ray=self.ray is not None, command="fedhet bench")
 
     def _queue_seeds(self, scenario: Scenario, method: Method, result: StudyResult) -> None:
         if result.best_value is None:

@@ -1,0 +1,50 @@
+"""The paired comparisons docs/results/leaderboard.md makes beyond the leaderboard's own
+(each paper's method against the baselines it claims to beat, in its own scenario), from
+the committed per-method table: a paired t-test over the seeds both ran, Holm-corrected
+within each paper's family of comparisons.
+
+    python experiments/leaderboard_pairs.py docs/results/data/leaderboard.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+
+from fedhet.studies.stats import difference_p_value, holm
+
+STRAGGLERS = ["random-50", "random-90", "persistent-50", "persistent-90"]
+FAMILIES = {
+    "SALF against drop-stragglers": [(s, "salf", "drop") for s in STRAGGLERS],
+    "SALF against FedAvg": [(s, "salf", "fedavg") for s in STRAGGLERS],
+    "ADEL-FL": [("time-budget", "adel-fl", m) for m in ("salf", "drop", "fedavg", "heterofl")],
+    "FedStale": [("stale-participation", "fedstale", m) for m in ("u-fedavg", "fedvarp", "fedavg")],
+    "AMSFL": [
+        ("per-step-budget", "amsfl", m) for m in ("fedavg", "fedprox", "fednova", "scaffold", "feddyn")
+    ],
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("table", help="a bench's leaderboard.csv")
+    rows = {(r["scenario"], r["method"]): r for r in csv.DictReader(open(parser.parse_args().table))}
+
+    def seeds(scenario: str, method: str) -> dict[int, float]:
+        text = rows[(scenario, method)]["accuracy_by_seed"]
+        return {int(k): float(v) for k, v in (pair.split(":") for pair in text.split(";"))}
+
+    print("| family | scenario | method | vs | difference of means | p | p Holm |")
+    print("|---|---|---|---|---:|---:|---:|")
+    for family, pairs in FAMILIES.items():
+        p_values = [difference_p_value(seeds(s, a), seeds(s, b)) for s, a, b in pairs]
+        for (scenario, a, b), p, adjusted in zip(pairs, p_values, holm(p_values), strict=True):
+            x, y = seeds(scenario, a), seeds(scenario, b)
+            difference = sum(x.values()) / len(x) - sum(y.values()) / len(y)
+            print(f"| {family} | {scenario} | {a} | {b} | {difference:+.4f} | {p:.3g} | {adjusted:.3g} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
