@@ -81,36 +81,19 @@ class _Executor:
             import multiprocessing
             from concurrent.futures import ProcessPoolExecutor
 
-            from fedhet.studies.launcher import _watch_parent
+            from fedhet.studies.launcher import watch_parent
 
             if multiprocessing.get_start_method(allow_none=False) == "fork":
                 import torch
 
                 torch.set_num_threads(1)  # a forking process must not hold OpenMP threads
             self.pool = ProcessPoolExecutor(
-                max_workers=jobs, initializer=_watch_parent, initargs=(os.getpid(),)
+                max_workers=jobs, initializer=watch_parent, initargs=(os.getpid(),)
             )
             return
-        try:
-            import ray
-        except ImportError:
-            raise FedhetError("--ray needs Ray: pip install 'fedhet[flower]' (it brings ray)") from None
-        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
-        if not ray.is_initialized():
-            options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
-                                       "configure_logging": False}  # fmt: skip
-            try:
-                if ray_address == "local":
-                    ray.init(num_cpus=max(1, jobs), **options)
-                else:
-                    ray.init(address=ray_address, **options)
-            except (ConnectionError, ValueError, RuntimeError) as exc:
-                raise FedhetError(
-                    f"--ray {ray_address}: cannot connect ({str(exc).splitlines()[0]})"
-                ) from None
-            self.started_ray = True
-        self.ray = ray
+        from fedhet.studies.launcher import start_ray
+
+        self.ray, self.started_ray = start_ray(ray_address, jobs)
 
     def submit(self, function: Callable, *args: Any) -> Future:
         if self.ray_address is None:

@@ -83,7 +83,7 @@ def settings_changed(cell: Cell, run_dir) -> tuple[list[str], bool]:
     return changed, not changed and bool(differences(stored, now))
 
 
-def _watch_parent(parent_pid: int, interval: float = 0.5) -> None:
+def watch_parent(parent_pid: int, interval: float = 0.5) -> None:
     """Run in each worker: end the worker as soon as the process that started it is gone
     (killed by any signal, kill -9 included), so no orphan keeps writing into a cell."""
     import threading
@@ -185,7 +185,7 @@ def _launch(experiment, todo, fresh, out_dir, summaries, jobs, on_cell, ray, lau
         budget = max(1, free_cores() // workers)  # the jobs' threads do not fight each other
         _preload_datasets(todo)
         with ProcessPoolExecutor(
-            max_workers=workers, initializer=_watch_parent, initargs=(os.getpid(),)
+            max_workers=workers, initializer=watch_parent, initargs=(os.getpid(),)
         ) as pool:
             futures = {
                 pool.submit(
@@ -258,6 +258,29 @@ def _preload_datasets(cells: list[Cell]) -> None:
             pass  # the cells report it, each in its own run
 
 
+def start_ray(address: str, jobs: int) -> tuple[Any, bool]:
+    """Ray, connected: a local Ray of ``jobs`` CPUs (``address = "local"``) or the cluster
+    at ``address``, unless this process is connected already; and whether it connected here
+    (then it is the caller's to shut down). One line for a missing Ray or a failed connection."""
+    try:
+        import ray
+    except ImportError:
+        raise FedhetError("--ray needs Ray: pip install 'fedhet[flower]' (it brings ray)") from None
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+    if ray.is_initialized():
+        return ray, False
+    options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
+    if address == "local":
+        ray.init(num_cpus=max(1, jobs), **options)
+    else:
+        try:
+            ray.init(address=address, **options)
+        except (ConnectionError, ValueError, RuntimeError) as exc:
+            raise FedhetError(f"--ray {address}: cannot connect ({str(exc).splitlines()[0]})") from None
+    return ray, True
+
+
 def _run_on_ray(
     todo: list[Cell],
     out_dir: Path,
@@ -271,26 +294,7 @@ def _run_on_ray(
     """Each cell a Ray task (one CPU each) on a local Ray (``address = "local"``, ``jobs``
     CPUs) or the cluster at ``address``; cells write their run folders under ``out_dir``,
     which on a cluster must be a folder every node sees (a shared file system)."""
-    try:
-        import ray
-    except ImportError:
-        raise FedhetError("--ray needs Ray: pip install 'fedhet[flower]' (it brings ray)") from None
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
-    started = not ray.is_initialized()
-    if started:
-        options: dict[str, Any] = {
-            "include_dashboard": False,
-            "log_to_driver": False,
-            "configure_logging": False,
-        }
-        if address == "local":
-            ray.init(num_cpus=max(1, jobs), **options)
-        else:
-            try:
-                ray.init(address=address, **options)
-            except (ConnectionError, ValueError, RuntimeError) as exc:
-                raise FedhetError(f"--ray {address}: cannot connect ({str(exc).splitlines()[0]})") from None
+    ray, started = start_ray(address, jobs)
     summaries: dict[str, dict] = {}
     resume = launch.resume if launch is not None else True
     try:
