@@ -60,15 +60,23 @@ class Progress:
     lines: list[str] = field(default_factory=list)  # news since the display last read them
 
 
+def _quiet_runs() -> None:
+    """A bench task's runs warn nothing on the terminal: their caveats are in their
+    summaries, and the leaderboard shows them once per method and scenario."""
+    log.setLevel(logging.ERROR)
+
+
 def _seed_task(raw: dict, folder: str, fresh: bool, group: str) -> dict:
     """Run (or resume) one seed run; its summary."""
     from fedhet.config import from_dict
     from fedhet.engine.launch import run
 
+    _quiet_runs()
     return run(from_dict(raw), folder, resume=not fresh, overwrite=fresh, group=group).summary
 
 
 def _study_task(suite: Suite, scenario: Scenario, method: Method, storage: str, out: str) -> StudyResult:
+    _quiet_runs()
     return run_study(suite, scenario, method, storage, out)
 
 
