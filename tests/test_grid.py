@@ -117,3 +117,34 @@ def test_a_reference_column_marks_significant_cells_and_bad_references_are_refus
     path.write_text(text.replace("[report]\n", '[report]\ninterval = "sem"\n'))
     with pytest.raises(ConfigError, match="report.interval = 'sem'"):
         load_experiment(path)
+
+
+def test_the_marks_against_a_reference_are_holm_corrected_over_the_table_unless_asked_not_to(tmp_path):
+    """Two rows, each testing salf against drop over 4 seeds with p = 0.046: uncorrected both
+    cells are marked; Holm over the table's 2 tests adjusts the smaller p to 2p > 0.05, and
+    neither is."""
+    from scipy.stats import ttest_rel
+
+    path = tmp_path / "holm.toml"
+    seeds = '"system.straggler_ratio" = [0.3, 0.9]\n"run.seed" = [1, 2, 3, 4]'
+    text = GRID.replace('"system.straggler_ratio" = [0.3, 0.9]', seeds)
+    path.write_text(text.replace("[report]\n", '[report]\nreference = "drop"\n'))
+    experiment = load_experiment(path)
+    assert experiment.correction == "holm"
+    drop = {0.3: [0.60, 0.70, 0.65, 0.75], 0.9: [0.50, 0.55, 0.52, 0.58]}
+    salf = {0.3: [0.64, 0.71, 0.67, 0.80], 0.9: [0.54, 0.56, 0.54, 0.63]}
+    for ratio in drop:
+        assert 0.025 < ttest_rel(salf[ratio], drop[ratio]).pvalue < 0.05
+    fake = {}
+    for cell in experiment.cells:
+        ratio, seed = cell.config.system.get("straggler_ratio"), cell.config.run.seed
+        column = drop if cell.config.algorithm.name == "drop" else salf
+        fake[cell.name] = {"final_test_accuracy": column[ratio][seed - 1]}
+
+    def marked() -> int:
+        lines = report_table(experiment, fake).splitlines()
+        return sum(line.count("↑") for line in lines if line.startswith("| 0."))
+
+    assert marked() == 0 and "Holm-corrected over the table's 2 tests" in report_table(experiment, fake)
+    experiment.correction = "none"
+    assert marked() == 2 and "uncorrected" in report_table(experiment, fake)

@@ -79,6 +79,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     if args.reference:
         check_reference(experiment, args.reference, "--reference")
         experiment.reference = args.reference
+    if args.correction:
+        experiment.correction = args.correction
     out = Path(args.out) if args.out else Path("runs") / experiment.name
     if args.list:
         for cell in experiment.cells:
@@ -422,6 +424,9 @@ def _add_reproduce(sub) -> None:
         help="mark cells significantly above/below this column of their row (paired t-test "
         "over seeds; default: report.reference)",
     )
+    p.add_argument("--correction", choices=("holm", "none"),
+                   help="the tests against --reference: Holm-corrected over the table (default: "
+                   "report.correction, else holm) or uncorrected")  # fmt: skip
     p.add_argument("--format", choices=("md", "csv", "latex"), default="md",
                    help="the table printed and written beside table.md (table.csv, table.tex)")  # fmt: skip
     p.set_defaults(func=cmd_reproduce)

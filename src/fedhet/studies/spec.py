@@ -22,6 +22,7 @@ from fedhet.studies.expansion import Cell, _cell, _flatten, _label, _lookup
 from fedhet.studies.stats import INTERVALS
 
 EXPERIMENT_SECTIONS = GRID_SECTIONS
+CORRECTIONS = ("holm", "none")  # for the tests of a table's cells against its reference column
 
 
 @dataclass
@@ -35,6 +36,7 @@ class Experiment:
     interval: str = "std"
     reference: str | None = None
     alpha: float = 0.05
+    correction: str = "holm"  # multiple comparisons against the reference: "holm" or "none"
 
 
 REPORT_VALUES = (
@@ -54,7 +56,8 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Exp
     raw = read_toml(path)
     meta = _table(raw, "experiment", path, ("name", "jobs"))
     grid = _table(raw, "grid", path, None)
-    report = _table(raw, "report", path, ("rows", "columns", "value", "interval", "reference", "alpha"))
+    report = _table(raw, "report", path, ("rows", "columns", "value", "interval", "reference", "alpha",
+                                           "correction"))  # fmt: skip
     cases = raw.get("cases", [{}]) or [{}]
     if not isinstance(cases, list) or not all(isinstance(c, dict) for c in cases):
         raise ConfigError(f"{path}: [[cases]] must be a list of tables")
@@ -103,9 +106,12 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Exp
     alpha = report.get("alpha", 0.05)
     if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 < alpha < 1:
         raise ConfigError(f"{path}: report.alpha = {alpha!r}: expected a number in (0, 1)")
+    correction = report.get("correction", "holm")
+    if correction not in CORRECTIONS:
+        raise ConfigError(f"{path}: report.correction = {correction!r}: one of {', '.join(CORRECTIONS)}")
     experiment = Experiment(
         name=name, jobs=jobs, cells=cells, rows=rows, columns=columns, value=value,
-        interval=interval, reference=reference, alpha=float(alpha),
+        interval=interval, reference=reference, alpha=float(alpha), correction=correction,
     )  # fmt: skip
     if reference is not None:
         check_reference(experiment, reference, path)

@@ -7,7 +7,7 @@ import numpy as np
 
 from fedhet.studies.expansion import _lookup
 from fedhet.studies.spec import Experiment
-from fedhet.studies.stats import difference_p_value, estimate
+from fedhet.studies.stats import difference_p_value, estimate, holm
 
 FAILED = object()  # a cell whose run failed (its summary says why)
 
@@ -19,8 +19,9 @@ def report_table(experiment: Experiment, summaries: dict[str, dict], digits: int
     """A pivot table (``fmt``: Markdown, CSV or LaTeX): one row per ``rows`` value, one column
     per ``columns`` value. Cells that share a row and column (e.g. seeds left out of both)
     show mean ± the experiment's ``interval`` over them, marked ↑/↓ when significantly
-    above/below the ``reference`` column of their row; a note under the table says what the
-    marks mean (CSV: in comment lines)."""
+    above/below the ``reference`` column of their row (paired t-tests over seeds, the table's
+    tests Holm-corrected together unless ``experiment.correction`` is "none"); a note under
+    the table says what the marks mean (CSV: in comment lines)."""
     row_keys, col_keys = experiment.rows, experiment.columns
     rows: dict[tuple, dict[str, list[tuple]]] = {}
     caveated: set[tuple] = set()  # (row, column) entries with a run whose summary has caveats
@@ -38,17 +39,13 @@ def report_table(experiment: Experiment, summaries: dict[str, dict], digits: int
         if summary.get("caveats"):
             caveated.add((r, c))
     head = [" / ".join(k.split(".")[-1] for k in row_keys) or "run", *col_order]
+    marks, tests = _reference_marks(experiment, rows, col_order)
     body: list[list[str]] = []
     for r, values in rows.items():
         cells = [" ".join(str(v) for v in r) or "-"]
-        reference = _numbers(values.get(experiment.reference, [])) if experiment.reference else {}
         for c in col_order:
             text = _format_values(values.get(c, []), digits, experiment.interval)
-            if reference and c != experiment.reference and (mine := _numbers(values.get(c, []))):
-                p = difference_p_value(mine, reference)
-                if p is not None and p < experiment.alpha:
-                    above = np.mean(list(mine.values())) > np.mean(list(reference.values()))
-                    text += " ↑" if above else " ↓"
+            text += marks.get((r, c), "")
             if (r, c) in caveated:
                 text += " ⚠"
             cells.append(text)
@@ -62,11 +59,42 @@ def report_table(experiment: Experiment, summaries: dict[str, dict], digits: int
         notes.append("⚠: a run with a caveat (its summary.json's caveats say why: e.g. a rule that is "
                      "another under these settings, or most clients never able to deliver)")  # fmt: skip
     if experiment.reference:
+        how = (
+            "uncorrected"
+            if experiment.correction == "none"
+            else f"Holm-corrected over the table's {tests} tests"
+        )
         notes.append(
             f"↑/↓: significantly above/below the {experiment.reference!r} column of the same row "
-            f"(two-sided paired t-test over seeds, p < {experiment.alpha:g}, uncorrected)"
+            f"(two-sided paired t-test over seeds, p < {experiment.alpha:g}, {how})"
         )
     return _render(head, body, notes, fmt)
+
+
+def _reference_marks(experiment: Experiment, rows: dict, col_order: list[str]) -> tuple[dict, int]:
+    """↑/↓ per (row, column) significantly above/below the reference column of its row, and
+    the number of tests made: all of the table's tests form one family for Holm's
+    correction (``experiment.correction = "holm"``, the default)."""
+    if not experiment.reference:
+        return {}, 0
+    tests: list[tuple[tuple, str, float, bool]] = []
+    for r, values in rows.items():
+        reference = _numbers(values.get(experiment.reference, []))
+        for c in col_order:
+            mine = _numbers(values.get(c, []))
+            if not reference or c == experiment.reference or not mine:
+                continue
+            p = difference_p_value(mine, reference)
+            if p is not None:
+                above = bool(np.mean(list(mine.values())) > np.mean(list(reference.values())))
+                tests.append((r, c, p, above))
+    raw = [p for _, _, p, _ in tests]
+    decided: list = raw if experiment.correction == "none" else holm(list(raw))
+    marks = {}
+    for (r, c, _, above), p in zip(tests, decided, strict=True):
+        if p is not None and p < experiment.alpha:
+            marks[(r, c)] = " ↑" if above else " ↓"
+    return marks, len(tests)
 
 
 def _render(head: list[str], body: list[list[str]], notes: list[str], fmt: str) -> str:
