@@ -13,6 +13,7 @@ from fedhet.algorithms import (  # noqa: F401  (registration)
     heterofl,
     salf,
     scaffold,
+    server_opt,
     stale,
 )
 from fedhet.algorithms.base import (

@@ -1,0 +1,165 @@
+"""Server optimizers: FedAvg whose averaged update is a pseudo-gradient for an optimizer on
+the server (Reddi et al., "Adaptive Federated Optimization", arXiv:2003.00295, Algorithm 2;
+Hsu et al., "Measuring the Effects of Non-Identical Data Distribution for Federated Visual
+Classification", arXiv:1909.06335, FedAvgM).
+
+Each round, Delta_t = sum_u a_u Delta_u (FedAvg's weights over the clients that delivered,
+:class:`~fedhet.algorithms.fedavg.FedAvg`), then
+
+- FedAvgM: m_t = beta m_{t-1} + Delta_t; x_{t+1} = x_t + eta m_t;
+- FedAdagrad: v_t = v_{t-1} + Delta_t^2;
+- FedYogi: v_t = v_{t-1} - (1 - beta_2) Delta_t^2 sign(v_{t-1} - Delta_t^2);
+- FedAdam: v_t = beta_2 v_{t-1} + (1 - beta_2) Delta_t^2;
+
+and for the three adaptive rules m_t = beta_1 m_{t-1} + (1 - beta_1) Delta_t,
+x_{t+1} = x_t + eta m_t / (sqrt(v_t) + tau), with m_{-1} = 0 and v_{-1} = tau^2 (the paper's
+v_{-1} >= tau^2; no bias correction, as in its Algorithm 2). eta is ``server_lr``; BatchNorm
+statistics are averaged as FedAvg's. A round in which no client delivered leaves the model
+and the moments as they are. The moments are server state: checkpointed, so a resumed run
+continues them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from fedhet.algorithms.base import register
+from fedhet.algorithms.fedavg import FedAvg, FedAvgOptions
+from fedhet.errors import ConfigError
+
+
+@dataclass
+class FedAvgMOptions(FedAvgOptions):
+    """FedAvg's ``weights`` and ``server_lr`` (eta), plus ``momentum`` beta in [0, 1)."""
+
+    momentum: float = 0.9
+
+    def validate(self) -> None:
+        super().validate()
+        if not 0.0 <= self.momentum < 1.0:
+            raise ConfigError(f"algorithm.momentum = {self.momentum}: must be in [0, 1)")
+
+
+@dataclass
+class AdaptiveOptions(FedAvgOptions):
+    """FedAvg's ``weights``; ``server_lr`` eta (Reddi et al. tune it on a log grid; 0.1 by
+    default here), ``beta1``, ``beta2`` in [0, 1) and the adaptivity ``tau`` > 0."""
+
+    server_lr: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.99
+    tau: float = 1e-3
+
+    def validate(self) -> None:
+        super().validate()
+        for key in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                raise ConfigError(f"algorithm.{key} = {getattr(self, key)}: must be in [0, 1)")
+        if not self.tau > 0:
+            raise ConfigError(f"algorithm.tau = {self.tau}: must be > 0")
+
+
+class ServerOptimizer(FedAvg):
+    """FedAvg's average as the pseudo-gradient of a server step (:meth:`step`)."""
+
+    def init_state(self, setting) -> dict:
+        return {"m": None, "v": None}
+
+    def aggregate(self, params, buffers, updates, state, context, layout):
+        """Delta_t from FedAvg's rule at server_lr 1 (eq. (3)), then the server step."""
+        full = [u for u in updates if u.coverage.is_full()]
+        if not full:
+            return params, buffers
+        if self.options.weights == "samples":
+            total = float(sum(u.num_samples for u in full))
+            weights = [u.num_samples / total for u in full]
+        else:
+            weights = [1.0 / len(full)] * len(full)
+        delta = torch.zeros_like(params)
+        new_buffers = buffers.clone()
+        for w, u in zip(weights, full, strict=True):
+            delta.add_(u.delta, alpha=w)
+            if buffers.numel():
+                new_buffers.add_(u.delta_buffers, alpha=w)
+        return params + self.step(delta, state), new_buffers
+
+    def step(self, delta: torch.Tensor, state: dict) -> torch.Tensor:
+        raise NotImplementedError
+
+
+@register
+class FedAvgM(ServerOptimizer):
+    """FedAvg with server momentum (Hsu et al. 2019): m_t = beta m_{t-1} + Delta_t,
+    x_{t+1} = x_t + eta m_t; beta = 0 and eta = 1 is FedAvg."""
+
+    name = "fedavgm"
+    summary = "FedAvg with server momentum (Hsu et al. 2019)"
+    Options = FedAvgMOptions
+    hyperparameters: ClassVar[dict[str, dict]] = {
+        **FedAvg.hyperparameters,
+        "momentum": {"low": 0.0, "high": 0.97},
+    }
+
+    def step(self, delta: torch.Tensor, state: dict) -> torch.Tensor:
+        m = delta.clone() if state["m"] is None else state["m"].mul_(self.options.momentum).add_(delta)
+        state["m"] = m
+        return self.options.server_lr * m
+
+
+class AdaptiveServerOptimizer(ServerOptimizer):
+    """Reddi et al. Algorithm 2: first moment m, second moment v by :meth:`second_moment`."""
+
+    Options = AdaptiveOptions
+    hyperparameters: ClassVar[dict[str, dict]] = {
+        "server_lr": {"low": 1e-3, "high": 1.0, "log": True},
+        "tau": {"low": 1e-5, "high": 1e-1, "log": True},
+    }
+
+    def step(self, delta: torch.Tensor, state: dict) -> torch.Tensor:
+        o = self.options
+        if state["m"] is None:
+            state["m"] = torch.zeros_like(delta)
+            state["v"] = torch.full_like(delta, o.tau**2)
+        m = state["m"].mul_(o.beta1).add_(delta, alpha=1.0 - o.beta1)
+        v = self.second_moment(state["v"], delta * delta)
+        state["v"] = v
+        return o.server_lr * m / (v.sqrt() + o.tau)
+
+    def second_moment(self, v: torch.Tensor, squared: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+@register
+class FedAdagrad(AdaptiveServerOptimizer):
+    """v_t = v_{t-1} + Delta_t^2 (Reddi et al. Algorithm 2)."""
+
+    name = "fedadagrad"
+    summary = "FedAvg with an Adagrad server step (Reddi et al. 2021)"
+
+    def second_moment(self, v, squared):
+        return v.add_(squared)
+
+
+@register
+class FedYogi(AdaptiveServerOptimizer):
+    """v_t = v_{t-1} - (1 - beta_2) Delta_t^2 sign(v_{t-1} - Delta_t^2) (Reddi et al. Algorithm 2)."""
+
+    name = "fedyogi"
+    summary = "FedAvg with a Yogi server step (Reddi et al. 2021)"
+
+    def second_moment(self, v, squared):
+        return v.sub_((1.0 - self.options.beta2) * squared * torch.sign(v - squared))
+
+
+@register
+class FedAdam(AdaptiveServerOptimizer):
+    """v_t = beta_2 v_{t-1} + (1 - beta_2) Delta_t^2 (Reddi et al. Algorithm 2)."""
+
+    name = "fedadam"
+    summary = "FedAvg with an Adam server step (Reddi et al. 2021)"
+
+    def second_moment(self, v, squared):
+        return v.mul_(self.options.beta2).add_(squared, alpha=1.0 - self.options.beta2)
