@@ -242,7 +242,7 @@ def test_the_heterogeneity_suite_loads_and_checks_every_configuration():
     if not FMNIST.is_dir():
         pytest.skip("needs Fashion-MNIST (apt-get install dataset-fashion-mnist)")
     suite = load_suite(ROOT / "suites" / "heterogeneity.toml")
-    assert len(suite.pairs()) == 100
+    assert len(suite.pairs()) == 128
 
 
 def test_the_repository_holds_no_database_archive_or_large_file():
