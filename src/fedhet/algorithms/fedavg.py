@@ -52,16 +52,19 @@ class FedAvg(Algorithm):
 
         return WeightedSumAggregator(params, buffers, weight, expected or 1.0, self.options.server_lr)
 
+    def client_weights(self, full: list) -> list[float]:
+        """a_u of eq. (3) over the clients that delivered: 1/U, or n_u / n (``weights``)."""
+        if self.options.weights == "samples":
+            total = float(sum(u.num_samples for u in full))
+            return [u.num_samples / total for u in full]
+        return [1.0 / len(full)] * len(full)
+
     def aggregate(self, params, buffers, updates, state, context, layout):
         """w_{t+1} = w_t + eta_s sum_u a_u Delta_u with a_u = 1/U or n_u/n (eq. (3))."""
         full = [u for u in updates if u.coverage.is_full()]
         if not full:
             return params, buffers
-        if self.options.weights == "samples":
-            total = float(sum(u.num_samples for u in full))
-            weights = [u.num_samples / total for u in full]
-        else:
-            weights = [1.0 / len(full)] * len(full)
+        weights = self.client_weights(full)
         new_params = params.clone()
         new_buffers = buffers.clone()
         for w, u in zip(weights, full, strict=True):

@@ -73,11 +73,7 @@ class ServerOptimizer(FedAvg):
         full = [u for u in updates if u.coverage.is_full()]
         if not full:
             return params, buffers
-        if self.options.weights == "samples":
-            total = float(sum(u.num_samples for u in full))
-            weights = [u.num_samples / total for u in full]
-        else:
-            weights = [1.0 / len(full)] * len(full)
+        weights = self.client_weights(full)
         delta = torch.zeros_like(params)
         new_buffers = buffers.clone()
         for w, u in zip(weights, full, strict=True):
