@@ -46,6 +46,8 @@ CASES = {
             "capability_profile": "uniform",
         },
     },  # fmt: skip
+    # event-driven: every arrival mixed from the model its client was sent
+    "fedasync": {"algorithm": {"name": "fedasync", "max_concurrency": 2}},
     "fedstale": {
         "algorithm": {"name": "fedstale", "beta": 0.5},
         "system": {"participation": "two-group", "participation_min": 0.4},

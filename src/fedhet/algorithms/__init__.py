@@ -5,6 +5,7 @@ from fedhet.algorithms import (  # noqa: F401  (registration)
     amsfl,
     asyncfl,
     drop,
+    fedasync,
     fedavg,
     fedbuff,
     feddyn,

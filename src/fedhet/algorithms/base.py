@@ -417,6 +417,10 @@ def check_algorithm_class(cls: type, name: str) -> None:
         raise ConfigError(f"{label}: driver = {cls.driver!r}: one of round, event")
     if cls.driver == "event" and not issubclass(cls, AsyncAlgorithm):
         raise ConfigError(f"{label}: driver = 'event' needs a subclass of AsyncAlgorithm")
+    if issubclass(cls, AsyncAlgorithm) and not (
+        overrides(cls, "apply_buffer", AsyncAlgorithm) or overrides(cls, "apply_models", AsyncAlgorithm)
+    ):
+        raise ConfigError(f"{label}: an event-driven rule defines apply_buffer or apply_models")
     _check_hook_signatures(cls, label)
     _check_hyperparameters(cls, label)
     derived = _derived_capabilities(cls)
@@ -502,13 +506,22 @@ def register(cls: type[Algorithm]) -> type[Algorithm]:
 
 
 class AsyncAlgorithm(Algorithm):
-    """Base of event-driven rules (FedBuff): no rounds. The event driver asks the rule which
-    idle clients start (:meth:`choose`, up to :meth:`concurrency` in flight), for each
-    one's task (:meth:`start_task`), and turns a full buffer of arrivals into a server step
-    (:meth:`apply_buffer`)."""
+    """Base of event-driven rules (FedBuff, FedAsync): no rounds. The event driver asks the
+    rule which idle clients start (:meth:`choose`, up to :meth:`concurrency` in flight), for
+    each one's task (:meth:`start_task`), and turns a full buffer of arrivals into a server
+    step: :meth:`apply_buffer` with each update and its staleness, or, for a rule that mixes
+    the clients' models rather than adding their deltas, :meth:`apply_models` with the model
+    each client was sent beside its update. A class that defines ``apply_models`` gets it
+    (``keeps_sent_models``, derived): the driver then keeps one copy of each model version
+    still in flight, and no more."""
 
     driver: ClassVar[str] = "event"
     uses_deadline = False
+    keeps_sent_models = False  # derived: the class defines apply_models
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.keeps_sent_models = overrides(cls, "apply_models", AsyncAlgorithm)
 
     def concurrency(self, num_clients: int) -> int:
         return num_clients
@@ -518,7 +531,10 @@ class AsyncAlgorithm(Algorithm):
         return 1
 
     def choose(self, idle: list[int], count: int, rng: np.random.Generator) -> list[int]:
-        raise NotImplementedError
+        """``count`` idle clients to start, uniformly at random (all of them when enough)."""
+        if count >= len(idle):
+            return sorted(idle)
+        return sorted(int(c) for c in rng.choice(idle, size=count, replace=False))
 
     def start_task(self, client: int, start: int, version: int) -> ClientTask:
         """The task of ``client``'s ``start``-th start, on model version ``version``: the
@@ -535,6 +551,14 @@ class AsyncAlgorithm(Algorithm):
         )
 
     def apply_buffer(self, params, buffers, entries, state: dict, version: int):
+        """One server step from ``entries`` = [(update, staleness), ...], in arrival order;
+        returns the new (params, buffers)."""
+        raise NotImplementedError
+
+    def apply_models(self, params, buffers, arrivals, state: dict, version: int):
+        """One server step from ``arrivals`` = [(update, staleness, sent_params,
+        sent_buffers), ...]: each client's update beside the global model it was sent (its
+        local model is ``sent_params + update.delta``); returns the new (params, buffers)."""
         raise NotImplementedError
 
     def aggregate(self, params, buffers, updates, state, context, layout):

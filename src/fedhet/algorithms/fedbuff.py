@@ -10,8 +10,6 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-import numpy as np
-
 from fedhet.algorithms.base import SERVER_LR_RANGE, AsyncAlgorithm, register
 from fedhet.errors import ConfigError
 
@@ -60,12 +58,6 @@ class FedBuff(AsyncAlgorithm):
 
     def concurrency(self, num_clients: int) -> int:
         return min(self.options.max_concurrency or num_clients, num_clients)
-
-    def choose(self, idle: list[int], count: int, rng: np.random.Generator) -> list[int]:
-        """``count`` idle clients to start, uniformly at random (all of them when enough)."""
-        if count >= len(idle):
-            return sorted(idle)
-        return sorted(int(c) for c in rng.choice(idle, size=count, replace=False))
 
     @staticmethod
     def staleness_weight(staleness: int) -> float:

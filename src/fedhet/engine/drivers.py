@@ -200,6 +200,8 @@ class EventDriver:
                 {"client": client, "time": now + float(timing.full_time[client]), "version": version,
                  "update": updates[client]}
             )  # fmt: skip
+            if algorithm.keeps_sent_models:  # one reference per version in flight
+                engine.setdefault("sent", {}).setdefault(str(version), (state.params, state.buffers))
 
     def step(self, env: StepEnvironment, state, t: int):
         world, clock = env.world, env.clock
@@ -226,9 +228,19 @@ class EventDriver:
             if what := update_fault(update):
                 return NonFinite(t + 1, update.client, what)
         hooks = Hooks(env.config.algorithm_name, t + 1)
-        applied = hooks.call("apply_buffer", algorithm.apply_buffer, state.params, state.buffers, entries,
-                             state.algorithm, t)  # fmt: skip
-        params, buffers = hooks.model("apply_buffer", applied, state.params, state.buffers)
+        if algorithm.keeps_sent_models:
+            sent = engine.get("sent", {})
+            arrivals = [(update, staleness, *sent[str(t - staleness)]) for update, staleness in entries]
+            rule = "apply_models"
+            applied = hooks.call(rule, algorithm.apply_models, state.params, state.buffers, arrivals,
+                                 state.algorithm, t)  # fmt: skip
+            waiting = {str(e["version"]) for e in engine["in_flight"]}
+            engine["sent"] = {v: model for v, model in sent.items() if v in waiting}
+        else:
+            rule = "apply_buffer"
+            applied = hooks.call(rule, algorithm.apply_buffer, state.params, state.buffers, entries,
+                                 state.algorithm, t)  # fmt: skip
+        params, buffers = hooks.model(rule, applied, state.params, state.buffers)
         if what := params_fault(params, buffers):
             return NonFinite(t + 1, None, what)
         state.params, state.buffers = params, buffers
