@@ -68,7 +68,8 @@ def test_a_stale_arrival_is_mixed_from_the_model_its_client_was_sent(tmp_path):
         client, delta_buffers = 3, torch.zeros(0)
 
     Update.delta = delta
-    params, _ = rule.apply_models(x_now, torch.zeros(0), [(Update(), 3, x_sent, torch.zeros(0))], {"log": []}, 5)
+    arrival = (Update(), 3, x_sent, torch.zeros(0))
+    params, _ = rule.apply_models(x_now, torch.zeros(0), [arrival], {"log": []}, 5)
     weight = 0.5 * (3 + 1) ** -0.5
     assert torch.allclose(params, (1 - weight) * x_now + weight * (x_sent + delta))
     assert torch.equal(x_now, torch.tensor([1.0, 1.0]))  # the current model is not written
@@ -78,8 +79,8 @@ def test_with_alpha_one_and_no_staleness_the_global_model_is_the_clients(tmp_pat
     """alpha = 1, constant s, one client at a time: each server step takes the arriving
     client's local model as it is, which is FedAvg over one client per round."""
     one_at_a_time = {"data": {"num_clients": 1}, "system": {"model": "full"}, "run": {"rounds": 4}}
-    mine = RunLoop(_config(one_at_a_time, algorithm={"name": "fedasync", "alpha": 1.0, "staleness": "constant",
-                                                     "rho": 0.0}), tmp_path / "a").run()  # fmt: skip
+    plain = {"name": "fedasync", "alpha": 1.0, "staleness": "constant", "rho": 0.0}
+    mine = RunLoop(_config(one_at_a_time, algorithm=plain), tmp_path / "a").run()
     theirs = RunLoop(_config(one_at_a_time, algorithm={"name": "fedavg"}), tmp_path / "f").run()
     assert [r["test_accuracy"] for r in mine.metrics] == [r["test_accuracy"] for r in theirs.metrics]
     assert [r["test_loss"] for r in mine.metrics] == pytest.approx([r["test_loss"] for r in theirs.metrics])
@@ -98,7 +99,8 @@ def test_a_fedasync_run_resumes_bit_identically_with_clients_in_flight(tmp_path)
 
 
 def test_bad_fedasync_options_are_refused():
-    for options, key in (({"alpha": 0.0}, "alpha"), ({"alpha": 1.5}, "alpha"), ({"staleness": "exp"}, "staleness"),
-                         ({"rho": -1.0}, "rho"), ({"max_concurrency": -2}, "max_concurrency")):  # fmt: skip
+    cases = (({"alpha": 0.0}, "alpha"), ({"alpha": 1.5}, "alpha"), ({"staleness": "exp"}, "staleness"),
+             ({"rho": -1.0}, "rho"), ({"max_concurrency": -2}, "max_concurrency"))  # fmt: skip
+    for options, key in cases:
         with pytest.raises(ConfigError, match=f"algorithm.{key}"):
             _config(algorithm={"name": "fedasync", **options})
