@@ -100,3 +100,65 @@ def test_fedstale_label_swap_touches_only_the_second_half_with_parity_pairs():
             members = idx[original[idx] == src]
             moved = members[swapped[members] != src]
             assert len(moved) == round(0.6 * len(members)) and np.all(swapped[moved] == dst)
+
+
+def _quantity_skew(labels, clients, seed=0, **options):
+    import torch
+
+    from fedhet.data.partition import QuantitySkew, QuantitySkewOptions, _Labels
+
+    splitter = QuantitySkew(QuantitySkewOptions(**options))
+    return splitter.split(_Labels(torch.from_numpy(labels)), clients, np.random.default_rng(seed))
+
+
+@pytest.mark.parametrize("distribution", ["lognormal", "power-law"])
+def test_quantity_skew_is_a_disjoint_cover_with_the_minimum_size(distribution):
+    labels = _labels(2000)
+    parts = _quantity_skew(labels, 40, size_distribution=distribution, min_client_size=5)
+    joined = np.concatenate(parts)
+    assert np.array_equal(np.sort(joined), np.arange(len(labels)))
+    assert min(len(p) for p in parts) >= 5
+
+
+def test_quantity_skew_grows_with_sigma_and_vanishes_at_zero():
+    """sigma = 0 gives equal shares (sizes within one of each other); a larger sigma gives
+    a larger spread of sizes (coefficient of variation, averaged over seeds)."""
+    labels = _labels(5000)
+    equal = [len(p) for p in _quantity_skew(labels, 50, size_sigma=0.0)]
+    assert max(equal) - min(equal) <= 1
+
+    def spread(sigma):
+        draws = [_quantity_skew(labels, 50, seed, size_sigma=sigma) for seed in range(5)]
+        sizes = [np.array([len(p) for p in parts]) for parts in draws]
+        return np.mean([s.std() / s.mean() for s in sizes])
+
+    assert spread(0.3) < spread(1.0) < spread(2.0)
+    assert spread(1.0) > 0.8  # lognormal(0, 1): CV sqrt(e - 1) = 1.31 in the limit
+
+
+def test_power_law_sizes_have_a_heavy_tail():
+    """Pareto(1.1) shares: the largest tenth of 100 clients holds more than a third of
+    the examples (a near-equal split would give them a tenth)."""
+    sizes = np.sort([len(p) for p in _quantity_skew(_labels(20000), 100, size_distribution="power-law",
+                                                     size_exponent=1.1)])[::-1]  # fmt: skip
+    assert sizes[:10].sum() > len(_labels(20000)) / 3
+
+
+def test_quantity_skew_refuses_more_minimum_than_examples():
+    with pytest.raises(ConfigError, match="data.min_client_size = 50"):
+        _quantity_skew(_labels(100), 3, min_client_size=50)
+
+
+def test_quantity_skew_is_a_data_partition_of_a_configuration(tmp_path):
+    from fedhet.config import from_dict
+    from fedhet.world import build_world
+
+    config = from_dict({
+        "run": {"seed": 2, "threads": 1},
+        "data": {"dataset": "digits", "num_clients": 8, "partition": "quantity-skew", "size_sigma": 1.5},
+    })  # fmt: skip
+    world = build_world(config)
+    sizes = world.client_sizes
+    assert sizes.sum() == len(world.dataset.y_train) and sizes.max() > 4 * sizes.min()
+    with pytest.raises(ConfigError, match="data.size_distribution"):
+        from_dict({"data": {"partition": "quantity-skew", "size_distribution": "zipf"}})

@@ -9,6 +9,8 @@ partition = "..."`` with their options in the same table):
 - ``label-swap``: ``iid``, then on the chosen clients a fraction of two labels are relabelled
   to each other (the FedStale experiments' data heterogeneity), see :func:`swap_labels`.
 - ``natural``: the dataset's own users (LEAF's writers, speakers, ...) are the clients.
+- ``quantity-skew``: IID labels, very different client sizes: shares drawn from a lognormal
+  or a power law (as LEAF's and FedLab's unbalanced splits), see :func:`quantity_skew_sizes`.
 
 A partitioner plug-in subclasses :class:`Partitioner`: ``split(dataset, num_clients, rng)``
 returns the index arrays; ``needs_labels`` says it splits by class label (refused, in one
@@ -188,6 +190,87 @@ class Shards(Partitioner):
         return shards(dataset.y_train.numpy(), num_clients, rng, self.options.shards_per_client)
 
 
+SIZE_DISTRIBUTIONS = ("lognormal", "power-law")
+
+
+def quantity_skew_sizes(
+    num_examples: int,
+    num_clients: int,
+    rng: np.random.Generator,
+    distribution: str = "lognormal",
+    sigma: float = 1.0,
+    exponent: float = 1.5,
+    min_size: int = 2,
+) -> np.ndarray:
+    """Client sizes n_i summing to ``num_examples``, each at least ``min_size``, the rest
+    shared in proportion to weights w_i drawn once per client: ``lognormal``
+    w ~ LogNormal(0, sigma) (FedLab's unbalanced split; sigma = 0 is equal sizes), or
+    ``power-law`` w ~ Pareto(exponent) with density proportional to w^-(exponent + 1) on
+    w >= 1 (a heavy tail: a few clients hold most examples). Shares are rounded by largest
+    remainder, so the sizes add up exactly."""
+    spare = num_examples - num_clients * min_size
+    if spare < 0:
+        raise ConfigError(
+            f"data.min_client_size = {min_size}: {num_clients} clients need {num_clients * min_size} "
+            f"examples, {num_examples} are there"
+        )
+    if distribution == "lognormal":
+        weights = rng.lognormal(0.0, sigma, size=num_clients)
+    elif distribution == "power-law":
+        weights = 1.0 + rng.pareto(exponent, size=num_clients)
+    else:
+        raise ConfigError(
+            f"data.size_distribution = {distribution!r}: unknown (known: {', '.join(SIZE_DISTRIBUTIONS)})"
+        )
+    exact = spare * weights / weights.sum()
+    extra = np.floor(exact).astype(np.int64)
+    short = spare - int(extra.sum())
+    extra[np.argsort(-(exact - extra), kind="stable")[:short]] += 1
+    return min_size + extra
+
+
+@dataclass
+class QuantitySkewOptions:
+    """``size_distribution`` (lognormal or power-law) of the clients' shares, with its
+    ``size_sigma`` (lognormal) or ``size_exponent`` (power law), and ``min_client_size``."""
+
+    size_distribution: str = "lognormal"
+    size_sigma: float = 1.0
+    size_exponent: float = 1.5
+    min_client_size: int = 2
+
+    def validate(self) -> None:
+        if self.size_distribution not in SIZE_DISTRIBUTIONS:
+            raise ConfigError(
+                f"data.size_distribution = {self.size_distribution!r}: unknown "
+                f"(known: {', '.join(SIZE_DISTRIBUTIONS)})"
+            )
+        if not 0 <= self.size_sigma <= 10:
+            raise ConfigError(f"data.size_sigma = {self.size_sigma}: must be in [0, 10]")
+        if not 0 < self.size_exponent <= 100:
+            raise ConfigError(f"data.size_exponent = {self.size_exponent}: must be in (0, 100]")
+        if self.min_client_size < 1:
+            raise ConfigError(f"data.min_client_size = {self.min_client_size}: must be >= 1")
+
+
+@register("partitioner")
+class QuantitySkew(Partitioner):
+    """IID labels, skewed sizes: a random permutation cut at the sizes of
+    :func:`quantity_skew_sizes`."""
+
+    name = "quantity-skew"
+    Options = QuantitySkewOptions
+
+    def split(self, dataset, num_clients, rng):
+        o = self.options
+        n = len(dataset.y_train)
+        sizes = quantity_skew_sizes(
+            n, num_clients, rng, o.size_distribution, o.size_sigma, o.size_exponent, o.min_client_size
+        )
+        order = rng.permutation(n)
+        return [np.sort(part) for part in np.split(order, np.cumsum(sizes)[:-1])]
+
+
 @register("partitioner")
 class Natural(Partitioner):
     """The dataset's own users are the clients (LEAF's writers, speakers, ...).
@@ -220,7 +303,7 @@ class Natural(Partitioner):
         return [np.flatnonzero(users == user) for user in chosen]
 
 
-PARTITIONERS = ("iid", "dirichlet", "shards", "label-swap", "natural")
+PARTITIONERS = ("iid", "dirichlet", "shards", "label-swap", "natural", "quantity-skew")
 
 
 def partition_indices(
