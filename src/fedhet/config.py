@@ -415,8 +415,8 @@ class TrainConfig(PluginSection):
 
 @dataclass
 class SystemConfig(PluginSection):
-    """``[system]``: the system model (``model``), the participation and availability
-    wrappers around it, each a plug-in with its own options in the same table, and the
+    """``[system]``: the system model (``model``), the mid-round dropout, availability and
+    participation wrappers around it, each a plug-in with its own options in the same table, and the
     per-round ``deadline`` (simulated seconds; 0 = run.time_budget / run.rounds)."""
 
     SECTION: ClassVar[str] = "system"
@@ -424,12 +424,14 @@ class SystemConfig(PluginSection):
         "model": "system_model",
         "participation": "participation",
         "availability": "availability",
+        "dropout": "dropout",
     }
 
     model: str = "straggler-ratio"
     deadline: float = 1.0
     participation: str = "always"
     availability: str = "always"
+    dropout: str = "none"
 
     def validate(self) -> None:
         if self.deadline < 0:

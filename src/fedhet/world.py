@@ -141,13 +141,13 @@ def hold_out(
 
 
 def build_system(config: Config, num_clients: int, num_layers: int, measure=None) -> SystemModel:
-    """The configured system model (``system.model``, a plug-in) wrapped in its availability
-    and participation plug-ins (``system.availability``, ``system.participation``; "always"
-    leaves it as it is)."""
+    """The configured system model (``system.model``, a plug-in) wrapped in its dropout,
+    availability and participation plug-ins (``system.dropout``, ``system.availability``,
+    ``system.participation``; "none" and "always" leave it as it is)."""
     s = config.system
     ctx = SystemContext(num_clients, num_layers, config.round_deadline, config.run.seed, measure)
     model = s.entry("model").cls.build(s.options("model"), ctx)
-    for slot in ("availability", "participation"):
+    for slot in ("dropout", "availability", "participation"):
         ctx.base = model
         model = s.entry(slot).cls.build(s.options(slot), ctx)
     return model

@@ -1,10 +1,10 @@
 """System models: who finishes what by when, on the virtual clock.
 
 One file per model or wrapper; each registers itself as a plug-in (:mod:`fedhet.registry`,
-kinds ``system_model``, ``participation`` and ``availability``) and declares what it can
+kinds ``system_model``, ``dropout``, ``participation`` and ``availability``) and declares what it can
 answer (:meth:`SystemModel.time_law`, :attr:`SystemModel.always_present`, ...)."""
 
-from fedhet.system import measured, traces, wallclock  # noqa: F401  (registration)
+from fedhet.system import dropout, measured, traces, wallclock  # noqa: F401  (registration)
 from fedhet.system.base import (
     LayerTimeLaw,
     NoOptions,

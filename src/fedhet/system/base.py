@@ -118,6 +118,12 @@ class SystemModel:
         return True
 
     @property
+    def deterministic(self) -> bool:
+        """Whether the outcomes of a workload are fixed (the model draws nothing): then one
+        sample is their law (the dropout wrapper's exact marginals)."""
+        return False
+
+    @property
     def independent_clients(self) -> bool:
         """Whether clients' outcomes are drawn independently of each other (p_l has the
         product form of :meth:`no_reach_given_presence`)."""

@@ -86,6 +86,10 @@ class NoStragglers(DeadlineDepthModel):
         super().__init__(num_clients, num_layers)
         self.nominal_deadline = deadline
 
+    @property
+    def deterministic(self) -> bool:
+        return True
+
     def sample(self, work, rng):
         clock = work.deadline if work.deadline is not None else self.nominal_deadline
         done = np.full(self.num_clients, float(clock))

@@ -201,6 +201,10 @@ class MeasuredTimes(SystemModel):
         )  # d = 1..L+1
         self.jitter = float(jitter)
 
+    @property
+    def deterministic(self) -> bool:
+        return not self.jitter
+
     def _base_times(self, work: Workload) -> np.ndarray:
         """time_u(d) for d = 1..L+1 without jitter (U x (L+1))."""
         scale = (work.batch_sizes / self.times["batch_size"]) / self.capabilities

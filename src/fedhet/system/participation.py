@@ -134,6 +134,10 @@ class PresenceWrapper(SystemModel):
     def always_present(self) -> bool:
         return False
 
+    @property
+    def deterministic(self) -> bool:
+        return False  # presence is drawn
+
     def observe(self, updates) -> None:
         self.base.observe(updates)
 
@@ -165,8 +169,8 @@ WRAPPED, WRAPPER = "__wrapped__", "__wrapper__"
 # declared capability: time_law, wall_clock, independent_clients, step_time, ... and any
 # added later) is the wrapped model's, forwarded below
 _ANSWERED_BY_WRAPPER = {
-    "sample", "marginals", "no_reach_given_presence", "always_present", "observe", "state_dict",
-    "load_state_dict", "reports", "build", "Options", "name",
+    "sample", "marginals", "no_reach_given_presence", "always_present", "deterministic", "observe",
+    "state_dict", "load_state_dict", "reports", "build", "Options", "name",
 }  # fmt: skip
 
 

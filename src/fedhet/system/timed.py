@@ -188,6 +188,10 @@ class PerStepCost(SystemModel):
         self.jitter = jitter
         self.upload_bandwidth = float(upload_bandwidth)
 
+    @property
+    def deterministic(self) -> bool:
+        return not self.jitter
+
     def step_time(self, batch_sizes: np.ndarray) -> np.ndarray:
         """c_i, seconds per full local step (median over the jitter)."""
         return self.time_per_sample_step * np.asarray(batch_sizes, float) / self.capabilities
