@@ -207,6 +207,25 @@ def cmd_trace(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_devices(args: argparse.Namespace) -> int:
+    """Convert FedScale's pickled device capacities into fedhet's device-profile format."""
+    import numpy as np
+
+    from fedhet.system.devices import from_fedscale
+
+    profiles = from_fedscale(args.fedscale)
+    try:
+        Path(args.out).write_text(profiles.to_text(f"converted from FedScale's {Path(args.fedscale).name}"))
+    except OSError as exc:
+        raise FedhetError(f"{args.out}: cannot write ({exc.strerror or exc})") from None
+    median = float(np.median(profiles.compute))
+    print(
+        f"{args.out}: {len(profiles)} devices, median {1000 * median:.3g} ms per example, "
+        f"median upload {float(np.median(profiles.upload)) / 1e3:.4g} kB/s"
+    )
+    return 0
+
+
 def cmd_plot(args: argparse.Namespace) -> int:
     from fedhet.studies.plots import plot_runs
 
@@ -462,6 +481,10 @@ def _add_inspection(sub) -> None:
     p.add_argument("fedscale", help="FedScale's pickled client_behave_trace")
     p.add_argument("--out", required=True, help="the trace file to write (system.availability_trace)")
     p.set_defaults(func=cmd_trace)
+    p = sub.add_parser("devices", help="convert FedScale's device capacities into fedhet's device profiles")
+    p.add_argument("fedscale", help="FedScale's pickled device-capacity dict")
+    p.add_argument("--out", required=True, help="the profile file to write (system.device_profiles)")
+    p.set_defaults(func=cmd_devices)
 
 
 def _add_outputs(sub) -> None:

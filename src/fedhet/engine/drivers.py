@@ -72,6 +72,13 @@ def upload_bytes(world: World, depths: np.ndarray | None) -> np.ndarray:
     return sizes[where]
 
 
+def download_bytes(world: World) -> np.ndarray:
+    """Per client, the bytes of the global model it is sent (float32 parameters and
+    buffers, the whole model): what system models with a download bandwidth charge."""
+    layout = world.flat.layout
+    return np.full(world.num_clients, 4.0 * (layout.num_params + layout.num_buffers))
+
+
 class RoundDriver:
     """Synchronous rounds: plan, sample, tasks, streamed aggregation."""
 
@@ -88,6 +95,7 @@ class RoundDriver:
         work = plan.workload()
         work.start_time = state.sim_time
         work.upload_bytes = upload_bytes(world, work.depth)
+        work.download_bytes = download_bytes(world)
         model = Hooks(config.system.model, t + 1, "system model")  # the system model's, likewise
         stream = seeding.round_stream(config.run.seed, "system", t)
         outcomes = model.outcomes(model.call("sample", system.sample, work, stream), world.num_clients)
@@ -180,6 +188,7 @@ class EventDriver:
         batch = np.full(world.num_clients, config.train.batch_size)
         steps = np.full(world.num_clients, config.train.local_steps)
         full_upload = upload_bytes(world, np.ones(world.num_clients, dtype=int))
+        full_download = download_bytes(world)
         chosen = [int(c) for c in algorithm.choose(idle, free, rng)]
         tasks = [algorithm.start_task(c, engine["starts"][c], version) for c in chosen]
         # the chosen clients train at once (in parallel where the pool has workers)
@@ -188,6 +197,7 @@ class EventDriver:
             start = engine["starts"][client]
             work = Workload(None, batch, steps, start_time=now)
             work.upload_bytes = full_upload  # the whole model's update travels
+            work.download_bytes = full_download
             stream = seeding.client_stream(config.run.seed, start, client, "duration")
             model = Hooks(config.system.model, version + 1, "system model")
             timing = model.outcomes(

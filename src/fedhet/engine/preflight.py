@@ -73,9 +73,10 @@ def first_round(config, world, algorithm_state: dict):
     plan = algorithm.plan(0, algorithm_state, system, config.round_deadline)
     work = plan.workload()
     asked = np.array([a.asked for a in plan.assignments], dtype=bool)
-    from fedhet.engine.drivers import upload_bytes
+    from fedhet.engine.drivers import download_bytes, upload_bytes
 
     work.upload_bytes = upload_bytes(world, work.depth)
+    work.download_bytes = download_bytes(world)
     marginals = system.marginals(work)
     delivering = delivery_probability(algorithm.partial_work, marginals, work, world.flat.num_layers)
     return plan, work, asked, marginals, delivering

@@ -56,8 +56,10 @@ class NoDropout:
 @dataclass
 class HazardOptions:
     """``dropout_hazard``: failures per simulated second of work, every client;
-    ``dropout_hazards``: one per client instead (overrides); ``dropout_marginal_draws``:
-    draws of the wrapped model for marginals with no closed form."""
+    ``dropout_hazards``: one per client instead; ``dropout_marginal_draws``: draws of the
+    wrapped model for marginals with no closed form. Precedence: ``dropout_hazards``, then
+    the device profiles' ``hazard`` column (``capability_profile = "devices"``), then
+    ``dropout_hazard``."""
 
     dropout_hazard: float = 0.01
     dropout_hazards: list = field(default_factory=list)

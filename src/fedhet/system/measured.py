@@ -155,6 +155,11 @@ class MeasuredOptions(CapabilityOptions):
             raise ConfigError(f"system.comm_time = {self.comm_time}: must be >= 0")
         if self.upload_bandwidth < 0:
             raise ConfigError(f"system.upload_bandwidth = {self.upload_bandwidth}: must be >= 0 (0 = free)")
+        if self.capability_profile == "devices":
+            raise ConfigError(
+                "system.capability_profile = 'devices' with model = 'measured': measured times are "
+                "this host's; device profiles give their own (use model = 'per-step' or 'exponential')"
+            )
 
 
 @register("system_model")

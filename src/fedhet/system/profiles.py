@@ -1,8 +1,11 @@
 """Per-client computational capability P_u (ADEL-FL Sec. 2: P_u samples per unit time).
 
 Profiles: ``constant``, ``uniform`` (lo, hi), ``lognormal`` (mu, sigma), ``list`` (explicit
-values). Capabilities are normalised to mean 1 unless ``normalise`` is false, so the
-system's time scale lives in one place (``time_per_sample_layer``).
+values), normalised to mean 1 unless ``normalise`` is false, so the system's time scale lives
+in one place (``time_per_sample_layer``); and ``devices``: each client's device from a
+device-profile file (:mod:`fedhet.system.devices`), P_u = 1 / its seconds per example, not
+normalised (the file's seconds are the clock's, times the model's time scale), with its
+upload and download bandwidth and hazard.
 """
 
 from __future__ import annotations
@@ -14,8 +17,9 @@ import numpy as np
 
 from fedhet.checks import number_list, one_of
 from fedhet.errors import ConfigError
+from fedhet.system.devices import DEVICE_ASSIGNMENTS, DeviceProfiles, read_device_profiles
 
-CAPABILITY_PROFILES = ("constant", "uniform", "lognormal", "list")
+CAPABILITY_PROFILES = ("constant", "uniform", "lognormal", "list", "devices")
 
 
 def capabilities(
@@ -40,6 +44,10 @@ def capabilities(
         if sigma < 0:
             raise ConfigError(f"system.capability_sigma = {sigma}: must be >= 0")
         caps = rng.lognormal(mu, sigma, size=num_clients)
+    elif profile == "devices":
+        raise ConfigError(
+            "system.capability_profile = 'devices': the devices come from system.device_profiles"
+        )
     elif profile == "list":
         caps = np.asarray(values, dtype=float)
         if caps.shape != (num_clients,):
@@ -64,9 +72,21 @@ class CapabilityOptions:
     capability_mu: float = 0.0
     capability_sigma: float = 0.5
     capabilities: list = field(default_factory=list)
+    device_profiles: str = ""  # a device-profile file (capability_profile = "devices")
+    device_assignment: str = "random"
 
     def validate(self) -> None:
         one_of("system.capability_profile", self.capability_profile, CAPABILITY_PROFILES)
+        one_of("system.device_assignment", self.device_assignment, DEVICE_ASSIGNMENTS)
+        if self.capability_profile == "devices" and not self.device_profiles:
+            raise ConfigError(
+                "system.capability_profile = 'devices' needs system.device_profiles (a device-profile file)"
+            )
+        if self.device_profiles and self.capability_profile != "devices":
+            raise ConfigError(
+                f"system.device_profiles = {self.device_profiles!r}: set capability_profile = 'devices' "
+                f"to use it (it is {self.capability_profile!r})"
+            )
         if not 0 < self.capability_low <= self.capability_high:
             raise ConfigError(
                 f"system.capability_low/high = {self.capability_low}/{self.capability_high}: "
@@ -89,8 +109,20 @@ class CapabilityOptions:
                 "(capability_profile = 'list')"
             )
 
+    def devices(self, num_clients: int, rng: np.random.Generator) -> DeviceProfiles | None:
+        """Each client's device (``capability_profile = "devices"``), else None. ``rng`` is
+        the same setup stream :meth:`draw` gets, so both see one assignment."""
+        if self.capability_profile != "devices":
+            return None
+        profiles = read_device_profiles(self.device_profiles)
+        return profiles.assign(num_clients, self.device_assignment, rng)
+
     def draw(self, num_clients: int, rng: np.random.Generator) -> np.ndarray:
-        """The clients' capabilities P_u under this profile."""
+        """The clients' capabilities P_u under this profile (devices: 1 / seconds per
+        example)."""
+        devices = self.devices(num_clients, rng)
+        if devices is not None:
+            return 1.0 / devices.compute
         return capabilities(
             self.capability_profile,
             num_clients,

@@ -19,6 +19,7 @@ from fedhet.system.base import (
     TimeLaw,
     _planned_reach,
 )
+from fedhet.system.devices import communication_seconds, per_client
 from fedhet.system.profiles import CapabilityOptions
 from fedhet.system.types import Marginals, Outcomes, Workload
 
@@ -55,7 +56,17 @@ class ExponentialLayers(SystemModel):
     @classmethod
     def build(cls, options: ExponentialOptions, ctx: SystemContext) -> SystemModel:
         caps = options.draw(ctx.num_clients, ctx.stream("system-setup"))
-        return cls(ctx.num_clients, ctx.num_layers, caps, options.time_per_sample_layer)
+        devices = options.devices(ctx.num_clients, ctx.stream("system-setup"))
+        model = cls(ctx.num_clients, ctx.num_layers, caps, options.time_per_sample_layer)
+        model.hazards = None if devices is None else devices.hazard
+        return model
+
+    hazards: np.ndarray | None = None
+
+    def device_hazards(self) -> np.ndarray | None:
+        """The device profiles' failure hazards, when the file has them (mid-round dropout);
+        this model prices compute only (its devices' bandwidths are not used)."""
+        return self.hazards
 
     def time_law(self) -> TimeLaw:
         return LayerTimeLaw(self.capabilities, self.time_per_sample_layer)
@@ -152,6 +163,7 @@ class PerStepCost(SystemModel):
     @classmethod
     def build(cls, options: PerStepOptions, ctx: SystemContext) -> SystemModel:
         caps = options.draw(ctx.num_clients, ctx.stream("system-setup"))
+        devices = options.devices(ctx.num_clients, ctx.stream("system-setup"))
         return cls(
             ctx.num_clients,
             ctx.num_layers,
@@ -159,7 +171,9 @@ class PerStepCost(SystemModel):
             options.time_per_sample_step,
             comm_time=options.comm_time,
             jitter=options.step_jitter,
-            upload_bandwidth=options.upload_bandwidth,
+            upload_bandwidth=options.upload_bandwidth if devices is None else devices.upload,
+            download_bandwidth=0.0 if devices is None else devices.download,
+            hazards=None if devices is None else devices.hazard,
         )
 
     def time_law(self) -> TimeLaw:
@@ -173,7 +187,9 @@ class PerStepCost(SystemModel):
         time_per_sample_step: float = 1.0,
         comm_time: float = 0.0,
         jitter: float = 0.0,
-        upload_bandwidth: float = 0.0,
+        upload_bandwidth: float | np.ndarray = 0.0,
+        download_bandwidth: float | np.ndarray = 0.0,
+        hazards: np.ndarray | None = None,
     ):
         super().__init__(num_clients, num_layers)
         if time_per_sample_step <= 0:
@@ -186,7 +202,13 @@ class PerStepCost(SystemModel):
         self.time_per_sample_step = time_per_sample_step
         self.comm_time = comm_time
         self.jitter = jitter
-        self.upload_bandwidth = float(upload_bandwidth)
+        self.upload_bandwidth = per_client(upload_bandwidth, num_clients)  # bytes/s per client
+        self.download_bandwidth = per_client(download_bandwidth, num_clients)
+        self.hazards = hazards
+
+    def device_hazards(self) -> np.ndarray | None:
+        """The device profiles' failure hazards, when the file has them (mid-round dropout)."""
+        return self.hazards
 
     @property
     def deterministic(self) -> bool:
@@ -197,12 +219,10 @@ class PerStepCost(SystemModel):
         return self.time_per_sample_step * np.asarray(batch_sizes, float) / self.capabilities
 
     def comm_times(self, work: Workload | None = None) -> np.ndarray:
-        """b_i, seconds of communication per round: ``comm_time``, plus the upload of the
-        workload's ``upload_bytes`` at ``upload_bandwidth`` when both are set."""
-        comm = np.full(self.num_clients, float(self.comm_time))
-        if work is not None and self.upload_bandwidth and work.upload_bytes is not None:
-            comm = comm + np.asarray(work.upload_bytes, float) / self.upload_bandwidth
-        return comm
+        """b_i, seconds of communication per round: ``comm_time``, plus the workload's
+        ``upload_bytes`` at the client's upload bandwidth and ``download_bytes`` at its
+        download bandwidth where they are set (device profiles give them per client)."""
+        return communication_seconds(self.comm_time, self.upload_bandwidth, self.download_bandwidth, work)
 
     def sample(self, work, rng):
         L = self.num_layers

@@ -21,6 +21,7 @@ class Workload:
     depth: np.ndarray = None  # type: ignore[assignment]
     start_time: float = 0.0  # when the round starts on the virtual clock (availability traces)
     upload_bytes: np.ndarray | None = None  # per client: the update's size as it travels
+    download_bytes: np.ndarray | None = None  # per client: the model's size as it is sent
     extra_gradients: np.ndarray | None = None  # per client: gradient evaluations beyond the steps
 
     def __post_init__(self) -> None:

@@ -1,0 +1,201 @@
+"""Device profiles: per-client compute speed, upload and download bandwidth (and optionally a
+failure hazard) from a file, as FedScale draws clients' devices from measured capacities.
+
+File format (CSV, UTF-8; lines starting with ``#`` are comments): a header naming the
+columns, then one device per line::
+
+    device,compute,upload,download,hazard
+    phone-low,0.0031,120000,900000,0.002
+    phone-mid,0.0012,450000,3000000,0.001
+
+- ``device``: a name (any text without commas);
+- ``compute``: seconds per training example (its forward and backward pass) on this device,
+  for the model the run trains; the models with a time law scale it by their
+  ``time_per_sample_step`` / ``time_per_sample_layer`` (1 = the file's seconds as they are);
+- ``upload``, ``download``: bytes per second;
+- ``hazard`` (optional column): failures per second of work, read by ``[system] dropout =
+  "hazard"`` when no ``dropout_hazards`` are given.
+
+Every client gets one device: ``device_assignment = "random"`` draws them with replacement
+from the file (the run's setup stream: a population of devices in the file's proportions),
+``"in-order"`` gives client i line i (cycling when there are fewer lines than clients).
+
+``fedhet devices FEDSCALE.pkl --out devices.csv`` converts FedScale's pickled device
+capacity dict ({client: {"computation": ms per sample, "communication": kbit/s, and
+optionally "dl_kbps", "ul_kbps"}}) into this format: compute = ms / 1000 times 3 (FedScale
+charges a step three times its per-sample inference time, its ``augmentation_factor``),
+bandwidths = kbit/s * 125 bytes.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fedhet.errors import ConfigError, DataError
+
+DEVICE_ASSIGNMENTS = ("random", "in-order")
+COLUMNS = ("device", "compute", "upload", "download")
+FEDSCALE_STEP_FACTOR = 3.0  # FedScale's augmentation_factor: a training step costs 3 inferences
+
+
+@dataclass(frozen=True)
+class DeviceProfiles:
+    """Devices, one entry per line of a profile file (or per client once assigned)."""
+
+    names: tuple[str, ...]
+    compute: np.ndarray  # seconds per training example
+    upload: np.ndarray  # bytes per second
+    download: np.ndarray  # bytes per second
+    hazard: np.ndarray | None = None  # failures per second of work
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def take(self, rows: np.ndarray) -> DeviceProfiles:
+        """The devices at ``rows`` (one per client)."""
+        rows = np.asarray(rows, dtype=int)
+        return DeviceProfiles(
+            tuple(self.names[r] for r in rows),
+            self.compute[rows],
+            self.upload[rows],
+            self.download[rows],
+            None if self.hazard is None else self.hazard[rows],
+        )
+
+    def assign(self, num_clients: int, assignment: str, rng: np.random.Generator) -> DeviceProfiles:
+        """One device per client: drawn with replacement (``random``) or line i for client
+        i, cycling (``in-order``)."""
+        if assignment == "in-order":
+            return self.take(np.arange(num_clients) % len(self))
+        if assignment == "random":
+            return self.take(rng.integers(0, len(self), size=num_clients))
+        raise ConfigError(
+            f"system.device_assignment = {assignment!r}: unknown (known: {', '.join(DEVICE_ASSIGNMENTS)})"
+        )
+
+    def to_text(self, comment: str = "") -> str:
+        out = io.StringIO()
+        for line in comment.splitlines():
+            out.write(f"# {line}\n")
+        columns = [*COLUMNS, "hazard"] if self.hazard is not None else list(COLUMNS)
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow(columns)
+        for i, name in enumerate(self.names):
+            row = [name, f"{self.compute[i]:.6g}", f"{self.upload[i]:.6g}", f"{self.download[i]:.6g}"]
+            if self.hazard is not None:
+                row.append(f"{self.hazard[i]:.6g}")
+            writer.writerow(row)
+        return out.getvalue()
+
+
+def read_device_profiles(path: str | Path) -> DeviceProfiles:
+    """Parse a device-profile file; a bad file is refused in one line naming the file and
+    line."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: device profiles not found (system.device_profiles)")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataError(f"{path}: cannot read ({exc})") from None
+    lines = [(n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
+    lines = [(n, line) for n, line in lines if not line.lstrip().startswith("#")]
+    if not lines:
+        raise DataError(f"{path}: no header and no devices")
+    number, header_line = lines[0]
+    header = [h.strip() for h in next(csv.reader([header_line]))]
+    missing = [c for c in COLUMNS if c not in header]
+    if missing:
+        raise DataError(
+            f"{path}:{number}: the header lacks {', '.join(missing)} "
+            f"(columns: {', '.join(COLUMNS)}[, hazard])"
+        )
+    has_hazard = "hazard" in header
+    names: list[str] = []
+    values: list[list[float]] = []
+    for number, line in lines[1:]:
+        row = [v.strip() for v in next(csv.reader([line]))]
+        if len(row) != len(header):
+            raise DataError(f"{path}:{number}: {len(row)} fields, the header has {len(header)}")
+        record = dict(zip(header, row, strict=True))
+        numbers = []
+        for column in (*COLUMNS[1:], *(("hazard",) if has_hazard else ())):
+            try:
+                value = float(record[column])
+            except ValueError:
+                raise DataError(f"{path}:{number}: {column} = {record[column]!r} is not a number") from None
+            positive = column != "hazard"
+            if not np.isfinite(value) or value < 0 or (positive and value == 0):
+                need = "> 0" if positive else ">= 0"
+                raise DataError(f"{path}:{number}: {column} = {record[column]}: must be finite and {need}")
+            numbers.append(value)
+        names.append(record["device"])
+        values.append(numbers)
+    if not values:
+        raise DataError(f"{path}: a header and no devices")
+    table = np.array(values, dtype=float)
+    return DeviceProfiles(
+        tuple(names), table[:, 0], table[:, 1], table[:, 2], table[:, 3] if has_hazard else None
+    )
+
+
+def from_fedscale(path: str | Path) -> DeviceProfiles:
+    """FedScale's pickled device capacities ({client: {"computation": ms per sample,
+    "communication": kbit/s[, "dl_kbps", "ul_kbps"]}}) as device profiles."""
+    import pickle
+
+    path = Path(path)
+    try:
+        with path.open("rb") as fh:
+            data = pickle.load(fh)
+    except FileNotFoundError:
+        raise DataError(f"{path}: file not found") from None
+    except Exception as exc:  # any unpickling failure: not such a file
+        what = type(exc).__name__
+        raise DataError(f"{path}: not a pickled FedScale device-capacity file ({what})") from None
+    if not isinstance(data, dict) or not data:
+        raise DataError(f"{path}: not a FedScale device-capacity file (a dict of clients)")
+    names, compute, upload, download = [], [], [], []
+    for key in sorted(data, key=lambda k: (str(type(k)), str(k))):
+        entry = data[key]
+        try:
+            ms = float(entry["computation"])
+            both = float(entry["communication"])
+            down = float(entry.get("dl_kbps", both))
+            up = float(entry.get("ul_kbps", both))
+        except (TypeError, KeyError, ValueError, AttributeError):
+            raise DataError(f"{path}: client {key!r} lacks numeric computation and communication") from None
+        if not all(np.isfinite(v) and v > 0 for v in (ms, up, down)):
+            raise DataError(f"{path}: client {key!r}: computation and bandwidths must be positive and finite")
+        names.append(str(key))
+        compute.append(ms / 1000.0 * FEDSCALE_STEP_FACTOR)
+        upload.append(up * 125.0)
+        download.append(down * 125.0)
+    return DeviceProfiles(tuple(names), np.array(compute), np.array(upload), np.array(download))
+
+
+def per_client(value, num_clients: int) -> np.ndarray:
+    """A scalar or a per-client array as an array over clients (0 = free)."""
+    return np.broadcast_to(np.asarray(value, dtype=float), (num_clients,)).copy()
+
+
+def communication_seconds(
+    comm_time: float, upload_bandwidth: np.ndarray, download_bandwidth: np.ndarray, work
+) -> np.ndarray:
+    """Per client, seconds of communication in a round: ``comm_time`` plus the upload of
+    ``work.upload_bytes`` at its upload bandwidth and the download of
+    ``work.download_bytes`` at its download bandwidth (bytes per second; 0 = that leg is
+    free, as is a leg whose bytes the workload does not give)."""
+    comm = np.full(len(upload_bandwidth), float(comm_time))
+    if work is None:
+        return comm
+    for size, rate in ((work.upload_bytes, upload_bandwidth), (work.download_bytes, download_bandwidth)):
+        if size is not None and rate.any():
+            with np.errstate(divide="ignore", invalid="ignore"):
+                comm = comm + np.where(rate > 0, np.asarray(size, float) / np.where(rate > 0, rate, 1.0), 0.0)
+    return comm
