@@ -574,6 +574,9 @@ def validate(config: Config) -> None:
         if check:
             check()
     config.algorithm.options = build_options(config.algorithm_name, config.algorithm_options)
+    check_algorithm = getattr(config.algorithm.options, "validate_in", None)
+    if check_algorithm:  # options that need other sections (e.g. no more than the clients)
+        check_algorithm(config)
     for name in PLUGIN_SECTIONS:  # rules that need other sections (e.g. one value per client)
         section = getattr(config, name)
         unused = section.__dict__.get("_unused", {}).get("__options__", [])

@@ -16,6 +16,7 @@ from fedhet.algorithms import (  # noqa: F401  (registration)
     scaffold,
     server_opt,
     stale,
+    timelyfl,
 )
 from fedhet.algorithms.base import (
     ALGORITHMS,
