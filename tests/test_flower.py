@@ -49,8 +49,13 @@ CASES = {
     # planned epochs and top layers per client against its own deadline
     "timelyfl": {
         "algorithm": {"name": "timelyfl"},
-        "system": {"model": "per-step", "time_per_sample_step": 0.01, "capability_profile": "uniform",
-                   "capability_low": 0.1, "capability_high": 2.0},
+        "system": {
+            "model": "per-step",
+            "time_per_sample_step": 0.01,
+            "capability_profile": "uniform",
+            "capability_low": 0.1,
+            "capability_high": 2.0,
+        },
     },  # fmt: skip
     # event-driven: every arrival mixed from the model its client was sent
     "fedasync": {"algorithm": {"name": "fedasync", "max_concurrency": 2}},
