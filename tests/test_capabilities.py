@@ -129,8 +129,11 @@ def test_a_presence_wrapper_forwards_every_capability_of_the_wrapped_model():
     wrapped = BernoulliParticipation(base, torch.full((4,), 0.5).numpy())
     assert wrapped.wall_clock is True and wrapped.time_law() is Quirky.law
     assert wrapped.independent_clients is False and wrapped.always_present is False
-    answered = {"sample", "marginals", "no_reach_given_presence", "always_present", "observe",
-                "state_dict", "load_state_dict", "reports", "build", "Options", "name"}  # fmt: skip
+    # drawing presence makes any wrapped model random: the wrapper answers that itself
+    assert base.deterministic is True and wrapped.deterministic is False
+    answered = {"sample", "marginals", "no_reach_given_presence", "always_present", "deterministic",
+                "observe", "state_dict", "load_state_dict", "reports", "build", "Options",
+                "name"}  # fmt: skip
     for name in vars(SystemModel):
         if name.startswith("_") or name in answered:
             continue
@@ -223,6 +226,7 @@ PER_STEP = {"model": "per-step", "time_per_sample_step": 0.01, "comm_time": 0.05
 PLAN_SETTINGS = {
     "adel-fl": ({"time_budget": 6.0}, EXPONENTIAL, {}),
     "amsfl": ({}, PER_STEP, {"round_budget": 20.0}),
+    "timelyfl": ({}, PER_STEP, {}),
 }
 
 

@@ -57,6 +57,17 @@ CASES = {
             "capability_high": 2.0,
         },
     },  # fmt: skip
+    # a width per client and per batch: ordered dropout and self-distillation on the client
+    "fjord": {
+        "algorithm": {"name": "fjord"},
+        "system": {
+            "model": "per-step",
+            "time_per_sample_step": 0.05,
+            "capability_profile": "uniform",
+            "capability_low": 0.1,
+            "capability_high": 2.0,
+        },
+    },  # fmt: skip
     # event-driven: every arrival mixed from the model its client was sent
     "fedasync": {"algorithm": {"name": "fedasync", "max_concurrency": 2}},
     "fedstale": {

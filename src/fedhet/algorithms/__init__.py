@@ -11,6 +11,7 @@ from fedhet.algorithms import (  # noqa: F401  (registration)
     feddyn,
     fednova,
     fedprox,
+    fjord,
     heterofl,
     salf,
     scaffold,

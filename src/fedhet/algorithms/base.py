@@ -164,6 +164,9 @@ class Algorithm:
     # Whether the rule works on weights stored channels-last (run.memory_format); rules that
     # index parameter elements by their contiguous position (width masks) say False.
     supports_channels_last: ClassVar[bool] = True
+    # Whether a width-reduced sub-model divides its hidden outputs by its rate during local
+    # training (HeteroFL's scaler); FjORD's ordered dropout does not.
+    scales_sub_models: ClassVar[bool] = True
     # The options worth tuning, with default ranges (``fedhet bench`` and its suites tune
     # them beside the learning rate): option name -> { low, high[, log][, int] } or
     # { choices = [...] }, as in a search space file. Empty: the learning rate alone.
@@ -299,6 +302,7 @@ class Algorithm:
     # when the class is registered or resolved): corrects_gradients <- gradient_correction,
     # tracks_gradient_differences <- observe_gradients, streams <- streaming_aggregator.
     corrects_gradients = False
+    customises_loss = False
     streams = False
 
     def gradient_correction(
@@ -307,6 +311,22 @@ class Algorithm:
         """Added to every local step's gradient over ``region`` (``local``: the client's
         current parameters, ``anchor``: the global ones it started from). Plain SGD: none."""
         return None
+
+    def local_loss(
+        self,
+        task: ClientTask,
+        state: OwnState,
+        model: torch.nn.Module,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        depth: int,
+        loss: Any,
+        rng: np.random.Generator,
+    ) -> torch.Tensor:
+        """The loss one local step differentiates on the batch (``x``, ``y``): by default the
+        task's ``loss(model(x, depth), y)``. A rule that trains differently (FjORD's ordered
+        dropout and self-distillation) overrides it; ``rng`` is the client's own stream."""
+        return loss(model(x, depth), y)
 
     def finish_local_work(
         self,
@@ -385,6 +405,7 @@ def overrides(cls: type, hook: str, base: type | None = None) -> bool:
 CAPABILITY_HOOKS = {
     "corrects_gradients": "gradient_correction",
     "tracks_gradient_differences": "observe_gradients",
+    "customises_loss": "local_loss",
 }
 
 
@@ -456,7 +477,7 @@ def _check_hyperparameters(cls: type, label: str) -> None:
 
 
 HOOKS = (
-    "plan", "client_task", "make_task", "task_payload", "upload_payload", "gradient_correction",
+    "plan", "client_task", "make_task", "task_payload", "upload_payload", "gradient_correction", "local_loss",
     "finish_local_work", "observe_gradients", "aggregator", "streaming_aggregator", "aggregate",
     "init_state", "probe_tasks", "round_metrics", "state_dict", "load_state_dict", "reports", "warnings",
     "caveats",

@@ -33,8 +33,16 @@ class CoverageView:
     flat values (a view into the working model); ``param_slice``/``buffer_slice``: where they
     sit in the flat vectors; ``mask``: the sub-model's elements (None at full width)."""
 
-    def __init__(self, flat: FlatModel, depth: int, rate: float = 1.0, masks: WidthMasks | None = None):
+    def __init__(
+        self,
+        flat: FlatModel,
+        depth: int,
+        rate: float = 1.0,
+        masks: WidthMasks | None = None,
+        scale: bool = True,
+    ):
         self.flat = flat
+        self.scale = scale
         self.depth = depth
         self.rate = rate
         self.param_slice = flat.param_slices.from_depth(depth)
@@ -45,12 +53,12 @@ class CoverageView:
         self._hooks: list = []
 
     def enter(self) -> None:
-        """Before the steps: a sub-model zeroes the elements it does not hold and scales its
-        hidden outputs by 1/r (HeteroFL)."""
+        """Before the steps: a sub-model zeroes the elements it does not hold and, with
+        ``scale``, divides its hidden outputs by r (HeteroFL's scaler)."""
         if self.mask is not None:
             with torch.no_grad():
                 self.flat.params.mul_(self.mask)
-            self._hooks = scaler_hooks(self.flat.model, self.rate)
+            self._hooks = scaler_hooks(self.flat.model, self.rate) if self.scale else []
 
     def exit(self) -> None:
         for handle in self._hooks:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import torch
 
@@ -17,10 +17,24 @@ class ClientRule(Protocol):
 
     corrects_gradients: bool
     tracks_gradient_differences: bool
+    customises_loss: bool
+    scales_sub_models: ClassVar[bool]
 
     def gradient_correction(
         self, task: ClientTask, state: OwnState, region: slice, local: torch.Tensor, anchor: torch.Tensor
     ) -> torch.Tensor | None: ...
+
+    def local_loss(
+        self,
+        task: ClientTask,
+        state: OwnState,
+        model,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        depth: int,
+        loss,
+        rng,
+    ) -> torch.Tensor: ...
 
     def finish_local_work(
         self,

@@ -146,6 +146,8 @@ class LocalTrainer:
         the optimizer's step."""
         if task.coverage.width != 1.0 and (task.coverage.depth != 1 or task.time_limit):
             raise ValueError("a width-reduced sub-model trains every layer on the simulated clock")
+        if task.time_limit and rule is not None and rule.customises_loss:
+            raise ValueError("a rule with its own local loss trains on the simulated clock")
         flat = self.flat
         budget, depth, first = self._begin(task, params, buffers, data, rng)
         coverage = Coverage(depth, task.coverage.width) if budget.timed else task.coverage
@@ -162,7 +164,8 @@ class LocalTrainer:
         if first is None:
             flat.load(params, buffers)
         flat.model.train()
-        view = CoverageView(flat, depth, task.coverage.width, self.masks)
+        scale = rule is None or rule.scales_sub_models
+        view = CoverageView(flat, depth, task.coverage.width, self.masks, scale=scale)
         view.enter()
         own, optimizer_state = Namespace(state, ALGORITHM), Namespace(state, OPTIMIZER)
         self.optimizer.begin(optimizer_state, flat.params.numel())
@@ -206,6 +209,7 @@ class LocalTrainer:
         rule = run.rule
         track = rule is not None and rule.tracks_gradient_differences
         corrects = rule is not None and rule.corrects_gradients
+        custom = rule is not None and rule.customises_loss
         plain = view.mask is None and not track and not corrects and self.optimizer.plain
         losses: list[float] = []
         x = y = None
@@ -216,7 +220,12 @@ class LocalTrainer:
                 if not run.budget.allows_another_step():
                     break
                 x, y = run.data.batch(run.rng, task.batch_size)
-                loss = self.objective.loss(flat.model(x, run.depth), y)
+                if custom and rule is not None:  # the rule's own loss (FjORD)
+                    loss = rule.local_loss(
+                        task, run.state, flat.model, x, y, run.depth, self.objective.loss, run.rng
+                    )
+                else:
+                    loss = self.objective.loss(flat.model(x, run.depth), y)
                 grads = gradients(loss, view.reached)
                 run.budget.step_done(flat.num_layers + 1 - run.depth)
             losses.append(float(loss.detach()))

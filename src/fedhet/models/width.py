@@ -61,3 +61,24 @@ def scaler_hooks(model, rate: float) -> list:
             if isinstance(module, nn.Linear | nn.Conv2d):
                 handles.append(module.register_forward_hook(lambda mod, inp, out: out / rate))
     return handles
+
+
+def ordered_dropout_hooks(model, rate: float) -> list:
+    """FjORD's ordered dropout at width ``rate``: every hidden block keeps the outputs of
+    its leading ceil(rate * units) units (channels) and drops the rest (zeroes them, so
+    neither they nor the weights that read them learn on this batch); the output block is
+    whole. Nested: the sub-model of a smaller rate is a prefix of every larger one. No
+    rescaling (unlike HeteroFL's scaler). Returns the hook handles to remove."""
+    handles = []
+
+    def hook(module, inputs, output):
+        kept = kept_units(output.shape[1], rate)
+        if kept >= output.shape[1]:
+            return output
+        mask = torch.zeros(output.shape[1], dtype=output.dtype, device=output.device)
+        mask[:kept] = 1.0
+        return output * mask.view(1, -1, *([1] * (output.dim() - 2)))
+
+    for block in model.blocks[:-1]:
+        handles.append(block.register_forward_hook(hook))
+    return handles
