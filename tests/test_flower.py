@@ -68,6 +68,18 @@ CASES = {
             "capability_high": 2.0,
         },
     },  # fmt: skip
+    # a local depth per client, its classifiers distilling each other on the client
+    "depthfl": {
+        "algorithm": {"name": "depthfl"},
+        "model": {"name": "mlp-exits", "hidden": [16, 16]},
+        "system": {
+            "model": "per-step",
+            "time_per_sample_step": 0.05,
+            "capability_profile": "uniform",
+            "capability_low": 0.1,
+            "capability_high": 2.0,
+        },
+    },  # fmt: skip
     # event-driven: every arrival mixed from the model its client was sent
     "fedasync": {"algorithm": {"name": "fedasync", "max_concurrency": 2}},
     "fedstale": {

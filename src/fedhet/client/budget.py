@@ -85,6 +85,9 @@ def timed_first_step(
     layer's backward is its own ``autograd.grad`` call whose time is measured; a layer is
     started only if the time left covers its predicted time (the previous layer's measured
     backward time scaled by the two layers' forward times; the first from its forward time)."""
+    from fedhet.models.exits import require_sequential
+
+    require_sequential(model, "the wall-clock system model")
     blocks = model.blocks
     num_layers = len(blocks)
     with torch.no_grad():

@@ -80,6 +80,7 @@ class ModelLayout:
     param_slices: LayerSlices
     buffer_slices: LayerSlices
     param_shapes: tuple = ()  # per layer, the shapes of its parameters in flat order
+    exit_levels: tuple = ()  # a multi-exit model's depth level of each layer (DepthFL); () otherwise
 
     @property
     def num_layers(self) -> int:
@@ -138,7 +139,8 @@ class FlatModel:
         self.param_slices = LayerSlices(tuple(param_bounds))
         self.buffer_slices = LayerSlices(tuple(buffer_bounds))
         shapes = tuple(tuple(tuple(p.shape) for p in params) for params in self.layer_params)
-        self.layout = ModelLayout(self.param_slices, self.buffer_slices, shapes)
+        levels = tuple(getattr(model, "exit_levels", ()))  # models/exits.py
+        self.layout = ModelLayout(self.param_slices, self.buffer_slices, shapes, levels)
         self.params = torch.cat(param_chunks).clone() if param_chunks else torch.zeros(0)
         self.buffers = torch.cat(buffer_chunks).clone() if buffer_chunks else torch.zeros(0)
         with torch.no_grad():

@@ -195,6 +195,35 @@ class CNN2(ZooModel):
 
 
 @register("model")
+class MLPExits(ZooModel):
+    """``mlp`` with a classifier after every hidden layer (DepthFL's local models)."""
+
+    name = "mlp-exits"
+    Options = MLPOptions
+
+    @classmethod
+    def build(cls, options: MLPOptions, ctx: ModelContext) -> LayeredModel:
+        from fedhet.models.exits import with_exits
+
+        return with_exits(
+            mlp(ctx.input_shape, ctx.num_classes, options.hidden), ctx.input_shape, ctx.num_classes
+        )
+
+
+@register("model")
+class CNN2Exits(ZooModel):
+    """``cnn2`` with a classifier after every block but the last (DepthFL's local models)."""
+
+    name = "cnn2-exits"
+
+    @classmethod
+    def build(cls, options, ctx: ModelContext) -> LayeredModel:
+        from fedhet.models.exits import with_exits
+
+        return with_exits(cnn2(ctx.input_shape, ctx.num_classes), ctx.input_shape, ctx.num_classes)
+
+
+@register("model")
 class CNNFedStale(ZooModel):
     """The FedStale authors' MNIST CNN."""
 

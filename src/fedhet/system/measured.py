@@ -45,6 +45,9 @@ def measure_layer_times(model, x: torch.Tensor, y: torch.Tensor, repeats: int = 
     """Median forward and backward seconds of each layer (input to output) for the batch
     ``(x, y)``: two warm-up passes, then ``repeats`` timed ones. ``loss_of``: the task's
     loss (default cross-entropy), whose gradient back-propagation starts from."""
+    from fedhet.models.exits import require_sequential
+
+    require_sequential(model, "system.model = 'measured'")
     loss_of = loss_of or F.cross_entropy
     blocks = model.blocks
     forward = np.zeros((repeats, len(blocks)))
