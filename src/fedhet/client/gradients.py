@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import cast
-
 import torch
 
 
@@ -16,7 +14,7 @@ def gradients(loss: torch.Tensor, parameters: list[torch.nn.Parameter]) -> list[
         parameter.grad = None
     loss.backward(inputs=parameters)
     # a parameter the loss does not reach (a DepthFL client's deeper layers) gets zeros
-    grads = [torch.zeros_like(p) if p.grad is None else cast(torch.Tensor, p.grad) for p in parameters]
+    grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in parameters]
     for parameter in parameters:
         parameter.grad = None
     return grads
