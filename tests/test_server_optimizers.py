@@ -94,3 +94,91 @@ def test_a_resumed_run_continues_the_moments(rule, tmp_path):
     resumed = run(config, tmp_path / "split", resume=True).summary
     assert resumed["final_test_accuracy"] == whole["final_test_accuracy"]
     assert resumed["final_test_loss"] == whole["final_test_loss"]
+
+
+# -- the server optimizer as a plug-in kind, on any rule's update ([server] optimizer) --------
+
+SERVER_BASE = {
+    "run": {"name": "s", "rounds": 6, "threads": 1, "seed": 8, "eval_every": 1},
+    "data": {"dataset": "digits", "num_clients": 5, "fraction": 0.4},
+    "model": {"name": "mlp", "hidden": [16]},
+    "train": {"batch_size": 8, "lr": 0.1},
+    "system": {"model": "straggler-ratio", "straggler_ratio": 0.4},
+}
+
+
+def _server_config(**sections):
+    from fedhet.config import from_dict
+
+    document = {k: dict(v) for k, v in SERVER_BASE.items()}
+    for name, values in sections.items():
+        document[name] = {**document.get(name, {}), **values}
+    return from_dict(document)
+
+
+@pytest.mark.parametrize("kind", ["momentum", "adagrad", "yogi", "adam"])
+def test_the_plug_in_step_follows_its_recurrence_from_proposals(kind):
+    """x_{t+1} = step(x_t, x_t + Delta_t): the same recurrence as above, fed proposals."""
+    from fedhet import registry
+
+    entry = registry.resolve("server_optimizer", kind, "test")
+    options = {"lr": 0.5, "momentum": 0.8} if kind == "momentum" else {"lr": 0.1, "beta1": 0.9, "beta2": 0.99}
+    optimizer = entry.cls.build(entry.cls.Options(**options), None)
+    rng = np.random.default_rng(1)
+    deltas = [rng.normal(size=6) * (0.1 + i) for i in range(4)]
+    x, state = torch.zeros(6, dtype=torch.float64), {}
+    for d in deltas:
+        x = optimizer.step(x, x + torch.from_numpy(d), state)
+    rule = {"momentum": "fedavgm", "adagrad": "fedadagrad", "yogi": "fedyogi", "adam": "fedadam"}[kind]
+    beta1 = 0.8 if kind == "momentum" else 0.9
+    expected = _reference(rule, deltas, options["lr"], beta1, 0.99, 0.0 if kind == "momentum" else 1e-3)
+    assert x.numpy() == pytest.approx(expected, rel=1e-9, abs=1e-12)
+
+
+def test_default_sgd_is_the_rule_bit_for_bit_and_leaves_the_configuration_as_it_was(tmp_path):
+    from fedhet.engine.loop import RunLoop
+
+    plain = RunLoop(_server_config(algorithm={"name": "salf"}), tmp_path / "plain").run()
+    sgd = RunLoop(_server_config(algorithm={"name": "salf"}, server={"optimizer": "sgd", "lr": 1.0}),
+                  tmp_path / "sgd").run()  # fmt: skip
+    assert sgd.metrics == plain.metrics
+    assert "[server]" not in (tmp_path / "sgd" / "config.toml").read_text()
+    half = RunLoop(_server_config(algorithm={"name": "salf"}, server={"lr": 0.5}), tmp_path / "half").run()
+    assert half.metrics != plain.metrics and "[server]" in (tmp_path / "half" / "config.toml").read_text()
+
+
+def test_fedavg_with_the_adam_server_step_is_fedadam(tmp_path):
+    """FedAvg's proposal x + Delta_t through [server] adam gives the fedadam rule's run (the
+    pseudo-gradient recovered as (x + Delta_t) - x: equal within float rounding)."""
+    from fedhet.engine.loop import RunLoop
+
+    step = {"lr": 0.05, "beta1": 0.9, "beta2": 0.99, "tau": 1e-3}
+    mine = RunLoop(_server_config(algorithm={"name": "fedavg"}, server={"optimizer": "adam", **step}),
+                   tmp_path / "plug-in").run()  # fmt: skip
+    rule = {"name": "fedadam", "server_lr": 0.05, "beta1": 0.9, "beta2": 0.99, "tau": 1e-3}
+    theirs = RunLoop(_server_config(algorithm=rule), tmp_path / "rule").run()
+    for a, b in zip(mine.metrics, theirs.metrics, strict=True):
+        assert a["test_loss"] == pytest.approx(b["test_loss"], rel=1e-4)
+
+
+@pytest.mark.parametrize("algorithm", [{"name": "salf"}, {"name": "fedbuff", "buffer_size": 2}])
+def test_server_moments_resume_bit_identically_on_both_drivers(tmp_path, algorithm):
+    from fedhet.engine.loop import RunLoop
+
+    config = _server_config(algorithm=algorithm, server={"optimizer": "yogi", "lr": 0.05})
+    whole = RunLoop(config, tmp_path / "whole").run()
+    RunLoop(config, tmp_path / "cut").run(stop_after=3)
+    assert RunLoop(config, tmp_path / "cut").run(resume=True).metrics == whole.metrics
+    saved = torch.load(tmp_path / "whole" / "checkpoint.pt", weights_only=False)
+    assert saved["server"]["v"].numel() == saved["params"].numel()
+
+
+def test_bad_server_optimizer_settings_are_refused():
+    from fedhet.config import ConfigError
+
+    with pytest.raises(ConfigError, match="server.lr = 0"):
+        _server_config(server={"optimizer": "adam", "lr": 0.0})
+    with pytest.raises(ConfigError, match="server.optimizer"):
+        _server_config(server={"optimizer": "lamb"})
+    with pytest.raises(ConfigError, match="server.beta2 = 1.0"):
+        _server_config(server={"optimizer": "yogi", "beta2": 1.0})

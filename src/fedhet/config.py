@@ -439,6 +439,18 @@ class SystemConfig(PluginSection):
 
 
 @dataclass
+class ServerConfig(PluginSection):
+    """``[server]``: the server optimizer applied to every rule's global update
+    (``optimizer``: sgd, momentum, adam, yogi, adagrad, a plug-in; its options in the same
+    table: ``lr``, ``momentum``, ``beta1``, ``beta2``, ``tau``)."""
+
+    SECTION: ClassVar[str] = "server"
+    SLOTS: ClassVar[dict[str, str]] = {"optimizer": "server_optimizer"}
+
+    optimizer: str = "sgd"
+
+
+@dataclass
 class CompareConfig:
     algorithms: list = field(default_factory=list)
 
@@ -469,6 +481,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     system: SystemConfig = field(default_factory=SystemConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     compare: CompareConfig = field(default_factory=CompareConfig)
 
@@ -496,6 +509,12 @@ class Config:
             out[f.name] = value.to_dict() if hasattr(value, "to_dict") else dataclasses.asdict(value)
         if not out["compare"]["algorithms"]:
             del out["compare"]
+        # plug-ins that change nothing at their defaults are left out, so that a run's
+        # resolved configuration reads as it did before they existed (resume, bench studies)
+        if out["system"].get("dropout") == "none":
+            del out["system"]["dropout"]
+        if out["server"] == {"optimizer": "sgd", "lr": 1.0}:
+            del out["server"]
         return out
 
     def to_toml(self) -> str:
@@ -510,9 +529,10 @@ SECTIONS = {
     "model": ModelConfig,
     "train": TrainConfig,
     "system": SystemConfig,
+    "server": ServerConfig,
     "compare": CompareConfig,
 }
-PLUGIN_SECTIONS = ("run", "data", "model", "train", "system")
+PLUGIN_SECTIONS = ("run", "data", "model", "train", "system", "server")
 
 
 def _section(name: str, cls: Any, values: Any):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,6 +42,7 @@ class World:
     algorithm: Algorithm
     worker: LocalTrainer
     layer_multiply_adds: tuple = ()  # per layer, multiply-adds per example
+    server_optimizer: Any = None  # [server] optimizer: the step applied to every global update
 
     @property
     def num_clients(self) -> int:
@@ -225,4 +227,5 @@ def build_world(config: Config, client_side: bool = False, dataset: Dataset | No
         algorithm=algorithm,
         worker=worker,
         layer_multiply_adds=layer_multiply_adds,
+        server_optimizer=config.server.entry("optimizer").cls.build(config.server.options("optimizer"), None),
     )

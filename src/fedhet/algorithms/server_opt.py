@@ -16,7 +16,8 @@ x_{t+1} = x_t + eta m_t / (sqrt(v_t) + tau), with m_{-1} = 0 and v_{-1} = tau^2 
 v_{-1} >= tau^2; no bias correction, as in its Algorithm 2). eta is ``server_lr``; BatchNorm
 statistics are averaged as FedAvg's. A round in which no client delivered leaves the model
 and the moments as they are. The moments are server state: checkpointed, so a resumed run
-continues them.
+continues them. The steps are :mod:`fedhet.algorithms.server_optimizers`' (the plug-in kind
+that applies them to any rule's update, ``[server] optimizer``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,15 @@ import torch
 
 from fedhet.algorithms.base import register
 from fedhet.algorithms.fedavg import FedAvg, FedAvgOptions
+from fedhet.algorithms.server_optimizers import AdaptiveOptions as StepOptions
+from fedhet.algorithms.server_optimizers import (
+    MomentumOptions,
+    ServerAdagrad,
+    ServerAdam,
+    ServerMomentum,
+    ServerOptimizer,
+    ServerYogi,
+)
 from fedhet.errors import ConfigError
 
 
@@ -62,8 +72,16 @@ class AdaptiveOptions(FedAvgOptions):
             raise ConfigError(f"algorithm.tau = {self.tau}: must be > 0")
 
 
-class ServerOptimizer(FedAvg):
-    """FedAvg's average as the pseudo-gradient of a server step (:meth:`step`)."""
+class ServerOptimizedFedAvg(FedAvg):
+    """FedAvg's average as the pseudo-gradient of a server step (:attr:`optimizer`, one of
+    :mod:`fedhet.algorithms.server_optimizers`, built from the rule's options)."""
+
+    def __init__(self, options, train):
+        super().__init__(options, train)
+        self.optimizer = self.make_optimizer(options)
+
+    def make_optimizer(self, options) -> ServerOptimizer:
+        raise NotImplementedError
 
     def init_state(self, setting) -> dict:
         return {"m": None, "v": None}
@@ -83,11 +101,12 @@ class ServerOptimizer(FedAvg):
         return params + self.step(delta, state), new_buffers
 
     def step(self, delta: torch.Tensor, state: dict) -> torch.Tensor:
-        raise NotImplementedError
+        """x_{t+1} - x_t from Delta_t (the moments in ``state``)."""
+        return self.optimizer.direction(delta, state)
 
 
 @register
-class FedAvgM(ServerOptimizer):
+class FedAvgM(ServerOptimizedFedAvg):
     """FedAvg with server momentum (Hsu et al. 2019): m_t = beta m_{t-1} + Delta_t,
     x_{t+1} = x_t + eta m_t; beta = 0 and eta = 1 is FedAvg."""
 
@@ -99,63 +118,48 @@ class FedAvgM(ServerOptimizer):
         "momentum": {"low": 0.0, "high": 0.97},
     }
 
-    def step(self, delta: torch.Tensor, state: dict) -> torch.Tensor:
-        m = delta.clone() if state["m"] is None else state["m"].mul_(self.options.momentum).add_(delta)
-        state["m"] = m
-        return self.options.server_lr * m
+    def make_optimizer(self, options) -> ServerOptimizer:
+        return ServerMomentum(MomentumOptions(lr=options.server_lr, momentum=options.momentum))
 
 
-class AdaptiveServerOptimizer(ServerOptimizer):
-    """Reddi et al. Algorithm 2: first moment m, second moment v by :meth:`second_moment`."""
+class AdaptiveFedAvg(ServerOptimizedFedAvg):
+    """Reddi et al. Algorithm 2 with the server optimizer :attr:`kind`."""
 
     Options = AdaptiveOptions
+    kind: ClassVar[type[ServerOptimizer]]
     hyperparameters: ClassVar[dict[str, dict]] = {
         "server_lr": {"low": 1e-3, "high": 1.0, "log": True},
         "tau": {"low": 1e-5, "high": 1e-1, "log": True},
     }
 
-    def step(self, delta: torch.Tensor, state: dict) -> torch.Tensor:
-        o = self.options
-        if state["m"] is None:
-            state["m"] = torch.zeros_like(delta)
-            state["v"] = torch.full_like(delta, o.tau**2)
-        m = state["m"].mul_(o.beta1).add_(delta, alpha=1.0 - o.beta1)
-        v = self.second_moment(state["v"], delta * delta)
-        state["v"] = v
-        return o.server_lr * m / (v.sqrt() + o.tau)
-
-    def second_moment(self, v: torch.Tensor, squared: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+    def make_optimizer(self, options) -> ServerOptimizer:
+        return self.kind(
+            StepOptions(lr=options.server_lr, beta1=options.beta1, beta2=options.beta2, tau=options.tau)
+        )
 
 
 @register
-class FedAdagrad(AdaptiveServerOptimizer):
+class FedAdagrad(AdaptiveFedAvg):
     """v_t = v_{t-1} + Delta_t^2 (Reddi et al. Algorithm 2)."""
 
     name = "fedadagrad"
     summary = "FedAvg with an Adagrad server step (Reddi et al. 2021)"
-
-    def second_moment(self, v, squared):
-        return v.add_(squared)
+    kind = ServerAdagrad
 
 
 @register
-class FedYogi(AdaptiveServerOptimizer):
+class FedYogi(AdaptiveFedAvg):
     """v_t = v_{t-1} - (1 - beta_2) Delta_t^2 sign(v_{t-1} - Delta_t^2) (Reddi et al. Algorithm 2)."""
 
     name = "fedyogi"
     summary = "FedAvg with a Yogi server step (Reddi et al. 2021)"
-
-    def second_moment(self, v, squared):
-        return v.sub_((1.0 - self.options.beta2) * squared * torch.sign(v - squared))
+    kind = ServerYogi
 
 
 @register
-class FedAdam(AdaptiveServerOptimizer):
+class FedAdam(AdaptiveFedAvg):
     """v_t = beta_2 v_{t-1} + (1 - beta_2) Delta_t^2 (Reddi et al. Algorithm 2)."""
 
     name = "fedadam"
     summary = "FedAvg with an Adam server step (Reddi et al. 2021)"
-
-    def second_moment(self, v, squared):
-        return v.mul_(self.options.beta2).add_(squared, alpha=1.0 - self.options.beta2)
+    kind = ServerAdam

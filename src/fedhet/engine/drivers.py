@@ -79,6 +79,15 @@ def download_bytes(world: World) -> np.ndarray:
     return np.full(world.num_clients, 4.0 * (layout.num_params + layout.num_buffers))
 
 
+def server_step(world: World, state, proposed):
+    """The rule's proposed parameters after the server optimizer's step ([server];
+    the default sgd at lr 1 returns them as they are)."""
+    optimizer = world.server_optimizer
+    if optimizer is None or optimizer.is_identity:
+        return proposed
+    return optimizer.step(state.params, proposed, state.server)
+
+
 class RoundDriver:
     """Synchronous rounds: plan, sample, tasks, streamed aggregation."""
 
@@ -147,6 +156,7 @@ class RoundDriver:
         model.call("observe", system.observe, delivered)
         state.system = system.state_dict()
         params, buffers = hooks.model(rule, hooks.call(rule, aggregator.result), state.params, state.buffers)
+        params = server_step(world, state, params)
         if what := params_fault(params, buffers):
             return NonFinite(t + 1, None, what)
         state.params, state.buffers = params, buffers
@@ -251,6 +261,7 @@ class EventDriver:
             applied = hooks.call(rule, algorithm.apply_buffer, state.params, state.buffers, entries,
                                  state.algorithm, t)  # fmt: skip
         params, buffers = hooks.model(rule, applied, state.params, state.buffers)
+        params = server_step(world, state, params)
         if what := params_fault(params, buffers):
             return NonFinite(t + 1, None, what)
         state.params, state.buffers = params, buffers

@@ -37,6 +37,7 @@ class RunState:
     stopped_by_callback: str | None = None  # the callback that stopped the run (stopped_by = "callback")
     system: dict = field(default_factory=dict)  # what the system model learned (wall-clock)
     engine: dict = field(default_factory=dict)  # the event-driven driver's clients in flight
+    server: dict = field(default_factory=dict)  # the server optimizer's moments ([server])
     evaluating: dict | None = None  # the model under evaluation: {"round", "params", "buffers"}
 
 
@@ -103,6 +104,7 @@ def to_checkpoint(state: RunState, config_dict: dict, algorithm: Any, work_dir: 
         "stopped_by_callback": state.stopped_by_callback,
         "system": state.system,
         "engine": state.engine,
+        "server": state.server,
         "evaluating": state.evaluating,
     }
 
@@ -196,5 +198,6 @@ def from_checkpoint(
         stopped_by_callback=saved.get("stopped_by_callback"),
         system=saved.get("system", {}),
         engine=saved.get("engine", {}),
+        server=saved.get("server", {}),
         evaluating=saved.get("evaluating"),
     )
