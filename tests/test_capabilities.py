@@ -228,6 +228,7 @@ PLAN_SETTINGS = {
     "amsfl": ({}, PER_STEP, {"round_budget": 20.0}),
     "timelyfl": ({}, PER_STEP, {}),
 }
+MODELS = {"depthfl": {"name": "mlp-exits", "hidden": [8]}}  # rules that need a model of their own
 
 
 @pytest.mark.parametrize(
@@ -244,7 +245,8 @@ def test_plan_is_pure(name):
     run_keys, system, options = PLAN_SETTINGS.get(
         name, ({}, {"model": "straggler-ratio", "straggler_ratio": 0.5, "deadline": 1.0}, {})
     )
-    config = from_dict({**BASE, "run": {**BASE["run"], **run_keys}, "system": system,
+    model = MODELS.get(name, BASE.get("model", {"name": "mlp"}))
+    config = from_dict({**BASE, "run": {**BASE["run"], **run_keys}, "system": system, "model": model,
                         "algorithm": {"name": name, **options}})  # fmt: skip
     world = build_world(config)
     setting = world.setting()
