@@ -104,6 +104,11 @@ RANGES: dict[str, list] = {
     "system.participation_low": [0.0, 1.5, *NUMBERS_BAD],
     "system.participation_high": [0.0, 1.5, *NUMBERS_BAD],
     "system.participation_probs": [[NAN], [0], [1.5], ["a"], 0.5],
+    "system.dropout": ["sometimes", 3],
+    "data.size_sigma": [-1.0, 11.0, *NUMBERS_BAD],
+    "data.min_client_size": [0, -3, *INTS_BAD],
+    "server.optimizer": ["lamb", 2],
+    "server.lr": [0.0, -1.0, *NUMBERS_BAD],
 }
 
 # whole-section replacements that are invalid as a combination
@@ -208,6 +213,53 @@ EXTRA: list[tuple[str, dict]] = [
     ("system model module path malformed", {"system": {"model": "fedhet.system:"}}),
     ("unknown dataset", {"data": {"dataset": "imagenet"}}),
     ("unknown model", {"model": {"name": "resnet50"}}),
+    # mid-round dropout, device profiles, quantity skew, server optimizers
+    *(
+        (f"dropout hazard {v}", {"system": {"dropout": "hazard", "dropout_hazard": v}})
+        for v in (-1.0, *NUMBERS_BAD)
+    ),
+    ("dropout hazards of the wrong length", {"system": {"dropout": "hazard", "dropout_hazards": [0.1]}}),
+    ("dropout hazards negative", {"system": {"dropout": "hazard", "dropout_hazards": [-1.0] * 4}}),
+    ("dropout with 0 marginal draws", {"system": {"dropout": "hazard", "dropout_marginal_draws": 0}}),
+    ("devices without a file", {"system": {"model": "per-step", "capability_profile": "devices"}}),
+    (
+        "devices from a missing file",
+        {
+            "system": {
+                "model": "per-step",
+                "capability_profile": "devices",
+                "device_profiles": "/nonexistent.csv",
+            }
+        },
+    ),
+    ("device file without devices", {"system": {"model": "per-step", "device_profiles": "devices.csv"}}),
+    (
+        "devices with an unknown assignment",
+        {
+            "system": {
+                "model": "per-step",
+                "capability_profile": "devices",
+                "device_profiles": "d.csv",
+                "device_assignment": "round-robin",
+            }
+        },
+    ),  # fmt: skip
+    (
+        "devices with measured times",
+        {"system": {"model": "measured", "capability_profile": "devices", "device_profiles": "d.csv"}},
+    ),
+    ("quantity skew by zipf", {"data": {"partition": "quantity-skew", "size_distribution": "zipf"}}),
+    ("quantity skew exponent 0", {"data": {"partition": "quantity-skew", "size_exponent": 0.0}}),
+    (
+        "quantity skew minimum above the data",
+        {"data": {"partition": "quantity-skew", "min_client_size": 500}},
+    ),
+    ("server yogi beta2 = 1", {"server": {"optimizer": "yogi", "beta2": 1.0}}),
+    ("server adam tau 0", {"server": {"optimizer": "adam", "tau": 0.0}}),
+    ("server momentum 1", {"server": {"optimizer": "momentum", "momentum": 1.0}}),
+    ("server unknown key", {"server": {"optimizer": "sgd", "betas": 0.9}}),
+    ("depthfl on a model without exits", {"algorithm": {"name": "depthfl"}}),
+    ("timelyfl without a time law", {"algorithm": {"name": "timelyfl"}}),
 ]
 
 ALGORITHM_BAD: list[dict] = [
@@ -247,6 +299,18 @@ ALGORITHM_BAD: list[dict] = [
     *({"name": "fedbuff", "buffer_size": v} for v in (0, -1, 100)),
     *({"name": "fedbuff", "max_concurrency": v} for v in (-1, 1.5)),
     {"name": "fedbuff", "server_lr": NAN},
+    *({"name": "fedasync", "alpha": v} for v in (0.0, 1.5, NAN)),
+    {"name": "fedasync", "staleness": "exponential"},
+    *({"name": "fedasync", key: v} for key in ("staleness_a", "staleness_b", "rho") for v in (-1.0, NAN)),
+    {"name": "fedasync", "max_concurrency": -1},
+    *({"name": "timelyfl", "aggregation_goal": v} for v in (-1, 99, 1.5)),
+    *({"name": "timelyfl", "max_epochs": v} for v in (0, -2)),
+    {"name": "timelyfl", "timing_draws": 0},
+    *({"name": "fjord", "rates": v} for v in ([0.5], [1.0, 2.0], [])),
+    {"name": "fjord", "aggregate": "padded"},
+    {"name": "fjord", "distillation": "yes"},
+    *({"name": "depthfl", "consistency_weight": v} for v in (-1.0, NAN)),
+    {"name": "depthfl", "consistency_rampup": -1},
 ]
 
 FILES: list[tuple[str, bytes | None]] = [
@@ -706,7 +770,7 @@ def _damaged_folders(tmp: Path, good: str):
     yield checkpoint("is a string", "checkpoint")
     yield checkpoint("is a tensor", torch.zeros(3))
     for key in list(saved):
-        if key in ("system", "engine", "evaluating", "stopped_by_callback"):  # optional keys
+        if key in ("system", "engine", "server", "evaluating", "stopped_by_callback"):  # optional keys
             continue
         yield checkpoint(f"without {key!r}", {k: v for k, v in saved.items() if k != key})
     for key, value in (("round", "1"), ("round", 1.5), ("sim_time", "x"), ("params", [0.0]),

@@ -30,8 +30,8 @@ DOCUMENTS = [
 EXAMPLES = sorted(p for p in (ROOT / "examples").rglob("*.toml") if p.name != "pyproject.toml")
 EXPERIMENTS = sorted((ROOT / "experiments").glob("*.toml"))
 FMNIST = Path("/usr/share/datasets/fashion-mnist")
-SUBCOMMANDS = {"run", "reproduce", "plan", "calibrate", "trace", "plot", "compare", "report", "tune", "check",
-               "list", "bench"}  # fmt: skip
+SUBCOMMANDS = {"run", "reproduce", "plan", "calibrate", "trace", "devices", "plot", "compare", "report",
+               "tune", "check", "list", "bench"}  # fmt: skip
 
 # commands that need what a test cannot have: (start of the command, why)
 SKIPPED = [

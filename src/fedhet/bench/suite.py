@@ -6,7 +6,8 @@ method is tuned under.
     [suite]
     name = "smoke"
     description = "..."
-    methods = ["fedavg", "salf", { name = "salf", normalize = "all", label = "salf-all" }]
+    methods = ["fedavg", "salf", { name = "salf", normalize = "all", label = "salf-all" },
+               { name = "depthfl", "model.name" = "mlp-exits" }]   # dotted keys: its settings
     trials = 4                  # tuning trials per method and scenario (finished or pruned)
     seeds = 3                   # seeds 1..3 of each tuned setting on the test set (or a list)
     validation_fraction = 0.2   # the tuning trials are judged on this share of the training set
@@ -71,6 +72,7 @@ class Method:
     params: list[Param]
     lr_only: bool  # neither the class nor the suite gives it keys of its own
     plugin: bool = False  # added with --method
+    settings: dict[str, Any] = field(default_factory=dict)  # dotted keys it needs (its model)
 
 
 @dataclass
@@ -128,6 +130,8 @@ class Suite:
             raw = _set(raw, key, value, where)
         raw["algorithm"] = {"name": method.name, **method.options, **scenario.options.get(method.label, {})}
         where = f"{self.path}: method {method.label}"
+        for key, value in method.settings.items():  # what the method needs (DepthFL: its model)
+            raw = _set(raw, key, value, where)
         for key, value in values.items():
             raw = _set(raw, key, value, where)
         run = raw.setdefault("run", {})
@@ -182,7 +186,8 @@ def _methods(entries: Any, extra: list[str], where: str) -> list[Method]:
         except ConfigError:
             raise ConfigError(f"{where}: method {label!r}: its label must be a plain folder name") from None
         cls = registry.resolve("algorithm", name, f"{where}: method").cls
-        methods.append(Method(label, name, table, [], False, plugin=entry in extra))
+        settings = {key: table.pop(key) for key in [k for k in table if "." in k]}
+        methods.append(Method(label, name, table, [], False, plugin=entry in extra, settings=settings))
         methods[-1].params = declared_params(cls, f"{where}: method {label}")
     labels = [m.label for m in methods]
     doubled = sorted({x for x in labels if labels.count(x) > 1})
