@@ -247,3 +247,23 @@ def test_a_range_a_method_cannot_take_and_a_declared_option_it_lacks_are_refused
 
     with pytest.raises(ConfigError, match="'trimm' is not one of its options"):
         check_algorithm_class(Wrong, "wrong")
+
+
+def test_a_method_table_sets_the_dotted_keys_its_method_needs(tmp_path):
+    """{ name = "depthfl", "model.name" = "mlp-exits" }: every configuration of that method
+    (tuning trials and seeds, every scenario) gets its model; the other methods keep theirs."""
+    from fedhet.bench.suite import load_suite
+
+    text = SMOKE.read_text()
+    start = text.index("methods = [")
+    path = tmp_path / "suite.toml"
+    path.write_text(text[:start] + 'methods = ["fedavg", { name = "depthfl", "model.name" = "mlp-exits" }]\n'
+                    + text[text.index("\n", text.index("]", start)) + 1:])  # fmt: skip
+    suite = load_suite(path)
+    for scenario, method in suite.pairs():
+        raw = suite.config(scenario, method, {"train.lr": 0.1}, "x", seed=1)
+        assert raw["model"]["name"] == ("mlp-exits" if method.label == "depthfl" else "mlp")
+    bad = tmp_path / "bad.toml"
+    bad.write_text(path.read_text().replace('"model.name" = "mlp-exits"', '"model.nam" = "mlp-exits"'))
+    with pytest.raises(ConfigError, match="method depthfl: model.nam"):
+        load_suite(bad)
