@@ -11,3 +11,18 @@ class ConfigError(FedhetError):
 
 class DataError(FedhetError):
     """A missing, corrupt or inconsistent data file; the message names the file."""
+
+
+def read_user_text(path, what: str) -> str:
+    """The UTF-8 text of a file a configuration names (``what``: its kind and key, e.g.
+    "availability trace (system.availability_trace)"); a missing or unreadable file is one
+    :class:`DataError` line naming it."""
+    from pathlib import Path
+
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: {what} not found")
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataError(f"{path}: cannot read ({exc})") from None

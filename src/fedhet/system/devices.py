@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedhet.errors import ConfigError, DataError
+from fedhet.errors import ConfigError, DataError, read_user_text
 
 DEVICE_ASSIGNMENTS = ("random", "in-order")
 COLUMNS = ("device", "compute", "upload", "download")
@@ -97,12 +97,7 @@ def read_device_profiles(path: str | Path) -> DeviceProfiles:
     """Parse a device-profile file; a bad file is refused in one line naming the file and
     line."""
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: device profiles not found (system.device_profiles)")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DataError(f"{path}: cannot read ({exc})") from None
+    text = read_user_text(path, "device profiles (system.device_profiles)")
     lines = [(n, line) for n, line in enumerate(text.splitlines(), start=1) if line.strip()]
     lines = [(n, line) for n, line in lines if not line.lstrip().startswith("#")]
     if not lines:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedhet.errors import ConfigError, DataError
+from fedhet.errors import ConfigError, DataError, read_user_text
 from fedhet.registry import register
 from fedhet.system.base import SystemContext, SystemModel
 from fedhet.system.participation import PresenceWrapper
@@ -60,12 +60,7 @@ class AvailabilityTrace:
 def read_trace(path: str | Path, num_clients: int) -> AvailabilityTrace:
     """Parse a trace file; one-line errors name the file and line."""
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: availability trace not found (system.availability_trace)")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DataError(f"{path}: cannot read ({exc})") from None
+    text = read_user_text(path, "availability trace (system.availability_trace)")
     period = None
     always: list[int] = []
     rows: list = []
