@@ -4,7 +4,8 @@ round has a deadline set from the clients' own speeds, and each client gets the 
 finish by it: fast clients more local epochs of the whole model, slow ones one epoch of only
 the layers nearest the output. No update is stale and no planned update is late.
 
-Each round (TimelyFL's workload scheduling):
+Each round, fedhet's form of TimelyFL's heterogeneity-aware workload scheduling (the
+authors' code was not compared):
 
 1. Each client's unit time t_i: one local epoch of the whole model and its communication,
    as the system model prices them (an "epoch" is ``train.local_steps`` steps here).
