@@ -40,6 +40,8 @@ SKIPPED = [
     ("fedhet compare runs/a runs/b", "compares two run folders the reader made"),
     ("fedhet bench suites/heterogeneity.toml", "1,300 runs on Fashion-MNIST; its suite is checked below and "
      "the smoke suite runs the same code"),
+    ("fedhet bench suites/peers", "hundreds of runs on Fashion-MNIST; the suites are checked below and the "
+     "smoke suite runs the same code"),
 ]  # fmt: skip
 PLACEHOLDER = re.compile(r"(^|[\s=])([A-Z][A-Z_]*[A-Z](\.[a-z]+)?|RUN_DIRS\.\.\.)(\s|$|,)")
 USER_FILES = {"data.data_dir=PATH": "reads the user's NSL-KDD files (data.data_dir)"}
@@ -236,13 +238,15 @@ def test_every_example_and_experiment_runs_its_first_cell_for_one_round(path, tm
     assert summary["rounds"] == 1 or summary.get("stopped_by"), summary
 
 
-def test_the_heterogeneity_suite_loads_and_checks_every_configuration():
+def test_the_shipped_suites_load_and_check_every_configuration():
     from fedhet.bench.suite import load_suite
 
     if not FMNIST.is_dir():
         pytest.skip("needs Fashion-MNIST (apt-get install dataset-fashion-mnist)")
     suite = load_suite(ROOT / "suites" / "heterogeneity.toml")
     assert len(suite.pairs()) == 128
+    assert len(load_suite(ROOT / "suites" / "peers.toml").pairs()) == 57
+    assert len(load_suite(ROOT / "suites" / "peers-cnn.toml").pairs()) == 19
 
 
 def test_the_repository_holds_no_database_archive_or_large_file():
