@@ -8,7 +8,9 @@ expected number of updates over the whole run is below :data:`NOTHING`.
 
 What counts as delivering follows the algorithm's declared ``partial_work``: ``"layers"``
 (SALF) needs the top layer of its steps, ``"steps"`` (FedProx, FedNova) one whole step,
-``"none"`` all its planned work. Models that learn their marginals as the run goes
+``"none"`` all its planned work; a rule that decides its clients' work itself (it defines
+``client_task``: HeteroFL's, FjORD's and DepthFL's sub-models, AsyncFL's late updates,
+TimelyFL's schedule) is not priced here. Models that learn their marginals as the run goes
 (``wall_clock``) are not checked here; the run loop's empty-round stop covers them. A run
 with ``run.max_empty_rounds = 0`` accepts rounds without updates and is not checked either:
 a sweep over deadlines (SALF's Fig. 5) includes points where a method learns nothing.
@@ -67,9 +69,13 @@ def first_round(config, world, algorithm_state: dict):
     """The first round priced before it runs: (plan, workload, asked, marginals, per client
     P[delivers]); None for rules and models this cannot price (event-driven rules, models that
     learn their marginals as the run goes)."""
+    from fedhet.algorithms.base import overrides
+
     algorithm, system = world.algorithm, world.server_system
     if system.wall_clock or getattr(algorithm, "driver", "round") != "round":
         return None
+    if overrides(type(algorithm), "client_task"):
+        return None  # the rule decides who delivers what (sub-models, late updates): not priceable here
     plan = algorithm.plan(0, algorithm_state, system, config.round_deadline)
     work = plan.workload()
     asked = np.array([a.asked for a in plan.assignments], dtype=bool)

@@ -1,0 +1,48 @@
+"""The paired comparisons docs/results/peers.md makes beyond the leaderboard's own: SALF
+against each of its peers in every scenario both ran, from a bench's per-method table (a
+paired t-test over the seeds both ran), Holm-corrected over the whole table.
+
+    python experiments/peers_pairs.py docs/results/data/peers.csv
+    python experiments/peers_pairs.py docs/results/data/peers-cnn.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+
+from fedhet.studies.stats import difference_p_value, holm
+
+REFERENCE = "salf"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("table", help="a bench's leaderboard.csv")
+    parser.add_argument("--reference", default=REFERENCE, help="the method compared with the others")
+    args = parser.parse_args()
+    with open(args.table, newline="") as handle:
+        rows = [r for r in csv.DictReader(handle) if r["status"] == "ok"]
+    by_key = {(r["scenario"], r["method"]): r for r in rows}
+
+    def seeds(scenario: str, method: str) -> dict[int, float]:
+        text = by_key[(scenario, method)]["accuracy_by_seed"]
+        return {int(k): float(v) for k, v in (pair.split(":") for pair in text.split(";"))}
+
+    pairs = [
+        (r["scenario"], args.reference, r["method"]) for r in rows
+        if r["method"] != args.reference and (r["scenario"], args.reference) in by_key
+    ]  # fmt: skip
+    p_values = [difference_p_value(seeds(s, a), seeds(s, b)) for s, a, b in pairs]
+    print(f"| scenario | {args.reference} vs | difference of means | p | p Holm |")
+    print("|---|---|---:|---:|---:|")
+    for (scenario, a, b), p, adjusted in zip(pairs, p_values, holm(p_values), strict=True):
+        x, y = seeds(scenario, a), seeds(scenario, b)
+        difference = sum(x.values()) / len(x) - sum(y.values()) / len(y)
+        print(f"| {scenario} | {b} | {difference:+.4f} | {p:.3g} | {adjusted:.3g} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
