@@ -281,3 +281,21 @@ def test_calibrate_times_any_configuration_without_its_system_or_algorithm(tmp_p
 
     measured = {**BASE, "system": {"model": "measured", "measured_times": str(out), "deadline": 1.0}}
     assert RunLoop(from_dict(measured), tmp_path / "run").run().summary["finished"]
+
+
+def test_the_peers_page_shows_what_its_committed_tables_give():
+    """docs/results/peers.md's SALF-against-each-peer tables are experiments/peers_pairs.py's
+    output on the committed per-method tables, line for line: page and data cannot drift."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    page = (root / "docs" / "results" / "peers.md").read_text()
+    for table in ("peers.csv", "peers-cnn.csv"):
+        script, data = root / "experiments" / "peers_pairs.py", root / "docs" / "results" / "data" / table
+        done = subprocess.run(
+            [sys.executable, str(script), str(data)], capture_output=True, text=True, check=True
+        )
+        lines = done.stdout.strip().splitlines()
+        assert len(lines) > 10 and all(line in page for line in lines), table
