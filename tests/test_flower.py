@@ -80,6 +80,8 @@ CASES = {
             "capability_high": 2.0,
         },
     },  # fmt: skip
+    # the server optimizer kind on a rule's global update (moments in the run's state)
+    "salf-yogi": {"algorithm": {"name": "salf"}, "server": {"optimizer": "yogi", "lr": 0.05}},
     # event-driven: every arrival mixed from the model its client was sent
     "fedasync": {"algorithm": {"name": "fedasync", "max_concurrency": 2}},
     "fedstale": {

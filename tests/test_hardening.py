@@ -448,15 +448,33 @@ def test_participation_marginals_hold_for_100000_clients(presence):
     np.testing.assert_allclose(marginals.no_reach_prob, expected, rtol=1e-9, atol=1e-300)
 
 
-@pytest.mark.parametrize("algorithm", [{"name": "salf"}, {"name": "fedstale"}])
-def test_kill_9_then_resume_ends_byte_identical(tmp_path, algorithm):
+PER_STEP = {"model": "per-step", "time_per_sample_step": 0.05, "capability_profile": "uniform",
+            "capability_low": 0.1, "capability_high": 2.0}  # fmt: skip
+KILL_CASES = {
+    "salf": {"algorithm": {"name": "salf"}},
+    "fedstale": {"algorithm": {"name": "fedstale"}},
+    # the peers and the server optimizer kind: their server state (sent models in flight,
+    # moments) and client-side sampling must survive a kill
+    "fedasync": {"algorithm": {"name": "fedasync", "max_concurrency": 3}},
+    "timelyfl": {"algorithm": {"name": "timelyfl"}, "system": PER_STEP},
+    "fjord": {"algorithm": {"name": "fjord"}, "system": PER_STEP},
+    "depthfl": {"algorithm": {"name": "depthfl"}, "system": PER_STEP, "model": {"name": "mlp-exits"}},
+    "salf-yogi": {"algorithm": {"name": "salf"}, "server": {"optimizer": "yogi", "lr": 0.05}},
+}
+
+
+@pytest.mark.parametrize("case", list(KILL_CASES))
+def test_kill_9_then_resume_ends_byte_identical(tmp_path, case):
     """A run killed with SIGKILL mid-run and resumed writes exactly the metrics.csv of an
-    uninterrupted run (momentum in the client state; FedStale's server memory)."""
+    uninterrupted run (momentum in the client state; FedStale's server memory; FedAsync's
+    models in flight; the server optimizer's moments)."""
+    sections = {k: dict(v) for k, v in KILL_CASES[case].items()}
+    system = {"participation": "two-group", "participation_min": 0.3, **sections.pop("system", {})}
     document = _with(
         run={"rounds": 400, "eval_every": 20},
         train={"lr": 0.05, "momentum": 0.9, "keep_momentum": True},
-        system={"participation": "two-group", "participation_min": 0.3},
-        algorithm=algorithm,
+        system=system,
+        **sections,
     )
     path = tmp_path / "c.toml"
     path.write_text(tomli_w.dumps(document))
