@@ -26,3 +26,22 @@ def read_user_text(path, what: str) -> str:
         return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise DataError(f"{path}: cannot read ({exc})") from None
+
+
+def read_fedscale_dict(path, what: str) -> dict:
+    """A FedScale pickle that must hold a non-empty dict of clients (``what``: the kind of
+    file, for the one-line error: "trace", "device-capacity file")."""
+    import pickle
+    from pathlib import Path
+
+    path = Path(path)
+    try:
+        with path.open("rb") as fh:
+            data = pickle.load(fh)
+    except FileNotFoundError:
+        raise DataError(f"{path}: file not found") from None
+    except Exception as exc:  # any unpickling failure: not such a file
+        raise DataError(f"{path}: not a pickled FedScale {what} ({type(exc).__name__})") from None
+    if not isinstance(data, dict) or not data:
+        raise DataError(f"{path}: not a FedScale {what} (a dict of clients)")
+    return data

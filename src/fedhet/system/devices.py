@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedhet.errors import ConfigError, DataError, read_user_text
+from fedhet.errors import ConfigError, DataError, read_fedscale_dict, read_user_text
 
 DEVICE_ASSIGNMENTS = ("random", "in-order")
 COLUMNS = ("device", "compute", "upload", "download")
@@ -142,19 +142,8 @@ def read_device_profiles(path: str | Path) -> DeviceProfiles:
 def from_fedscale(path: str | Path) -> DeviceProfiles:
     """FedScale's pickled device capacities ({client: {"computation": ms per sample,
     "communication": kbit/s[, "dl_kbps", "ul_kbps"]}}) as device profiles."""
-    import pickle
-
     path = Path(path)
-    try:
-        with path.open("rb") as fh:
-            data = pickle.load(fh)
-    except FileNotFoundError:
-        raise DataError(f"{path}: file not found") from None
-    except Exception as exc:  # any unpickling failure: not such a file
-        what = type(exc).__name__
-        raise DataError(f"{path}: not a pickled FedScale device-capacity file ({what})") from None
-    if not isinstance(data, dict) or not data:
-        raise DataError(f"{path}: not a FedScale device-capacity file (a dict of clients)")
+    data = read_fedscale_dict(path, "device-capacity file")
     names, compute, upload, download = [], [], [], []
     for key in sorted(data, key=lambda k: (str(type(k)), str(k))):
         entry = data[key]

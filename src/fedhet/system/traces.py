@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedhet.errors import ConfigError, DataError, read_user_text
+from fedhet.errors import ConfigError, DataError, read_fedscale_dict, read_user_text
 from fedhet.registry import register
 from fedhet.system.base import SystemContext, SystemModel
 from fedhet.system.participation import PresenceWrapper
@@ -115,18 +115,8 @@ def read_trace(path: str | Path, num_clients: int) -> AvailabilityTrace:
 def from_fedscale(path: str | Path) -> AvailabilityTrace:
     """FedScale's pickled ``client_behave_trace``: per client the times it becomes active
     and inactive (seconds) and its ``finish_time`` (taken as the period, the longest one)."""
-    import pickle
-
     path = Path(path)
-    try:
-        with path.open("rb") as fh:
-            data = pickle.load(fh)
-    except FileNotFoundError:
-        raise DataError(f"{path}: file not found") from None
-    except Exception as exc:  # any unpickling failure: not such a file
-        raise DataError(f"{path}: not a pickled FedScale trace ({type(exc).__name__})") from None
-    if not isinstance(data, dict) or not data:
-        raise DataError(f"{path}: not a FedScale client_behave_trace (a dict of clients)")
+    data = read_fedscale_dict(path, "trace (client_behave_trace)")
     rows, finish = [], []
     for key in sorted(data, key=lambda k: (str(type(k)), str(k))):
         entry = data[key]
