@@ -26,14 +26,18 @@ FAMILIES = {
 }
 
 
+def accuracy_by_seed(row: dict) -> dict[int, float]:
+    """A leaderboard row's ``accuracy_by_seed`` ("1:0.78;2:0.79;...") as {seed: accuracy}."""
+    return {int(k): float(v) for k, v in (pair.split(":") for pair in row["accuracy_by_seed"].split(";"))}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("table", help="a bench's leaderboard.csv")
     rows = {(r["scenario"], r["method"]): r for r in csv.DictReader(open(parser.parse_args().table))}
 
     def seeds(scenario: str, method: str) -> dict[int, float]:
-        text = rows[(scenario, method)]["accuracy_by_seed"]
-        return {int(k): float(v) for k, v in (pair.split(":") for pair in text.split(";"))}
+        return accuracy_by_seed(rows[(scenario, method)])
 
     print("| family | scenario | method | vs | difference of means | p | p Holm |")
     print("|---|---|---|---|---:|---:|---:|")

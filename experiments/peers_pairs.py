@@ -12,6 +12,8 @@ import argparse
 import csv
 import sys
 
+from leaderboard_pairs import accuracy_by_seed
+
 from fedhet.studies.stats import difference_p_value, holm
 
 REFERENCE = "salf"
@@ -27,8 +29,7 @@ def main() -> int:
     by_key = {(r["scenario"], r["method"]): r for r in rows}
 
     def seeds(scenario: str, method: str) -> dict[int, float]:
-        text = by_key[(scenario, method)]["accuracy_by_seed"]
-        return {int(k): float(v) for k, v in (pair.split(":") for pair in text.split(";"))}
+        return accuracy_by_seed(by_key[(scenario, method)])
 
     pairs = [
         (r["scenario"], args.reference, r["method"]) for r in rows

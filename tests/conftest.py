@@ -59,6 +59,18 @@ def make_config(overrides: dict | None = None):
     return from_dict(raw)
 
 
+def config_from(base: dict, *parts: dict, **sections):
+    """A configuration from the document ``base`` with each section of ``parts`` and
+    ``sections`` merged over it, key by key."""
+    from fedhet.config import from_dict
+
+    document = {k: dict(v) for k, v in base.items()}
+    for part in (*parts, sections):
+        for name, values in part.items():
+            document[name] = {**document.get(name, {}), **values}
+    return from_dict(document)
+
+
 def write_idx(path: Path, array: np.ndarray, compress: bool = False, magic: int | None = None) -> Path:
     """Write ``array`` (uint8) as a real IDX file (optionally gzipped or with a bad magic)."""
     array = np.asarray(array, dtype=np.uint8)

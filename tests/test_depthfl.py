@@ -7,9 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import config_from
 
 from fedhet.algorithms.depthfl import EXITS, consistency_weight
-from fedhet.config import ConfigError, from_dict
+from fedhet.config import ConfigError
 from fedhet.engine.loop import RunLoop
 from fedhet.messages import ClientTask, ClientUpdate, Coverage
 from fedhet.models.exits import with_exits
@@ -29,10 +30,7 @@ BASE = {
 
 
 def _config(**sections):
-    document = {k: dict(v) for k, v in BASE.items()}
-    for name, values in sections.items():
-        document[name] = {**document.get(name, {}), **values}
-    return from_dict(document)
+    return config_from(BASE, **sections)
 
 
 def test_the_ensemble_is_the_mean_of_the_exits_and_exits_stop_where_asked():

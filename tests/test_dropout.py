@@ -9,6 +9,7 @@ import json
 
 import numpy as np
 import pytest
+from conftest import config_from
 
 from fedhet.config import ConfigError, from_dict
 from fedhet.engine.loop import RunLoop
@@ -103,10 +104,7 @@ BASE = {
 
 
 def _config(**sections):
-    document = {k: dict(v) for k, v in BASE.items()}
-    for name, values in sections.items():
-        document[name] = {**document.get(name, {}), **values}
-    return from_dict(document)
+    return config_from(BASE, **sections)
 
 
 def test_a_zero_hazard_changes_nothing(tmp_path):

@@ -7,9 +7,10 @@ import json
 
 import pytest
 import torch
+from conftest import config_from
 
 from fedhet.algorithms.fedasync import staleness_function
-from fedhet.config import ConfigError, from_dict
+from fedhet.config import ConfigError
 from fedhet.engine.loop import RunLoop
 
 BASE = {
@@ -29,11 +30,7 @@ SCHEDULE = {
 
 
 def _config(*parts, **sections):
-    document = {k: dict(v) for k, v in BASE.items()}
-    for part in (*parts, sections):
-        for name, values in part.items():
-            document[name] = {**document.get(name, {}), **values}
-    return from_dict(document)
+    return config_from(BASE, *parts, **sections)
 
 
 def test_staleness_functions_follow_the_paper():

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import config_from
 
 from fedhet.algorithms.fjord import FjORD, FjORDOptions
-from fedhet.config import ConfigError, from_dict
+from fedhet.config import ConfigError
 from fedhet.engine.loop import RunLoop
 from fedhet.messages import ClientUpdate, Coverage
 from fedhet.models.layers import FlatModel
@@ -72,10 +73,7 @@ BASE = {
 
 
 def _config(**sections):
-    document = {k: dict(v) for k, v in BASE.items()}
-    for name, values in sections.items():
-        document[name] = {**document.get(name, {}), **values}
-    return from_dict(document)
+    return config_from(BASE, **sections)
 
 
 def test_a_client_trains_only_inside_its_sub_model_and_widths_follow_speed(tmp_path):

@@ -8,8 +8,9 @@ import json
 
 import numpy as np
 import pytest
+from conftest import config_from
 
-from fedhet.config import ConfigError, from_dict
+from fedhet.config import ConfigError
 from fedhet.engine.loop import RunLoop
 from fedhet.world import build_world
 
@@ -25,10 +26,7 @@ BASE = {
 
 
 def _config(**sections):
-    document = {k: dict(v) for k, v in BASE.items()}
-    for name, values in sections.items():
-        document[name] = {**document.get(name, {}), **values}
-    return from_dict(document)
+    return config_from(BASE, **sections)
 
 
 def test_every_planned_work_finishes_by_the_deadline_under_the_system_model():
