@@ -221,6 +221,17 @@ EXTRA: list[tuple[str, dict]] = [
     ("dropout hazards of the wrong length", {"system": {"dropout": "hazard", "dropout_hazards": [0.1]}}),
     ("dropout hazards negative", {"system": {"dropout": "hazard", "dropout_hazards": [-1.0] * 4}}),
     ("dropout with 0 marginal draws", {"system": {"dropout": "hazard", "dropout_marginal_draws": 0}}),
+    ("dropout keeping an unknown share", {"system": {"dropout": "hazard", "dropout_keeps": "half"}}),
+    ("dropout keeps a number", {"system": {"dropout": "hazard", "dropout_keeps": 1}}),
+    ("trace dropout without a file", {"system": {"dropout": "trace"}}),
+    (
+        "trace dropout from a missing file",
+        {"system": {"dropout": "trace", "dropout_trace": "/nonexistent-trace.txt"}},
+    ),
+    (
+        "finished pieces on wall-clock clients",
+        {"system": {"model": "wall-clock", "dropout": "hazard", "dropout_keeps": "finished"}},
+    ),
     ("devices without a file", {"system": {"model": "per-step", "capability_profile": "devices"}}),
     (
         "devices from a missing file",
@@ -725,6 +736,9 @@ def _file_cases(tmp: Path, config):
         system = {"model": "full", "availability": "trace", "availability_trace": str(path)}
         doc = _merge(BASE, {"system": system, "algorithm": {"name": "fedavg"}})
         yield f"trace: {label}", ["run", config(doc)]
+        failures = {"model": "full", "dropout": "trace", "dropout_trace": str(path)}
+        doc = _merge(BASE, {"system": failures, "algorithm": {"name": "fedavg"}})
+        yield f"dropout trace: {label}", ["run", config(doc)]
     for index, (label, trace) in enumerate(FEDSCALE.items()):
         path = tmp / f"fedscale{index}.pkl"
         path.write_bytes(pickle.dumps(trace))

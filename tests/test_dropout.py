@@ -1,7 +1,8 @@
-"""Mid-round dropout: a client fails after Exp(hazard) seconds of work and delivers nothing
-if that comes before its finish time. The sampled delivery rates match the wrapper's
-marginals (exact where the wrapped model draws nothing, Monte-Carlo estimated otherwise),
-and a zero hazard changes nothing."""
+"""Mid-round dropout: a client fails after Exp(hazard) seconds of work, or when an
+availability trace takes it offline, and delivers nothing if that comes before its finish
+time (or, with ``dropout_keeps = "finished"``, the pieces it finished by then). The sampled
+delivery rates match the wrapper's marginals (exact where the wrapped model draws nothing,
+Monte-Carlo estimated otherwise), and a zero hazard changes nothing."""
 
 from __future__ import annotations
 
@@ -24,28 +25,38 @@ def _system(num_clients=6, num_layers=4, **system):
     return build_system(config, num_clients, num_layers)
 
 
-def _frequencies(system, work, draws=DRAWS, seed=0):
-    """Sampled P[u delivers], P[u delivers and reaches l] and P[no delivering client reaches l]."""
+def _frequencies(system, work, draws=DRAWS, seed=0, steps=False, period=None):
+    """Sampled P[u delivers], P[u delivers and reaches l] and P[no delivering client reaches l]
+    (and P[u delivers k whole steps] with ``steps``); rounds start at uniform times of
+    ``period`` when it is given."""
     rng = np.random.default_rng(seed)
     layers = np.arange(1, system.num_layers + 1)
+    ks = np.arange(1, work.max_steps + 1)
     delivered = np.zeros(system.num_clients)
     reach = np.zeros((system.num_clients, system.num_layers))
+    stepped = np.zeros((system.num_clients, work.max_steps))
     nobody = np.zeros(system.num_layers)
     for _ in range(draws):
+        if period is not None:
+            work.start_time = rng.uniform(0.0, period)
         out = system.sample(work, rng)
         hit = out.participates[:, None] & (out.depth[:, None] <= layers[None, :])
         delivered += out.participates
         reach += hit
+        stepped += out.participates[:, None] & (out.steps_done[:, None] >= ks[None, :])
         nobody += ~hit.any(axis=0)
-    return delivered / draws, reach / draws, nobody / draws
+    found = delivered / draws, reach / draws, nobody / draws
+    return (*found, stepped / draws) if steps else found
 
 
 def _within(sampled, expected, draws, sigmas=4.5, extra=0.0):
     """|sampled - expected| within ``sigmas`` binomial standard errors (plus ``extra``, the
-    variance share of an estimated marginal)."""
+    variance share of an estimated marginal) and 5 counts (an event too rare for an estimate
+    from a few thousand draws to have seen it)."""
     expected = np.asarray(expected)
     error = np.sqrt(np.clip(expected * (1 - expected), 1e-12, None) * (1 / draws + extra))
-    assert np.all(np.abs(np.asarray(sampled) - expected) <= sigmas * error + 1e-9), (sampled, expected)
+    slack = 5 / draws if extra else 1e-9
+    assert np.all(np.abs(np.asarray(sampled) - expected) <= sigmas * error + slack), (sampled, expected)
 
 
 def test_per_step_dropout_marginals_are_the_closed_form_and_match_the_samples():
@@ -140,3 +151,170 @@ def test_bad_dropout_options_are_refused():
             _config(system={"dropout": "hazard", **system})
     with pytest.raises(ConfigError, match="system.dropout"):
         _config(system={"dropout": "sometimes"})
+
+
+# -- what a failed client finished ("dropout_keeps = finished") ----------------------------
+
+
+@pytest.mark.parametrize(
+    "system",
+    [
+        {"model": "exponential", "time_per_sample_layer": 0.05, "capability_profile": "uniform"},
+        {"model": "per-step", "time_per_sample_step": 0.1, "comm_time": 0.05, "step_jitter": 0.3,
+         "capability_profile": "uniform"},
+        {"model": "straggler-ratio", "straggler_ratio": 0.5},
+        {"model": "uniform-depth"},
+        {"model": "full"},
+    ],
+    ids=lambda s: s["model"],
+)  # fmt: skip
+def test_piece_times_agree_with_the_deadline_reading(system):
+    """Under a deadline T, layer_times[u, l] <= T iff the client reaches layer l, and
+    step_times[u, k] <= T iff it finishes k whole steps; all the work is done at full_time.
+    This is what lets a failure at F act as the deadline F."""
+    model = _system(num_clients=30, **system)
+    rng = np.random.default_rng(3)
+    for deadline in (0.3, 1.0, 2.0):
+        work = Workload(deadline, np.full(30, 16), rng.integers(1, 4, 30), rng.integers(1, 3, 30))
+        out = model.sample(work, np.random.default_rng(1))
+        slack = deadline * (1 + 1e-9)
+        assert ((out.depth[:, None] <= np.arange(1, 5)) == (out.layer_times <= slack)).all()
+        assert (
+            (out.steps_done[:, None] >= np.arange(1, work.max_steps + 1)) == (out.step_times <= slack)
+        ).all()
+        last = np.where(np.isfinite(out.step_times), out.step_times, -np.inf).max(axis=1)
+        assert last == pytest.approx(out.full_time)
+
+
+def test_a_failed_client_keeps_the_pieces_it_finished_exactly():
+    """Per-step cost without jitter, no deadline: K partial steps reach layer l at
+    t_l = K c (L+1-l)/L + b and k whole steps end at k c + b, so P[u delivers layer l] =
+    exp(-lambda t_l) and P[u delivers k steps] = exp(-lambda (k c + b)), exactly; 20,000
+    sampled rounds agree within 4.5 sigma, and every probability is at least the
+    deliver-nothing one, exp(-lambda f_u)."""
+    caps = np.array([0.5, 0.8, 1.0, 1.2, 1.5, 3.0])
+    options = dict(model="per-step", time_per_sample_step=0.05, comm_time=0.2, capability_profile="list",
+                   capabilities=caps.tolist(), dropout="hazard", dropout_hazard=0.4)  # fmt: skip
+    kept = _system(dropout_keeps="finished", **options)
+    nothing = _system(**options)
+    work = Workload(None, np.full(6, 8), np.full(6, 3))
+    c = 0.05 * 8 / (caps / caps.mean())
+    marginals = kept.marginals(work)
+    layer_time = 3 * c[:, None] * (5 - np.arange(1, 5))[None, :] / 4 + 0.2
+    step_time = c[:, None] * np.arange(1, 4)[None, :] + 0.2
+    assert marginals.reach_prob == pytest.approx(np.exp(-0.4 * layer_time))
+    assert marginals.step_prob == pytest.approx(np.exp(-0.4 * step_time))
+    assert marginals.participation_prob == pytest.approx(
+        np.exp(-0.4 * np.minimum(layer_time[:, -1], step_time[:, 0]))
+    )
+    assert kept.reports()["dropout"] == {
+        "law": "hazard",
+        "hazards": [0.4] * 6,
+        "keeps": "finished",
+        "marginals": "exact",
+    }
+    whole = nothing.marginals(work)
+    assert (marginals.reach_prob >= whole.reach_prob).all() and (
+        marginals.reach_prob > whole.reach_prob
+    ).any()
+    delivered, reach, nobody, steps = _frequencies(kept, work, steps=True)
+    _within(delivered, marginals.participation_prob, DRAWS)
+    _within(reach, marginals.reach_prob, DRAWS)
+    _within(nobody, marginals.no_reach_prob, DRAWS)
+    _within(steps, marginals.step_prob, DRAWS)
+
+
+@pytest.mark.parametrize("model", ["exponential", "straggler-ratio"])
+def test_estimated_marginals_with_finished_pieces_match_the_samples(model):
+    """Wrapped models that draw (exponential times; a straggler set per round, which couples
+    the clients): with ``dropout_keeps = finished`` the estimated marginals match 20,000
+    sampled rounds within 4.5 standard errors, steps included."""
+    options = {"exponential": {"time_per_sample_layer": 0.02, "capability_profile": "uniform"},
+               "straggler-ratio": {"straggler_ratio": 0.5}}[model]  # fmt: skip
+    system = _system(model=model, dropout="hazard", dropout_hazard=0.8, dropout_marginal_draws=4000,
+                     dropout_keeps="finished", deadline=1.0, **options)  # fmt: skip
+    work = Workload(1.0, np.full(6, 16), np.full(6, 2))
+    marginals = system.marginals(work)
+    delivered, reach, nobody, steps = _frequencies(system, work, seed=1, steps=True)
+    for sampled, expected in ((delivered, marginals.participation_prob), (reach, marginals.reach_prob),
+                              (nobody, marginals.no_reach_prob), (steps, marginals.step_prob)):  # fmt: skip
+        _within(sampled, expected, DRAWS, extra=1 / 4000)
+
+
+def test_finished_pieces_reach_salf_and_a_run_resumes_bit_identically(tmp_path):
+    """SALF reads a failed client's top layers as a straggler's: more updates arrive than when
+    failures deliver nothing, and kill + resume gives the same metrics."""
+    system = {"dropout": "hazard", "dropout_hazard": 1.5}
+    nothing = RunLoop(_config(run={"rounds": 6}, system=system), tmp_path / "nothing").run()
+    config = _config(run={"rounds": 6}, system={**system, "dropout_keeps": "finished"})
+    kept = RunLoop(config, tmp_path / "kept").run()
+    assert sum(r["participants"] for r in kept.metrics) > sum(r["participants"] for r in nothing.metrics)
+    RunLoop(config, tmp_path / "cut").run(stop_after=3)
+    assert RunLoop(config, tmp_path / "cut").run(resume=True).metrics == kept.metrics
+
+
+def test_wall_clock_clients_cannot_keep_finished_pieces():
+    with pytest.raises(ConfigError, match="dropout_keeps = 'finished'.*wall-clock"):
+        _system(model="wall-clock", dropout="hazard", dropout_keeps="finished")
+
+
+# -- failures from an availability trace ---------------------------------------------------
+
+TRACE = """# period: 100
+0-40 60-100
+*
+10-30 50-55
+-
+0-100
+20-90
+"""
+
+
+def test_a_trace_fails_a_client_when_it_goes_offline(tmp_path):
+    path = tmp_path / "trace.txt"
+    path.write_text(TRACE)
+    system = _system(model="full", dropout="trace", dropout_trace=str(path), deadline=1.0)
+    left = [system.time_left(0, t) for t in (0.0, 39.0, 45.0, 70.0, 170.0)]
+    assert left == [40.0, 1.0, 0.0, 70.0, 70.0]  # 60-100 runs on into 0-40 of the next period
+    assert system.time_left(1, 12.0) == np.inf and system.time_left(3, 5.0) == 0.0
+    assert system.time_left(4, 99.5) == np.inf and system.time_left(2, 52.0) == 3.0
+    # spells of 80 (60-100 joined with 0-40); 20 and 5; none; 70
+    assert system.survival(np.full(6, 10.0)) == pytest.approx([70 / 80, 1, (10 + 0) / 25, 0, 1, 60 / 70])
+
+
+def test_trace_failures_match_the_stationary_marginals(tmp_path):
+    """With the same trace deciding presence at the round's start and failures after it,
+    rounds that start at uniform times of the period deliver with probability
+    share_u * S_u(f_u) = sum_j max(len_j - f_u, 0) / period; 20,000 rounds agree."""
+    path = tmp_path / "trace.txt"
+    path.write_text(TRACE)
+    system = _system(model="per-step", time_per_sample_step=1.0, capability_profile="list",
+                     capabilities=[1, 1, 1, 1, 1, 1], availability="trace", availability_trace=str(path),
+                     dropout="trace", dropout_trace=str(path))  # fmt: skip
+    work = Workload(None, np.full(6, 8), np.full(6, 2))  # 16 s of work
+    marginals = system.marginals(work)
+    assert marginals.participation_prob == pytest.approx([64 / 100, 1, 4 / 100, 0, 1, 54 / 100])
+    delivered, reach, nobody = _frequencies(system, work, period=100.0)
+    _within(delivered, marginals.participation_prob, DRAWS)
+    _within(reach, marginals.reach_prob, DRAWS)
+    _within(nobody, marginals.no_reach_prob, DRAWS)
+
+
+def test_a_run_with_trace_failures_resumes_bit_identically(tmp_path):
+    path = tmp_path / "trace.txt"
+    path.write_text(TRACE)
+    system = {"model": "per-step", "time_per_sample_step": 0.5, "deadline": 10.0,
+              "dropout": "trace", "dropout_trace": str(path), "dropout_keeps": "finished"}  # fmt: skip
+    config = _config(run={"rounds": 6}, system=system)
+    whole = RunLoop(config, tmp_path / "whole").run()
+    assert 0 < sum(r["participants"] for r in whole.metrics) <= 5 * 6  # client 3 is never online
+    RunLoop(config, tmp_path / "cut").run(stop_after=3)
+    assert RunLoop(config, tmp_path / "cut").run(resume=True).metrics == whole.metrics
+    assert json.loads((tmp_path / "whole" / "dropout.json").read_text())["law"] == "trace"
+
+
+def test_bad_failure_options_are_refused(tmp_path):
+    with pytest.raises(ConfigError, match="system.dropout_keeps = 'some'"):
+        _config(system={"dropout": "hazard", "dropout_keeps": "some"})
+    with pytest.raises(ConfigError, match="system.dropout_trace"):
+        _config(system={"dropout": "trace"})

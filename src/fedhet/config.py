@@ -513,6 +513,8 @@ class Config:
         # resolved configuration reads as it did before they existed (resume, bench studies)
         if out["system"].get("dropout") == "none":
             del out["system"]["dropout"]
+        if out["system"].get("dropout_keeps") == "nothing":
+            del out["system"]["dropout_keeps"]
         if out["server"] == {"optimizer": "sgd", "lr": 1.0}:
             del out["server"]
         return out

@@ -124,6 +124,13 @@ class SystemModel:
         return False
 
     @property
+    def times_pieces(self) -> bool:
+        """Whether :meth:`sample` says when each piece of the work is delivered
+        (:attr:`Outcomes.layer_times`, :attr:`Outcomes.step_times`): what a failed client
+        finished before failing (``system.dropout_keeps = "finished"``)."""
+        return False
+
+    @property
     def independent_clients(self) -> bool:
         """Whether clients' outcomes are drawn independently of each other (p_l has the
         product form of :meth:`no_reach_given_presence`)."""
@@ -177,6 +184,22 @@ def _planned_reach(work: Workload, num_layers: int) -> np.ndarray:
 def _steps_mask(work: Workload) -> np.ndarray:
     """P[steps_done >= k] when every client does all its steps: 1 for k <= K_u (U x max K)."""
     return (np.arange(1, work.max_steps + 1)[None, :] <= work.local_steps[:, None]).astype(float)
+
+
+def piece_times(unit_time: np.ndarray, work: Workload, num_layers: int, offset=0.0) -> tuple:
+    """(layer_times, step_times) of :class:`Outcomes` for a client that works at a constant
+    speed: one layer of one step's back-propagation takes ``unit_time[u]`` and ``offset[u]``
+    (its communication) is added to every piece. K partial steps reach layer l after
+    K (L+1-l) units; k whole steps over the planned layers d0..L after k (L+1-d0)."""
+    L, unit = num_layers, np.asarray(unit_time, float)[:, None]
+    offset = np.broadcast_to(np.asarray(offset, float), unit[:, 0].shape)[:, None]
+    layers = np.arange(1, L + 1)[None, :]
+    units = work.local_steps[:, None] * (L + 1 - layers)
+    layer_times = np.where(layers >= work.depth[:, None], offset + unit * units, np.inf)
+    k = np.arange(1, work.max_steps + 1)[None, :]
+    step_units = k * (L + 1 - work.depth)[:, None]
+    step_times = np.where(k <= work.local_steps[:, None], offset + unit * step_units, np.inf)
+    return layer_times, step_times
 
 
 def implied_full_time(units_done: np.ndarray, units_total: np.ndarray, deadline: float) -> np.ndarray:

@@ -10,7 +10,14 @@ import numpy as np
 from fedhet.checks import at_least, in_range
 from fedhet.errors import ConfigError
 from fedhet.registry import register
-from fedhet.system.base import SystemContext, SystemModel, _planned_reach, implied_full_time, steps_from_depth
+from fedhet.system.base import (
+    SystemContext,
+    SystemModel,
+    _planned_reach,
+    implied_full_time,
+    piece_times,
+    steps_from_depth,
+)
 from fedhet.system.numerics import random_subset_product
 from fedhet.system.types import Marginals, Outcomes, Workload
 
@@ -21,6 +28,10 @@ class DepthOnlyModel(SystemModel):
     implied time follow from it (:func:`steps_from_depth`, :func:`implied_full_time`)."""
 
     nominal_deadline = 1.0
+
+    @property
+    def times_pieces(self) -> bool:
+        return True
 
     def _sample_depth(self, rng: np.random.Generator) -> np.ndarray:
         raise NotImplementedError
@@ -36,10 +47,12 @@ class DepthOnlyModel(SystemModel):
         steps = work.local_steps
         total = steps * (L + 1 - work.depth)
         full = implied_full_time(steps * (L + 1 - depth), total, clock)
+        # the implied constant speed: (units done + 1/2) per `clock` seconds
+        pieces = piece_times(clock / (steps * (L + 1 - depth) + 0.5), work, L)
         if work.deadline is None:
-            return Outcomes(self._everyone(), work.depth.copy(), full, full, steps.copy())
+            return Outcomes(self._everyone(), work.depth.copy(), full, full, steps.copy(), *pieces)
         done = steps_from_depth(depth, work, L)
-        return Outcomes(self._everyone(), depth, full, np.minimum(full, work.deadline), done)
+        return Outcomes(self._everyone(), depth, full, np.minimum(full, work.deadline), done, *pieces)
 
     def marginals(self, work):
         if work.deadline is None:
@@ -93,7 +106,9 @@ class NoStragglers(DeadlineDepthModel):
     def sample(self, work, rng):
         clock = work.deadline if work.deadline is not None else self.nominal_deadline
         done = np.full(self.num_clients, float(clock))
-        return Outcomes(self._everyone(), work.depth.copy(), done, done, work.local_steps.copy())
+        units = work.local_steps * (self.num_layers + 1 - work.depth)  # spread over the round
+        pieces = piece_times(clock / units, work, self.num_layers)
+        return Outcomes(self._everyone(), work.depth.copy(), done, done, work.local_steps.copy(), *pieces)
 
     def marginals(self, work):
         return self._full_marginals(work)

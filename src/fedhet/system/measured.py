@@ -213,6 +213,10 @@ class MeasuredTimes(SystemModel):
     def deterministic(self) -> bool:
         return not self.jitter
 
+    @property
+    def times_pieces(self) -> bool:
+        return True
+
     def _base_times(self, work: Workload) -> np.ndarray:
         """time_u(d) for d = 1..L+1 without jitter (U x (L+1))."""
         scale = (work.batch_sizes / self.times["batch_size"]) / self.capabilities
@@ -228,17 +232,28 @@ class MeasuredTimes(SystemModel):
         comm = self.comm_times(work)
         times = self._base_times(work) * factor[:, None]
         full = times[:, 0] + comm
+        step_time = times[:, 0] / work.local_steps
+        pieces = self._piece_times(times, step_time, comm, work)
         if work.deadline is None:
-            return Outcomes(self._everyone(), work.depth.copy(), full, full, work.local_steps.copy())
+            return Outcomes(self._everyone(), work.depth.copy(), full, full, work.local_steps.copy(), *pieces)
         spare = work.deadline - comm
         fits = times <= spare[:, None]  # U x (L+1), column d-1
         allowed = np.arange(1, self.num_layers + 2)[None, :] >= work.depth[:, None]
         depth = np.where(fits & allowed, np.arange(1, self.num_layers + 2)[None, :], self.num_layers + 1).min(
             axis=1
         )
-        step_time = times[:, 0] / work.local_steps
         done = np.minimum(np.floor(np.maximum(spare, 0.0) / step_time), work.local_steps).astype(int)
-        return Outcomes(self._everyone(), depth, full, np.minimum(full, work.deadline), done)
+        return Outcomes(self._everyone(), depth, full, np.minimum(full, work.deadline), done, *pieces)
+
+    def _piece_times(self, times, step_time, comm, work: Workload) -> tuple:
+        """Layer l is reached when K steps over l..L are done (``times[:, l-1]``), k whole
+        steps after k full steps; the upload follows each."""
+        L = self.num_layers
+        layers = np.arange(1, L + 1)[None, :]
+        layer_times = np.where(layers >= work.depth[:, None], times[:, :L] + comm[:, None], np.inf)
+        k = np.arange(1, work.max_steps + 1)[None, :]
+        step_times = np.where(k <= work.local_steps[:, None], k * step_time[:, None] + comm[:, None], np.inf)
+        return layer_times, step_times
 
     def marginals(self, work: Workload) -> Marginals:
         L = self.num_layers

@@ -13,6 +13,7 @@ clients drawn uniformly without replacement each round (p_i = K/N, not independe
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -115,7 +116,7 @@ class PresenceWrapper(SystemModel):
     def sample(self, work, rng) -> Outcomes:
         present = self.present(work, rng)
         out = self.base.sample(work, rng)
-        return Outcomes(out.participates & present, out.depth, out.full_time, out.finish_time, out.steps_done)
+        return dataclasses.replace(out, participates=out.participates & present)
 
     def marginals(self, work) -> Marginals:
         inner = self.base.marginals(work)
@@ -137,6 +138,10 @@ class PresenceWrapper(SystemModel):
     @property
     def deterministic(self) -> bool:
         return False  # presence is drawn
+
+    @property
+    def times_pieces(self) -> bool:
+        return self.base.times_pieces
 
     def observe(self, updates) -> None:
         self.base.observe(updates)

@@ -18,6 +18,7 @@ from fedhet.system.base import (
     SystemModel,
     TimeLaw,
     _planned_reach,
+    piece_times,
 )
 from fedhet.system.devices import communication_seconds, per_client
 from fedhet.system.profiles import CapabilityOptions
@@ -71,6 +72,10 @@ class ExponentialLayers(SystemModel):
     def time_law(self) -> TimeLaw:
         return LayerTimeLaw(self.capabilities, self.time_per_sample_layer)
 
+    @property
+    def times_pieces(self) -> bool:
+        return True
+
     def __init__(
         self,
         num_clients: int,
@@ -97,12 +102,33 @@ class ExponentialLayers(SystemModel):
         cumulative = np.cumsum(times, axis=1)
         rows = np.arange(self.num_clients)
         full = cumulative[rows, units - 1]
+        pieces = self._piece_times(cumulative, work)
         if work.deadline is None:
-            return Outcomes(self._everyone(), work.depth.copy(), full, full, work.local_steps.copy())
+            return Outcomes(self._everyone(), work.depth.copy(), full, full, work.local_steps.copy(), *pieces)
         done = np.minimum((cumulative <= work.deadline).sum(axis=1), units)
         depth = L + 1 - np.minimum(done // work.local_steps, per_step)
         steps = np.minimum(done // per_step, work.local_steps)
-        return Outcomes(self._everyone(), depth, full, np.minimum(full, work.deadline), steps)
+        return Outcomes(self._everyone(), depth, full, np.minimum(full, work.deadline), steps, *pieces)
+
+    def _piece_times(self, cumulative: np.ndarray, work: Workload) -> tuple:
+        """When the K (L+1-l)-th layer-step (layer l reached) and the k (L+1-d0)-th (k whole
+        steps) finish: read off the client's cumulative layer-step times."""
+        L = self.num_layers
+        layers = np.arange(1, L + 1)[None, :]
+        need = work.local_steps[:, None] * (L + 1 - layers)
+        layer_times = np.where(
+            layers >= work.depth[:, None],
+            np.take_along_axis(cumulative, np.clip(need - 1, 0, cumulative.shape[1] - 1), axis=1),
+            np.inf,
+        )
+        k = np.arange(1, work.max_steps + 1)[None, :]
+        need = k * (L + 1 - work.depth)[:, None]
+        step_times = np.where(
+            k <= work.local_steps[:, None],
+            np.take_along_axis(cumulative, np.clip(need - 1, 0, cumulative.shape[1] - 1), axis=1),
+            np.inf,
+        )
+        return layer_times, step_times
 
     def marginals(self, work):
         if work.deadline is None:
@@ -214,6 +240,10 @@ class PerStepCost(SystemModel):
     def deterministic(self) -> bool:
         return not self.jitter
 
+    @property
+    def times_pieces(self) -> bool:
+        return True
+
     def step_time(self, batch_sizes: np.ndarray) -> np.ndarray:
         """c_i, seconds per full local step (median over the jitter)."""
         return self.time_per_sample_step * np.asarray(batch_sizes, float) / self.capabilities
@@ -231,17 +261,21 @@ class PerStepCost(SystemModel):
         share = (L + 1 - work.depth) / L
         comm = self.comm_times(work)
         full = cost * share * work.local_steps + comm
+        offset = comm
         if work.extra_gradients is not None:  # each priced as one more step (AMSFL's GDA)
             if work.deadline is not None:
                 raise ValueError("extra gradient evaluations are priced on rounds without a deadline")
             full = full + cost * share * work.extra_gradients
+            offset = comm + cost * share * work.extra_gradients  # read as done before the steps
+        pieces = piece_times(cost / L * np.ones(self.num_clients), work, L, offset)
         if work.deadline is None:
-            return Outcomes(self._everyone(), work.depth.copy(), full, full, work.local_steps.copy())
+            return Outcomes(self._everyone(), work.depth.copy(), full, full, work.local_steps.copy(), *pieces)
         budget = np.maximum(work.deadline - comm, 0.0) / cost  # full steps affordable
         slack = 1.0 + 1e-9  # exact fits (T = c t + b) count as finished despite rounding
         steps = np.minimum(np.floor(budget * slack / share).astype(int), work.local_steps)
         layers = np.minimum(np.floor(budget * slack * L / work.local_steps).astype(int), L + 1 - work.depth)
-        return Outcomes(self._everyone(), L + 1 - layers, full, np.minimum(full, work.deadline), steps)
+        finish = np.minimum(full, work.deadline)
+        return Outcomes(self._everyone(), L + 1 - layers, full, finish, steps, *pieces)
 
     def _prob_within(self, allowed: np.ndarray) -> np.ndarray:
         """P[J <= allowed] for J ~ LogNormal(0, sigma) (an indicator when sigma = 0)."""

@@ -43,6 +43,14 @@ class Outcomes:
     ``steps_done``: whole local steps finished by the deadline (0..K). ``full_time``: when
     all the planned work would finish. ``finish_time``: when the delivered work is done (at
     most the deadline).
+
+    When each piece of the work would be delivered, for models that time their work
+    (:attr:`~fedhet.system.base.SystemModel.times_pieces`; None otherwise):
+    ``layer_times[u, l-1]``: the earliest cutoff by which the client's K partial steps reach
+    layer l, its upload included (inf for layers below its planned d0), so that under a
+    deadline T ``depth <= l`` iff ``layer_times[u, l-1] <= T``; ``step_times[u, k-1]``: the
+    same for k whole steps (inf for k > K_u). The dropout wrapper cuts a failed client's
+    work with them (``system.dropout_keeps = "finished"``).
     """
 
     participates: np.ndarray
@@ -50,6 +58,8 @@ class Outcomes:
     full_time: np.ndarray
     finish_time: np.ndarray
     steps_done: np.ndarray = None  # type: ignore[assignment]  # None: filled in by __post_init__
+    layer_times: np.ndarray | None = None
+    step_times: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.steps_done is None:  # a model that only samples depths: one step
