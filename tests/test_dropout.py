@@ -191,7 +191,8 @@ def test_a_failed_client_keeps_the_pieces_it_finished_exactly():
     t_l = K c (L+1-l)/L + b and k whole steps end at k c + b, so P[u delivers layer l] =
     exp(-lambda t_l) and P[u delivers k steps] = exp(-lambda (k c + b)), exactly; 20,000
     sampled rounds agree within 4.5 sigma, and every probability is at least the
-    deliver-nothing one, exp(-lambda f_u)."""
+    deliver-nothing one, exp(-lambda f_u). A failed client stays a participant (its failure
+    is its deadline)."""
     caps = np.array([0.5, 0.8, 1.0, 1.2, 1.5, 3.0])
     options = dict(model="per-step", time_per_sample_step=0.05, comm_time=0.2, capability_profile="list",
                    capabilities=caps.tolist(), dropout="hazard", dropout_hazard=0.4)  # fmt: skip
@@ -204,9 +205,7 @@ def test_a_failed_client_keeps_the_pieces_it_finished_exactly():
     step_time = c[:, None] * np.arange(1, 4)[None, :] + 0.2
     assert marginals.reach_prob == pytest.approx(np.exp(-0.4 * layer_time))
     assert marginals.step_prob == pytest.approx(np.exp(-0.4 * step_time))
-    assert marginals.participation_prob == pytest.approx(
-        np.exp(-0.4 * np.minimum(layer_time[:, -1], step_time[:, 0]))
-    )
+    assert marginals.participation_prob == pytest.approx(np.ones(6))  # a failed client still takes part
     assert kept.reports()["dropout"] == {
         "law": "hazard",
         "hazards": [0.4] * 6,
@@ -251,6 +250,44 @@ def test_finished_pieces_reach_salf_and_a_run_resumes_bit_identically(tmp_path):
     assert sum(r["participants"] for r in kept.metrics) > sum(r["participants"] for r in nothing.metrics)
     RunLoop(config, tmp_path / "cut").run(stop_after=3)
     assert RunLoop(config, tmp_path / "cut").run(resume=True).metrics == kept.metrics
+
+
+@pytest.mark.parametrize("algorithm", [{"name": "fedavg"}, {"name": "fedbuff", "buffer_size": 2}])
+def test_rules_that_need_their_whole_work_get_the_same_from_both_readings(tmp_path, algorithm):
+    """FedAvg (waits for every client) and FedBuff (event-driven) use no partial work: a
+    failed client's finished pieces change no update, so both readings train the same
+    models. FedAvg's rounds last longer when failures are kept as deadlines: it waits for a
+    failed client until it fails."""
+    runs = {}
+    for keeps in ("nothing", "finished"):
+        system = {"dropout": "hazard", "dropout_hazard": 1.5, "dropout_keeps": keeps}
+        config = _config(run={"rounds": 5}, system=system, algorithm=algorithm)
+        runs[keeps] = RunLoop(config, tmp_path / keeps).run().metrics
+    trained = ("participants", "train_loss", "test_loss", "test_accuracy")
+    assert [[r[k] for k in trained] for r in runs["finished"]] == [
+        [r[k] for k in trained] for r in runs["nothing"]
+    ]
+    assert sum(r["participants"] for r in runs["nothing"]) > 0
+    assert all(a["sim_time"] >= b["sim_time"] for a, b in zip(runs["finished"], runs["nothing"], strict=True))
+
+
+def test_a_sub_model_counts_only_if_it_ended_before_the_failure():
+    """HeteroFL sizes a slow client's width to the deadline; with failures kept as deadlines
+    the client delivers its sub-model iff cost(rate) x full_time <= its failure time."""
+    from fedhet.algorithms.base import ClientAssignment, RoundContext, RoundPlan
+    from fedhet.algorithms.heterofl import HeteroFL
+    from fedhet.system.types import Outcomes
+
+    rule = HeteroFL.__new__(HeteroFL)
+    rule.options = HeteroFL.Options()
+    plan = RoundPlan(0, 1.0, 0.1, [ClientAssignment(8, 1)] * 3)
+    full = np.array([0.5, 4.0, 4.0])  # rate 1; rate 0.5 (cost 0.25 x 4 s = 1 s) twice
+    outcomes = Outcomes(np.ones(3, bool), np.ones(3, int), full, np.minimum(full, 1.0),
+                        failure_time=np.array([0.4, 0.9, np.inf]))  # fmt: skip
+    context = RoundContext(plan, outcomes, None, 3, 2)
+    tasks = [rule.client_task(context, c, {"rate_cost": {"0.5": 0.25}}) for c in range(3)]
+    assert tasks[0] is None and tasks[1] is None  # failed at 0.4 < 0.5 s and 0.9 < 1 s
+    assert tasks[2] is not None and tasks[2].coverage.width == 0.5
 
 
 def test_wall_clock_clients_cannot_keep_finished_pieces():

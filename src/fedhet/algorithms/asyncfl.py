@@ -57,6 +57,8 @@ class AsyncFL(Algorithm):
         assignment = plan.assignments[client]
         if not (assignment.asked and outcomes.participates[client]):
             return None
+        if not outcomes.finishes_before_failure(client, float(outcomes.full_time[client])):
+            return None  # failed mid-round: its full update never arrives
         if any(p["client"] == client for p in state["pending"]):
             return None  # still computing its previous update
         if state.get("resting", {}).get(str(client), -1) >= plan.round:

@@ -116,9 +116,12 @@ class DepthFL(Algorithm):
         assignment = plan.assignments[client]
         if not (assignment.asked and outcomes.participates[client]):
             return None
-        k = self.depth_for(float(outcomes.full_time[client]), plan.deadline, state["level_cost"])
+        full_time = float(outcomes.full_time[client])
+        k = self.depth_for(full_time, plan.deadline, state["level_cost"])
         if k is None:
             return None
+        if not outcomes.finishes_before_failure(client, state["level_cost"][k - 1] * full_time):
+            return None  # failed mid-round before its sub-model was done
         task = self.make_task(plan, client, assignment.local_steps, Coverage(1), state)
         task.payload[EXITS] = int(k)
         return task

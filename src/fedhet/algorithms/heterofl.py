@@ -136,9 +136,13 @@ class HeteroFL(Algorithm):
         assignment = plan.assignments[client]
         if not (assignment.asked and outcomes.participates[client]):
             return None
-        rate = self.rate_for(float(outcomes.full_time[client]), plan.deadline, state.get("rate_cost"))
+        full_time = float(outcomes.full_time[client])
+        rate = self.rate_for(full_time, plan.deadline, state.get("rate_cost"))
         if rate is None:
             return None
+        cost = (state.get("rate_cost") or {}).get(str(float(rate)), float(rate) ** 2)
+        if not outcomes.finishes_before_failure(client, cost * full_time):
+            return None  # failed mid-round before its sub-model was done
         return self.make_task(plan, client, assignment.local_steps, Coverage(1, float(rate)), state)
 
     def aggregate(self, params, buffers, updates, state, context, layout):

@@ -214,8 +214,12 @@ class EventDriver:
                 model.call("sample", world.server_system.sample, work, stream), world.num_clients
             )
             engine["starts"][client] = start + 1
-            if client not in updates or not timing.participates[client]:
-                continue  # absent (or failed): idle again, tried at the next start
+            if (
+                client not in updates
+                or not timing.participates[client]
+                or timing.steps_done[client] < steps[client]
+            ):
+                continue  # absent, or failed before its work was done: idle again, tried at the next start
             engine["in_flight"].append(
                 {"client": client, "time": now + float(timing.full_time[client]), "version": version,
                  "update": updates[client]}

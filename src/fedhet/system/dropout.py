@@ -21,21 +21,25 @@ What a failed client delivers (``dropout_keeps``):
 
 - ``"nothing"`` (default): a client whose delivered work would finish at f_u (the wrapped
   model's finish time, its upload included) delivers iff F_u > f_u; a failed client counts
-  as absent for the round (the server learns of the failure at F_u, which a wait-for-all
-  round waits for).
-- ``"finished"``: a failed client delivers the pieces finished and uploaded before F_u, as if
-  its deadline had been F_u: the layers its K partial steps reached and the whole steps it
-  finished by then (the wrapped model's :attr:`~fedhet.system.types.Outcomes.layer_times`
-  and ``step_times``; the client sends each piece as it completes). The algorithm then
-  treats it as it treats a straggler: rules that use partial work (SALF's top layers,
-  FedProx's and FedNova's steps, TimelyFL's layers) take what arrived, rules that need the
-  whole work (FedAvg's drop-stragglers) drop it. It is the optimistic bound on what a
-  failure leaves; ``"nothing"`` the pessimistic one.
+  as absent for the round, which does not wait for it.
+- ``"finished"``: the failure is the client's deadline. It stays a participant of the round
+  until F_u (a round that waits for every client waits until then) with the pieces finished
+  and uploaded before F_u: the layers its K partial steps reached
+  and the whole steps it finished by then (the wrapped model's
+  :attr:`~fedhet.system.types.Outcomes.layer_times` and ``step_times``; the client sends each
+  piece as it completes). The algorithm treats it as a straggler: rules that use partial
+  work (SALF's top layers, FedProx's and FedNova's steps) take what arrived; rules that need
+  their whole planned work (FedAvg, TimelyFL, the asynchronous rules) get nothing unless it
+  ended before F_u; rules that size a client's work themselves (HeteroFL's and FjORD's
+  widths, DepthFL's depths) deliver iff the sub-model's time ended before F_u
+  (:meth:`Outcomes.finishes_before_failure`). It is the optimistic bound on what a failure
+  leaves; ``"nothing"`` the pessimistic one.
 
 Marginals: with t_ul the time the work that reaches layer l is delivered (f_u for
 ``"nothing"``, layer_times for ``"finished"``), P[u delivers layer l] = E[1{d_u <= l}
-S_u(t_ul)], likewise for k whole steps, and P[u delivers] = E[S_u(t_u)] with t_u its first
-piece (``"finished"``) or f_u. The expectations are over the wrapped model's outcomes: where
+S_u(t_ul)], likewise for k whole steps; the participation probability is E[S_u(f_u)]
+(``"nothing"``) or the wrapped model's (``"finished"``: a failed client still takes part).
+The expectations are over the wrapped model's outcomes: where
 it draws nothing (:attr:`SystemModel.deterministic`: per-step cost and measured times
 without jitter, ``full``) this is exact from one draw. Otherwise it is estimated from
 ``dropout_marginal_draws`` draws of the wrapped model on a fixed stream (the failure is
@@ -166,26 +170,33 @@ class FailureWrapper(PresenceWrapper):
         failure = self.failure_times(work, rng)
         failed = out.participates & (failure < out.finish_time)
         finish = np.where(failed, failure, out.finish_time)
+        failure_time = np.where(failed, failure, np.inf)
         if self.keeps == "nothing":
-            return dataclasses.replace(out, participates=out.participates & ~failed, finish_time=finish)
+            return dataclasses.replace(
+                out, participates=out.participates & ~failed, finish_time=finish, failure_time=failure_time
+            )
         if out.layer_times is None or out.step_times is None:
             raise ValueError(f"system model {self.base.name!r} sampled no piece times (times_pieces)")
+        # the failure is the client's deadline: what it reached and finished by then
         cut = failure[:, None]
         depth = np.maximum(out.depth, self.num_layers + 1 - (out.layer_times <= cut).sum(axis=1))
         steps = np.minimum(out.steps_done, (out.step_times <= cut).sum(axis=1))
-        depth, steps = np.where(failed, depth, out.depth), np.where(failed, steps, out.steps_done)
-        delivered = ~failed | (depth <= self.num_layers) | (steps >= 1)
         return dataclasses.replace(
-            out, participates=out.participates & delivered, depth=depth, finish_time=finish, steps_done=steps
+            out,
+            depth=np.where(failed, depth, out.depth),
+            steps_done=np.where(failed, steps, out.steps_done),
+            finish_time=finish,
+            failure_time=failure_time,
         )
 
     # -- marginals ------------------------------------------------------------------------
     def _survival_draws(self, work: Workload):
         """(reach, steps, survive) over draws of the wrapped model: the probabilities, given
-        the draw, that u delivers layer l (m, u, l), k whole steps (m, u, k) and anything
-        (m, u). One draw when the wrapped model's outcomes are deterministic for this
-        workload. The wrapped models price work, not the hour, so the start time is not part
-        of the key (presence wrappers, which read it, wrap this one)."""
+        the draw, that u delivers layer l (m, u, l), k whole steps (m, u, k) and that it
+        takes part (m, u: it does not fail, or, keeping what it finished, it is present).
+        One draw when the wrapped model's outcomes are deterministic for this workload.
+        The wrapped models price work, not the hour, so the start time is not part of the
+        key (presence wrappers, which read it, wrap this one)."""
         key = _workload_key(work)
         if key in self._cache:
             return self._cache[key]
@@ -210,10 +221,9 @@ class FailureWrapper(PresenceWrapper):
             present = out.participates[:, None]
             layer_t = np.where(reached, np.minimum(layer_times, f), 0.0)
             step_t = np.where(stepped, np.minimum(step_times[:, :K], f), 0.0)
-            first = np.minimum(out.finish_time, np.minimum(layer_times[:, -1], step_times[:, 0]))
             reach.append(present * reached * self.survival(layer_t))
             steps.append(present * stepped * self.survival(step_t))
-            survive.append(out.participates * self.survival(first))
+            survive.append(out.participates.astype(float))  # a failed client is still there
         draws = (np.array(reach), np.array(steps), np.array(survive))
         self.estimated |= len(survive) > 1
         self._cache = {key: draws}  # rounds repeat one workload; keep the last only

@@ -51,6 +51,11 @@ class Outcomes:
     deadline T ``depth <= l`` iff ``layer_times[u, l-1] <= T``; ``step_times[u, k-1]``: the
     same for k whole steps (inf for k > K_u). The dropout wrapper cuts a failed client's
     work with them (``system.dropout_keeps = "finished"``).
+
+    ``failure_time``: when a client failed mid-round (inf: it did not), where a dropout
+    wrapper is configured (None otherwise). Rules that size their clients' work themselves
+    (HeteroFL's widths, DepthFL's depths) deliver only work that ended before it
+    (:meth:`finishes_before_failure`).
     """
 
     participates: np.ndarray
@@ -60,6 +65,12 @@ class Outcomes:
     steps_done: np.ndarray = None  # type: ignore[assignment]  # None: filled in by __post_init__
     layer_times: np.ndarray | None = None
     step_times: np.ndarray | None = None
+    failure_time: np.ndarray | None = None
+
+    def finishes_before_failure(self, client: int, seconds: float) -> bool:
+        """Whether ``client``'s work of ``seconds`` (from the round's start, its upload
+        included) ends before the client fails: always without failures."""
+        return self.failure_time is None or seconds <= float(self.failure_time[client]) * (1 + 1e-12)
 
     def __post_init__(self) -> None:
         if self.steps_done is None:  # a model that only samples depths: one step
