@@ -246,7 +246,8 @@ def test_the_shipped_suites_load_and_check_every_configuration():
     suite = load_suite(ROOT / "suites" / "heterogeneity.toml")
     assert len(suite.pairs()) == 128
     assert len(load_suite(ROOT / "suites" / "peers.toml").pairs()) == 57
-    assert len(load_suite(ROOT / "suites" / "peers-cnn.toml").pairs()) == 19
+    assert len(load_suite(ROOT / "suites" / "peers-cnn.toml").pairs()) == 46
+    assert len(load_suite(ROOT / "suites" / "peers-dropout.toml").pairs()) == 24
 
 
 def test_the_repository_holds_no_database_archive_or_large_file():

@@ -161,3 +161,28 @@ def test_a_tracker_is_a_callback_plugin_whose_uri_is_its_own_option(tmp_path):
         from_dict({**BASE, "run": {**BASE["run"], "mlflow_uri": "sqlite:///x.db"}})
     with pytest.raises(ConfigError, match="a tracker listed twice"):
         from_dict({**BASE, "run": {**BASE["run"], "track": ["mlflow", {"name": "mlflow"}]}})
+
+
+def test_the_default_store_is_in_the_run_folder_or_its_groups_never_the_current_directory(
+    tmp_path, monkeypatch, capsys
+):
+    """A tracker that names no store writes mlruns.db (and its artifacts) into the run
+    folder; the runs of a [compare] share one store in the compare's folder. The directory
+    the command ran in stays empty."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    document = {**BASE, "run": {**BASE["run"], "track": ["mlflow", "tensorboard"]}}
+    path = tmp_path / "one.toml"
+    path.write_text(tomli_w.dumps(document))
+    assert main(["run", str(path), "--out", str(tmp_path / "one"), "--quiet"]) == 0
+    _, runs = _runs(tmp_path / "one")
+    assert [r.info.run_name for r in runs] == ["tracked"]
+    assert (tmp_path / "one" / "mlartifacts").is_dir()
+    del document["algorithm"]
+    document["compare"] = {"algorithms": ["salf", "drop"]}
+    path.write_text(tomli_w.dumps(document))
+    assert main(["run", str(path), "--out", str(tmp_path / "both"), "--quiet"]) == 0
+    _, runs = _runs(tmp_path / "both")
+    assert sorted(r.info.run_name for r in runs) == ["drop", "salf", "tracked"]
+    assert list(cwd.iterdir()) == []

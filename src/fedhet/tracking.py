@@ -2,8 +2,10 @@
 (``run.track = ["mlflow", "tensorboard"]``, or ``run.callbacks = [{ name = "mlflow" }]``).
 
 - ``mlflow``: one MLflow run per fedhet run in the tracking store of its ``uri`` option
-  (``run.track = [{ name = "mlflow", uri = "..." }]``; default ``sqlite:///mlruns.db``, a
-  local SQLite database; its artifacts in ``mlartifacts/`` beside it): the flattened
+  (``run.track = [{ name = "mlflow", uri = "..." }]``; default: a SQLite store
+  ``mlruns.db`` in the run folder, or in the folder of the grid, ``[compare]`` or study the
+  run belongs to, never the current directory; its artifacts in ``mlartifacts/`` beside
+  it): the flattened
   configuration as parameters, every metrics row as metrics at step = round (the simulated
   time is the ``sim_time`` metric), the summary's numbers, and the run's ``config.toml``,
   ``summary.json`` and HTML report as artifacts. The runs of a grid or a ``[compare]`` are
@@ -40,6 +42,7 @@ from fedhet.registry import register
 
 log = logging.getLogger("fedhet")
 
+STORE = "mlruns.db"  # the default store
 RUN_ID_FILE = ".mlflow-run"
 PARENT_FILE = ".mlflow-parent"
 TENSORBOARD_FOLDER = "tensorboard"
@@ -110,19 +113,27 @@ def flatten(config: dict, prefix: str = "") -> dict[str, str]:
 
 @dataclass
 class MLflowOptions:
-    """``uri``: the tracking store (a local SQLite file by default, artifacts beside it in
-    ``mlartifacts/``); ``experiment``: the MLflow experiment the runs go to."""
+    """``uri``: the tracking store (default ``""``: ``mlruns.db`` in the run's folder, or its
+    group's, artifacts beside it in ``mlartifacts/``); ``experiment``: the MLflow experiment
+    the runs go to."""
 
-    uri: str = "sqlite:///mlruns.db"
+    uri: str = ""
     experiment: str = "fedhet"
 
     def validate(self) -> None:
-        if not self.uri.strip():
+        if self.uri and not self.uri.strip():
             raise ConfigError(
                 f"mlflow tracker: uri = {self.uri!r}: expected a tracking URI, e.g. sqlite:///mlruns.db"
             )
         if not self.experiment.strip():
             raise ConfigError("mlflow tracker: experiment = '': expected an MLflow experiment name")
+
+
+def default_store(folder: Path, group: str | None) -> str:
+    """The MLflow store of a run whose tracker names none: ``mlruns.db`` in its group's
+    folder (a grid's, a ``[compare]``'s or a study's runs share one store) or its own."""
+    home = folder.parent if group else folder
+    return f"sqlite:///{(home / STORE).resolve()}"
 
 
 @register("callback")
@@ -161,9 +172,10 @@ class MLflowTracking(Tracker):
             logging.getLogger(name).setLevel(logging.WARNING)
         from mlflow import MlflowClient
 
-        self.client = MlflowClient(tracking_uri=self.uri)
         context = self.context
         folder = context.folder
+        self.uri = self.uri or default_store(folder, context.group)
+        self.client = MlflowClient(tracking_uri=self.uri)
         kept = _read_json(folder / RUN_ID_FILE)
         if state.round > 0 and kept.get("uri") == self.uri and kept.get("run_id"):
             self.run_id = kept["run_id"]  # a resume: the same MLflow run goes on
