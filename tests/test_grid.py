@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import csv
+import io
+
 from conftest import SALF_DIGITS_TOML
 
+import fedhet
 from fedhet.studies.grid import load_experiment, report_table, run_experiment
+from fedhet.studies.tables import cells_csv
 
 GRID = (
     SALF_DIGITS_TOML.replace("rounds = 30", "rounds = 4")
@@ -39,6 +44,15 @@ def test_grid_cells_run_once_and_fill_the_table(tmp_path):
     run_experiment(experiment, tmp_path / "out", on_cell=lambda cell, s: seen.append(cell.name))
     assert len(seen) == 4  # reported from disk, not rerun
     assert (tmp_path / "out" / "0.3-drop" / "summary.json").stat().st_mtime_ns == stamp
+    # the per-run table: one row per cell, its grid values, its summary's numbers and build
+    rows = list(csv.DictReader(io.StringIO(cells_csv(experiment, summaries))))
+    assert [r["cell"] for r in rows] == [c.name for c in experiment.cells]
+    assert [r["system.straggler_ratio"] for r in rows] == ["0.3", "0.3", "0.9", "0.9"]
+    assert [r["algorithm.normalize"] for r in rows] == ["", "all", "", "all"]
+    assert [float(r["final_test_accuracy"]) for r in rows] == [
+        s["final_test_accuracy"] for s in summaries.values()
+    ]
+    assert all(r["fedhet"].startswith(fedhet.__version__) for r in rows)
 
 
 def test_cells_sharing_a_table_entry_show_mean_and_spread(tmp_path):
@@ -148,3 +162,22 @@ def test_the_marks_against_a_reference_are_holm_corrected_over_the_table_unless_
     assert marked() == 0 and "Holm-corrected over the table's 2 tests" in report_table(experiment, fake)
     experiment.correction = "none"
     assert marked() == 2 and "uncorrected" in report_table(experiment, fake)
+
+
+def test_a_per_client_list_in_a_case_names_its_cells_shortly(tmp_path):
+    """One value per client makes a label too long for a folder: 10 equal values are named
+    0.01x10, unequal ones by a digest, so the two cases' cells differ and are usable folders."""
+    path = tmp_path / "lists.toml"
+    path.write_text(
+        GRID.replace('"system.straggler_ratio" = [0.3, 0.9]\n', "")
+        + '\n[[cases]]\n"system.participation_probs" = ['
+        + ", ".join(["0.01"] * 10)
+        + ']\n\n[[cases]]\n"system.participation_probs" = ['
+        + ", ".join(f"0.{i + 10}" for i in range(10))
+        + "]\n"
+    )
+    text = path.read_text().replace('rows = ["system.straggler_ratio"]', "rows = []")
+    path.write_text(text.replace("[system]", '[system]\nparticipation = "list"'))
+    names = [c.name for c in load_experiment(path).cells]
+    assert names[:2] == ["0.01x10-drop", "0.01x10-salf-all"]
+    assert names[2].startswith("list-") and len(names[2]) == len("list-12345678-drop")

@@ -108,13 +108,14 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         )
 
     summaries = run_experiment(experiment, out, jobs=args.jobs, on_cell=on_cell, ray=args.ray)
-    from fedhet.studies.tables import TABLE_FORMATS
+    from fedhet.studies.tables import TABLE_FORMATS, cells_csv
 
     out.mkdir(parents=True, exist_ok=True)
     for fmt in {"md", args.format}:  # table.md always, and the format asked for
         (out / TABLE_FORMATS[fmt]).write_text(report_table(experiment, summaries, fmt=fmt), encoding="utf-8")
     table = report_table(experiment, summaries, fmt=args.format)
     (out / "summaries.json").write_text(dumps(summaries, indent=2, sort_keys=True))
+    (out / "cells.csv").write_text(cells_csv(experiment, summaries), encoding="utf-8")
     print(table)
     failed = [name for name, summary in summaries.items() if summary.get("failed")]
     if failed:

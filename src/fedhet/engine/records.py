@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from fedhet.build import fedhet_build
 from fedhet.engine.evaluation import target_times
 from fedhet.messages import ClientUpdate, UpdateSummary
 
@@ -82,6 +83,7 @@ def run_summary(config, world, state, notes: list[str]) -> dict:
         "targets": target_times(state.metrics, config.run.targets),
         "final_client_accuracy": _final_client_accuracy(state.client_metrics),
         "notes": notes,
+        "fedhet": fedhet_build(),
     }
 
 

@@ -4,6 +4,7 @@ configuration with a name."""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,12 +29,26 @@ class Cell:
     config: Config
 
 
+LONG_LIST = 40  # characters of a list's label beyond which it is shortened
+
+
+def short_value(value: Any) -> str:
+    """A value as a table or a folder name shows it: a list too long to read (e.g. one value
+    per client) as ``VxN`` when its N values are all V, else ``list-`` and a digest of them."""
+    text = str(value)
+    if isinstance(value, list) and len(text.replace(" ", "")) > LONG_LIST:
+        if all(v == value[0] for v in value):
+            return f"{short_value(value[0])}x{len(value)}"
+        return "list-" + hashlib.sha1(text.replace(" ", "").encode()).hexdigest()[:8]
+    return text
+
+
 def _label(value: Any) -> str:
     """A grid value as part of a cell's folder name (a plug-in's ``module:Class`` path as its
-    class name)."""
+    class name; a long list by :func:`short_value`)."""
     if isinstance(value, str) and ":" in value and "/" not in value:
         value = value.rsplit(":", 1)[-1]
-    return str(value).replace("/", "_").replace(" ", "")
+    return short_value(value).replace("/", "_").replace(" ", "")
 
 
 def _flatten(chosen: dict[str, Any]) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedhet.studies.expansion import _lookup
+from fedhet.studies.expansion import _flatten, _lookup, short_value
 from fedhet.studies.spec import Experiment
 from fedhet.studies.stats import difference_p_value, estimate, holm
 
@@ -29,8 +29,8 @@ def report_table(experiment: Experiment, summaries: dict[str, dict], digits: int
     for cell in experiment.cells:
         if cell.name not in summaries:
             continue
-        r = tuple(_lookup(cell, k) for k in row_keys)
-        c = " ".join(str(_lookup(cell, k)) for k in col_keys)
+        r = tuple(short_value(_lookup(cell, k)) for k in row_keys)  # labels: a list is not hashable
+        c = " ".join(short_value(_lookup(cell, k)) for k in col_keys)
         if c not in col_order:
             col_order.append(c)
         summary = summaries[cell.name]
@@ -42,7 +42,7 @@ def report_table(experiment: Experiment, summaries: dict[str, dict], digits: int
     marks, tests = _reference_marks(experiment, rows, col_order)
     body: list[list[str]] = []
     for r, values in rows.items():
-        cells = [" ".join(str(v) for v in r) or "-"]
+        cells = [" ".join(r) or "-"]
         for c in col_order:
             text = _format_values(values.get(c, []), digits, experiment.interval)
             text += marks.get((r, c), "")
@@ -150,3 +150,32 @@ def _format_numbers(pairs: list[tuple], digits: int, interval: str) -> str:
     if numbers:
         return f"{numbers[0]:.{digits}f}"
     return " ".join(str(v) for _, v in pairs if v is not None)
+
+
+CELL_COLUMNS = ("seed", "final_test_accuracy", "best_test_accuracy", "final_test_loss", "rounds", "sim_time",
+                "stopped_by", "fedhet")  # fmt: skip
+
+
+def cells_csv(experiment: Experiment, summaries: dict[str, dict]) -> str:
+    """One CSV row per finished cell: its name, the grid and case values that made it (a
+    long list by :func:`short_value`), and its summary's numbers, with the fedhet build that
+    ran it (``cells.csv`` of ``fedhet reproduce``: what a results page's numbers are
+    recomputed from without the run folders)."""
+    import csv
+    import io
+
+    keys: list[str] = []
+    for cell in experiment.cells:
+        keys += [k for k in _flatten(cell.overrides) if k not in keys and k != "run.seed"]
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["cell", *keys, *CELL_COLUMNS])
+    for cell in experiment.cells:
+        summary = summaries.get(cell.name)
+        if summary is None or summary.get("failed"):
+            continue
+        values = _flatten(cell.overrides)
+        given = [short_value(values[k]) if k in values else "" for k in keys]
+        numbers = ["" if summary.get(k) is None else summary.get(k) for k in CELL_COLUMNS]
+        writer.writerow([cell.name, *given, *numbers])
+    return out.getvalue()
