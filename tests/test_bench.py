@@ -135,6 +135,9 @@ def test_the_leaderboard_states_its_budget_and_marks_methods_tuned_on_the_learni
     assert by_method[("random-50", "fedprox")]["lr_only"] == "false"
     assert '"algorithm.trim"' in by_method[("random-50", "TrimmedMean")]["tuned"]
     assert sorted(r["rank"] for r in rows if r["scenario"] == "random-50")[0] == "1"
+    import fedhet  # every row names the fedhet build its seed runs ran on
+
+    assert all(r["fedhet"].startswith(fedhet.__version__) for r in rows if r["status"] == "ok")
     page = (uninterrupted / "leaderboard.md").read_text()
     facts = ("2 trials per method and scenario", "validation split of 0.2", "2 (1, 2) of each tuned setting")
     for fact in (*facts, "fedhet version", "Holm"):

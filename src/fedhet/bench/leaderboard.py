@@ -22,7 +22,7 @@ from fedhet.studies.stats import difference_p_value, estimate, holm
 CSV_COLUMNS = (
     "scenario", "method", "status", "rank", "mean_accuracy", "ci95", "seeds", "accuracy_by_seed",
     "time_to_target", "target_reached", "p_vs_best", "p_holm", "worse_than_best", "validation_value",
-    "tuned", "lr_only", "reason", "caveats",
+    "tuned", "lr_only", "reason", "caveats", "fedhet",
 )  # fmt: skip
 
 
@@ -41,6 +41,7 @@ class Entry:
     times: dict[int, float | None] = field(default_factory=dict)  # seed -> time to target
     folders: dict[int, str] = field(default_factory=dict)
     caveats: list[str] = field(default_factory=list)  # settings under which it is another rule
+    builds: list[str] = field(default_factory=list)  # the fedhet builds its seed runs ran on
     mean: float | None = None
     ci95: float | None = None
     rank: int | None = None
@@ -92,6 +93,8 @@ def build(rows: list[dict], alpha: float = 0.05) -> Leaderboard:
             entry.times[int(seed)] = result.get("time_to_target")
             entry.folders[int(seed)] = result.get("folder", "")
             entry.caveats += [c for c in result.get("caveats", []) if c not in entry.caveats]
+            if result.get("fedhet") and result["fedhet"] not in entry.builds:
+                entry.builds.append(result["fedhet"])
         if entry.status == "ok" and not entry.accuracy:
             entry.status, entry.reason = "failed", entry.reason or "no seed finished"
         scenarios.setdefault(entry.scenario, []).append(entry)
@@ -171,7 +174,7 @@ def csv_rows(board: Leaderboard) -> list[dict]:
                 "worse_than_best": "" if e.worse is None else str(e.worse).lower(),
                 "validation_value": _number(e.validation, 6),
                 "tuned": json.dumps(e.params, sort_keys=True), "lr_only": str(e.lr_only).lower(),
-                "reason": e.reason, "caveats": " | ".join(e.caveats),
+                "reason": e.reason, "caveats": " | ".join(e.caveats), "fedhet": ";".join(sorted(e.builds)),
             })  # fmt: skip
     return rows
 

@@ -382,4 +382,5 @@ def _seed_result(run: SeedRun, target: float | None) -> dict:
         "sim_time": summary.get("sim_time"),
         "caveats": list(summary.get("caveats") or []),
         "folder": str(run.folder),
+        "fedhet": summary.get("fedhet", ""),
     }
