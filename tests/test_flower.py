@@ -229,6 +229,14 @@ class Deployment:
             cmd += ["--run-config", item]
         return subprocess.run(cmd, capture_output=True, text=True, env=self.env, timeout=timeout)
 
+    def start_run(self, *run_config: str) -> subprocess.Popen:
+        """``flwr run`` started, not awaited: its output (stdout and stderr) in one pipe."""
+        cmd = [_bin("flwr"), "run", str(APP), "local-test", "--stream"]
+        for item in run_config:
+            cmd += ["--run-config", item]
+        out = subprocess.PIPE
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True, env=self.env)
+
     def stop(self) -> None:
         for proc in self.procs:
             with __import__("contextlib").suppress(ProcessLookupError):
@@ -268,6 +276,51 @@ def test_a_superlink_and_three_supernodes_run_the_app_with_simulated_and_real_de
     # depths 1, 1 and 3 (layers 3..3 of an MLP with 3 layers) in every round
     assert [r["mean_depth"] for r in rows] == pytest.approx([5 / 3] * 3)
     assert [r["sim_time"] for r in rows] == pytest.approx([0.5, 1.0, 1.5])
+
+
+def test_a_killed_supernode_is_absent_and_rejoins_when_restarted(tmp_path):
+    """A SuperNode killed (SIGKILL) mid-run: the next round counts its client as absent (the
+    SuperLink answers for the lost node; a line says so) and the run goes on with the others;
+    restarted with the same node config, the node is found before the next round and its
+    client delivers again. The run finishes all its rounds."""
+    configs = [f"partition-id={i} num-partitions=3" for i in range(3)]
+    deployment = Deployment(tmp_path / "flwr", configs)
+    metrics = tmp_path / "run" / "metrics.csv"
+
+    def rows() -> list[str]:
+        return metrics.read_text().splitlines()[1:] if metrics.exists() else []
+
+    def wait_for(check, limit: float) -> None:
+        end = time.monotonic() + limit
+        while not check() and time.monotonic() < end:
+            time.sleep(0.5)
+
+    try:
+        time.sleep(3)
+        run = deployment.start_run(
+            f'out="{tmp_path / "run"}"', 'set="run.rounds=6 system.model=full algorithm.name=fedavg"'
+        )
+        wait_for(lambda: len(rows()) >= 2, 240)
+        victim = deployment.procs[3]  # SuperNode 2 (the SuperLink is procs[0])
+        os.killpg(victim.pid, signal.SIGKILL)
+        victim.wait()
+        wait_for(lambda: any(r.endswith(",1") for r in rows()), 240)  # a round with one fault
+        link = f"127.0.0.1:{deployment.port}"
+        cmd = [_bin("flower-supernode"), "--insecure", "--superlink", link, "--port", str(_free_port())]
+        deployment._start([*cmd, "--node-config", configs[2]], "supernode2-restarted")
+        output, _ = run.communicate(timeout=400)
+    finally:
+        deployment.stop()
+    assert run.returncode == 0, output[-3000:]
+    from fedhet.results import RunDirectory
+
+    table = RunDirectory(tmp_path / "run").read_metrics()
+    assert len(table) == 6
+    lost = [r for r in table if r["faults"]]
+    assert lost and all(r["participants"] == 2 and r["faults"] == 1 for r in lost)
+    assert table[-1]["participants"] == 3 and table[-1]["faults"] == 0  # rejoined
+    assert "client 2 absent: its SuperNode is unavailable" in output
+    assert "client 2: its SuperNode rejoined" in output
 
 
 # --- experiment grids on Ray ----------------------------------------------------------------

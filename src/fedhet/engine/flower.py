@@ -16,8 +16,13 @@ checkpoint holds it, so a resumed Flower run continues with the same client stat
 uninterrupted one. Aggregation is fedhet's (Flower's FedAvg refuses replies whose arrays
 differ).
 
-A client whose ClientApp raises, or whose reply does not arrive within the round's wall-clock
-timeout, is absent for that round (no update; ``participants`` in metrics.csv says so).
+A client whose reply does not arrive within the round's wall-clock timeout, or whose
+SuperNode is gone (the SuperLink answers for a node that stopped or was killed), is absent
+for that round (no update; ``participants`` and ``faults`` in metrics.csv say so, and a
+line names the client and why); a ClientApp that raises stops the run or is absent, as
+``run.on_client_error`` says. A SuperNode that (re)connects during the run is asked for its
+partition before the next round and takes its client's tasks from then on, so a restarted
+node rejoins.
 
 Flower (``pip install 'fedhet[flower]'``) is imported only when this engine is used.
 """
@@ -241,10 +246,12 @@ class FlowerPool:
         self.failures: list[tuple[int, int, str]] = []  # (round, client, why)
         self.on_client_error = on_client_error
         self.faults = FaultLog()
+        self.asked: set[int] = set()  # nodes asked for their partition after the start
 
     def run(self, tasks: list[ClientTask], params, buffers):
         from flwr.app import Message
 
+        self._rejoin()
         messages, sent = [], {}
         for task in tasks:
             state = self.states.of(task.client)
@@ -252,10 +259,19 @@ class FlowerPool:
             messages.append(message)
             sent[task.client] = task
         replies = list(self.grid.send_and_receive(messages, timeout=self.timeout))
+        # a reply names the message it answers (the SuperLink answers for a node that is gone)
+        by_message = {m.metadata.message_id: task.client for m, task in zip(messages, tasks, strict=True)}
         updates: dict[int, ClientUpdate] = {}
         for reply in replies:
-            if reply.has_error():
+            client = by_message.get(reply.metadata.reply_to_message_id)
+            if client is None:
                 client = self._client_of(reply.metadata.src_node_id)
+            if client is None:
+                continue  # an answer to nothing this pool sent
+            if reply.has_error() and _node_unavailable(reply):
+                self._fail(sent, client, "its SuperNode is unavailable (stopped, killed or disconnected)")
+                continue
+            if reply.has_error():
                 reason = _reason(reply)
                 self.failures.append((sent[client].round, client, f"client error: {reason}"))
                 detail = reason if " raised " in reason else f"the ClientApp raised: {reason}"
@@ -284,8 +300,21 @@ class FlowerPool:
     def close(self) -> None:
         pass  # Flower's runtime owns the nodes
 
-    def _client_of(self, node_id: int) -> int:
-        return next(c for c, n in self.nodes.items() if n == node_id)
+    def _client_of(self, node_id: int) -> int | None:
+        return next((c for c, n in self.nodes.items() if n == node_id), None)
+
+    def _rejoin(self) -> None:
+        """Nodes that connected since the last round (a restarted SuperNode): asked once for
+        their partition; a known partition moves to its new node."""
+        known = set(self.nodes.values()) | self.asked
+        fresh = [n for n in self.grid.get_node_ids() if n not in known]
+        if not fresh:
+            return
+        self.asked.update(fresh)
+        for partition, node_id in ask_partitions(self.grid, fresh, timeout=30).items():
+            if partition in self.nodes and self.nodes[partition] != node_id:
+                log.warning("client %d: its SuperNode rejoined (node %d)", partition, node_id)
+                self.nodes[partition] = node_id
 
     def _fail(self, sent: dict, client: int, why: str) -> None:
         """A fault (a lost node, a late reply): the client is absent this round."""
@@ -294,20 +323,35 @@ class FlowerPool:
         self.faults.add(task.round, client, why)
 
 
+def ask_partitions(grid, node_ids: list[int], timeout: float) -> dict[int, int]:
+    """partition-id -> node id of the nodes among ``node_ids`` that answer in time."""
+    from flwr.app import Message, RecordDict
+
+    asks = [Message(RecordDict(), node_id, HELLO) for node_id in node_ids]
+    found = {}
+    for reply in grid.send_and_receive(asks, timeout=timeout):
+        if not reply.has_error():
+            found[int(reply.content["node"]["partition"])] = reply.metadata.src_node_id
+    return found
+
+
+def _node_unavailable(reply) -> bool:
+    """Whether an error reply is the SuperLink's word that the node is gone."""
+    from flwr.common.constant import ErrorCode
+
+    return reply.error.code == ErrorCode.NODE_UNAVAILABLE
+
+
 def discover_nodes(grid, num_clients: int, wait: float = 120.0) -> dict[int, int]:
     """Map client index -> node id by asking every connected node for its partition-id;
     waits (up to ``wait`` seconds) until ``num_clients`` distinct partitions answered."""
-    from flwr.app import Message, RecordDict
 
     deadline = time.monotonic() + wait
     nodes: dict[int, int] = {}
     while True:
         node_ids = [n for n in grid.get_node_ids() if n not in nodes.values()]
         if node_ids:
-            asks = [Message(RecordDict(), node_id, HELLO) for node_id in node_ids]
-            for reply in grid.send_and_receive(asks, timeout=30):
-                if not reply.has_error():
-                    nodes[int(reply.content["node"]["partition"])] = reply.metadata.src_node_id
+            nodes.update(ask_partitions(grid, node_ids, timeout=30))
         if all(c in nodes for c in range(num_clients)):
             return {c: nodes[c] for c in range(num_clients)}
         if time.monotonic() > deadline:
