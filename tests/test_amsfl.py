@@ -284,3 +284,21 @@ def test_charged_gda_lengthens_rounds_by_one_step_per_extra_gradient(tmp_path):
         assert result.metrics[0]["round_time"] == pytest.approx(float(np.max(work + 0.05)))
         times[cost] = result.summary["sim_time"]
     assert times["charged"] > times["free"]
+
+
+def test_per_client_communication_delays_reach_the_plan_and_the_clock(tmp_path):
+    """system.comm_times gives each client its own b_i (AMSFL Sec. 3.4): the plan sees them,
+    the budget sum_i c_i t_i + b_i <= S holds with them, and each round lasts max_i of it."""
+    delays = [0.3, 0.01, 0.05, 0.2, 0.0]
+    overrides = {"algorithm.gda_cost": "free", "run.rounds": 6, "system.comm_times": delays}
+    result = run(make_config({**AMSFL, **overrides}), tmp_path / "delays")
+    report = json.loads((tmp_path / "delays" / "amsfl.json").read_text())
+    for row, planned in zip(result.metrics, report["rounds"], strict=True):
+        steps, c, b = (np.array(planned[k]) for k in ("steps", "step_cost", "comm_cost"))
+        np.testing.assert_allclose(b, delays, atol=1e-12)
+        assert np.sum(c * steps + b) <= 4.0 * (1 + 1e-12)
+        assert row["round_time"] == pytest.approx(float(np.max(c * steps + b)))
+    with pytest.raises(ConfigError, match=r"system.comm_times: 2 values given for 5 clients"):
+        make_config({**AMSFL, "system.comm_times": [0.1, 0.2]})
+    with pytest.raises(ConfigError, match=r"system.comm_times"):
+        make_config({**AMSFL, "system.comm_times": [0.1, -1.0, 0.1, 0.1, 0.1]})

@@ -515,6 +515,8 @@ class Config:
             del out["system"]["dropout"]
         if out["system"].get("dropout_keeps") == "nothing":
             del out["system"]["dropout_keeps"]
+        if out["system"].get("comm_times") == []:
+            del out["system"]["comm_times"]
         if out["server"] == {"optimizer": "sgd", "lr": 1.0}:
             del out["server"]
         return out

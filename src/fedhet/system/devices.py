@@ -169,13 +169,13 @@ def per_client(value, num_clients: int) -> np.ndarray:
 
 
 def communication_seconds(
-    comm_time: float, upload_bandwidth: np.ndarray, download_bandwidth: np.ndarray, work
+    comm_time: float | np.ndarray, upload_bandwidth: np.ndarray, download_bandwidth: np.ndarray, work
 ) -> np.ndarray:
     """Per client, seconds of communication in a round: ``comm_time`` plus the upload of
     ``work.upload_bytes`` at its upload bandwidth and the download of
     ``work.download_bytes`` at its download bandwidth (bytes per second; 0 = that leg is
     free, as is a leg whose bytes the workload does not give)."""
-    comm = np.full(len(upload_bandwidth), float(comm_time))
+    comm = per_client(comm_time, len(upload_bandwidth))  # a scalar, or one per client
     if work is None:
         return comm
     for size, rate in ((work.upload_bytes, upload_bandwidth), (work.download_bytes, download_bandwidth)):

@@ -3,12 +3,12 @@ costs (AMSFL Sec. 3.4)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.special import gammainc, gammaincc
 
-from fedhet.checks import in_range
+from fedhet.checks import in_range, number_list
 from fedhet.errors import ConfigError
 from fedhet.registry import register
 from fedhet.system.base import (
@@ -147,7 +147,8 @@ class ExponentialLayers(SystemModel):
 
 @dataclass
 class PerStepOptions(CapabilityOptions):
-    """``time_per_sample_step`` tau_step (c_i = tau_step S_i / P_i), ``comm_time`` b_i,
+    """``time_per_sample_step`` tau_step (c_i = tau_step S_i / P_i), ``comm_time`` b_i (or
+    ``comm_times``, one per client: AMSFL's per-client communication delays),
     ``step_jitter`` sigma of the per-round lognormal factor, ``upload_bandwidth``: bytes per
     simulated second of the client's upload (0 = uploads cost nothing beyond comm_time);
     the bytes are those of the update as it travels (after compression)."""
@@ -156,9 +157,11 @@ class PerStepOptions(CapabilityOptions):
     comm_time: float = 0.0
     step_jitter: float = 0.0
     upload_bandwidth: float = 0.0
+    comm_times: list = field(default_factory=list)
 
     def validate(self) -> None:
         super().validate()
+        number_list("system.comm_times", self.comm_times, 0.0, 1e12)
         if self.time_per_sample_step <= 0:
             raise ConfigError(f"system.time_per_sample_step = {self.time_per_sample_step}: must be > 0")
         if self.comm_time < 0:
@@ -166,6 +169,12 @@ class PerStepOptions(CapabilityOptions):
         in_range("system.step_jitter", self.step_jitter, 0.0, 10.0)
         if self.upload_bandwidth < 0:
             raise ConfigError(f"system.upload_bandwidth = {self.upload_bandwidth}: must be >= 0 (0 = free)")
+
+    def validate_in(self, config) -> None:
+        super().validate_in(config)
+        clients = config.data.num_clients
+        if self.comm_times and len(self.comm_times) != clients:
+            raise ConfigError(f"system.comm_times: {len(self.comm_times)} values given for {clients} clients")
 
 
 @register("system_model")
@@ -175,10 +184,11 @@ class PerStepCost(SystemModel):
 
     c_i = tau_step * S_i / P_i (``time_per_sample_step`` tau_step, batch size S_i,
     capability P_i), times an optional per-round jitter J ~ LogNormal(0, sigma) (median 1),
-    i.i.d. over clients and rounds; b_i = ``comm_time``. A step over the planned layers d0..L
-    costs the share (L+1-d0)/L of c_i. Under a deadline T a client delivers the whole steps
-    it finished, steps_done = min(K, floor((T - b_i) / (c_i J f))) with f that share; reading
-    the same time as K steps of partial back-propagation, it reaches layer l iff
+    i.i.d. over clients and rounds; b_i = ``comm_time`` (or ``comm_times[i]``). A step over
+    the planned layers d0..L costs the share (L+1-d0)/L of c_i. Under a deadline T a client
+    delivers the whole steps it finished, steps_done = min(K, floor((T - b_i) / (c_i J f)))
+    with f that share; reading the same time as K steps of partial back-propagation, it
+    reaches layer l iff
     K c_i J (L+1-l)/L + b_i <= T. Marginals follow from the lognormal CDF (indicators when
     sigma = 0).
     """
@@ -195,7 +205,7 @@ class PerStepCost(SystemModel):
             ctx.num_layers,
             caps,
             options.time_per_sample_step,
-            comm_time=options.comm_time,
+            comm_time=np.asarray(options.comm_times, float) if options.comm_times else options.comm_time,
             jitter=options.step_jitter,
             upload_bandwidth=options.upload_bandwidth if devices is None else devices.upload,
             download_bandwidth=0.0 if devices is None else devices.download,
@@ -211,7 +221,7 @@ class PerStepCost(SystemModel):
         num_layers: int,
         capabilities: np.ndarray,
         time_per_sample_step: float = 1.0,
-        comm_time: float = 0.0,
+        comm_time: float | np.ndarray = 0.0,
         jitter: float = 0.0,
         upload_bandwidth: float | np.ndarray = 0.0,
         download_bandwidth: float | np.ndarray = 0.0,
@@ -220,8 +230,11 @@ class PerStepCost(SystemModel):
         super().__init__(num_clients, num_layers)
         if time_per_sample_step <= 0:
             raise ConfigError(f"system.time_per_sample_step = {time_per_sample_step}: must be > 0")
-        if comm_time < 0:
+        if np.any(np.asarray(comm_time) < 0):
             raise ConfigError(f"system.comm_time = {comm_time}: must be >= 0")
+        if np.shape(comm_time) not in ((), (num_clients,)):
+            given = np.size(comm_time)
+            raise ConfigError(f"system.comm_times: {given} values given for {num_clients} clients")
         if jitter < 0:
             raise ConfigError(f"system.step_jitter = {jitter}: must be >= 0")
         self.capabilities = np.asarray(capabilities, dtype=float)
