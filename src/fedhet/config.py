@@ -517,6 +517,8 @@ class Config:
             del out["system"]["dropout_keeps"]
         if out["system"].get("comm_times") == []:
             del out["system"]["comm_times"]
+        if out["model"].get("classifier") == "one":
+            del out["model"]["classifier"]
         if out["server"] == {"optimizer": "sgd", "lr": 1.0}:
             del out["server"]
         return out

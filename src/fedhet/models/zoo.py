@@ -5,7 +5,10 @@
 - ``cnn-fedstale``: conv 1->32 3x3 pad 1, pool, conv 32->64 3x3 pad 1, pool, fc ->128, fc.
 - ``simple-cnn``: pfl-research's benchmark CNN, conv ->32 3x3, conv 32->64 3x3, pool, fc ->128, fc.
 - ``vgg11/13/16/19``: 3x3 conv + BatchNorm + ReLU blocks, max-pool after each stage, one
-  Linear(512, classes) classifier; 28x28 inputs are zero-padded to 32x32.
+  Linear(512, classes) classifier (``classifier = "one"``), or three fully-connected
+  layers 512-512-512-classes with ReLU (``classifier = "paper"``: ADEL-FL Sec. 5's "8 and 10
+  convolutional layers followed by 3 fully-connected layers"; the paper gives no widths,
+  512 is the CIFAR form's); 28x28 inputs are zero-padded to 32x32.
 """
 
 from __future__ import annotations
@@ -111,8 +114,12 @@ def simple_cnn(input_shape: Sequence[int], num_classes: int) -> LayeredModel:
     )
 
 
-def vgg(input_shape: Sequence[int], num_classes: int, variant: str = "vgg11") -> LayeredModel:
-    """VGG in its CIFAR form: each 3x3 conv + BN + ReLU (+ the stage's max-pool) is a layer."""
+def vgg(
+    input_shape: Sequence[int], num_classes: int, variant: str = "vgg11", classifier: str = "one"
+) -> LayeredModel:
+    """VGG in its CIFAR form: each 3x3 conv + BN + ReLU (+ the stage's max-pool) is a layer,
+    then one Linear(512, classes) (``classifier = "one"``) or three fully-connected layers,
+    512-512 with ReLU and 512-classes (``"paper"``, ADEL-FL Sec. 5), each its own layer."""
     channels, height, width = _image_shape(input_shape, variant)
     pad = 0
     if (height, width) == (28, 28):
@@ -131,7 +138,12 @@ def vgg(input_shape: Sequence[int], num_classes: int, variant: str = "vgg11") ->
             parts.append(MaxPool2x2())
         blocks.append(nn.Sequential(*parts))
         in_ch = int(item)
-    blocks.append(nn.Sequential(nn.Flatten(), nn.Linear(512, num_classes)))
+    if classifier == "paper":
+        blocks.append(nn.Sequential(nn.Flatten(), nn.Linear(512, 512), nn.ReLU()))
+        blocks.append(nn.Sequential(nn.Linear(512, 512), nn.ReLU()))
+        blocks.append(nn.Sequential(nn.Linear(512, num_classes)))
+    else:
+        blocks.append(nn.Sequential(nn.Flatten(), nn.Linear(512, num_classes)))
     return LayeredModel(blocks)
 
 
@@ -299,15 +311,33 @@ class CharMLP(ZooModel):
         )
 
 
+@dataclass
+class VGGOptions:
+    """``classifier``: ``"one"`` Linear(512, classes) (the CIFAR form, the default) or
+    ``"paper"``: three fully-connected layers (ADEL-FL Sec. 5)."""
+
+    classifier: str = "one"
+
+    def validate(self) -> None:
+        if self.classifier not in VGG_CLASSIFIERS:
+            raise ConfigError(
+                f"model.classifier = {self.classifier!r}: unknown (known: {', '.join(VGG_CLASSIFIERS)})"
+            )
+
+
+VGG_CLASSIFIERS = ("one", "paper")
+
+
 def _vgg_plugin(variant: str) -> type:
     @register("model", variant)
     class VGG(ZooModel):
-        __doc__ = f"{variant.upper()} with BatchNorm, CIFAR form (one Linear classifier)."
+        __doc__ = f"{variant.upper()} with BatchNorm, CIFAR form (one Linear classifier or three)."
         name = variant
+        Options = VGGOptions
 
         @classmethod
-        def build(cls, options, ctx: ModelContext) -> LayeredModel:
-            return vgg(ctx.input_shape, ctx.num_classes, variant)
+        def build(cls, options: VGGOptions, ctx: ModelContext) -> LayeredModel:
+            return vgg(ctx.input_shape, ctx.num_classes, variant, options.classifier)
 
     VGG.__qualname__ = VGG.__name__ = variant.upper()
     return VGG
