@@ -3,6 +3,8 @@
 - ``mlp``: Linear layers with ReLU, hidden sizes (32, 16) by default (SALF Sec. IV-A).
 - ``cnn2``: conv 1->6 5x5, pool, conv 6->6 5x5, pool, fc ->50, fc ->classes (SALF Sec. IV-A).
 - ``cnn-fedstale``: conv 1->32 3x3 pad 1, pool, conv 32->64 3x3 pad 1, pool, fc ->128, fc.
+- ``cnn-fedstale-cifar``: FedStale's CIFAR-10 CNN, conv ->32 5x5, pool, conv 32->64 5x5, pool,
+  fc ->2048, fc (3,353,034 parameters for 32x32 RGB images and 10 classes).
 - ``simple-cnn``: pfl-research's benchmark CNN, conv ->32 3x3, conv 32->64 3x3, pool, fc ->128, fc.
 - ``vgg11/13/16/19``: 3x3 conv + BatchNorm + ReLU blocks, max-pool after each stage, one
   Linear(512, classes) classifier (``classifier = "one"``), or three fully-connected
@@ -92,6 +94,25 @@ def cnn_fedstale(input_shape: Sequence[int], num_classes: int) -> LayeredModel:
             nn.Sequential(nn.Conv2d(32, 64, 3, padding=1), MaxPool2x2(), nn.ReLU()),
             nn.Sequential(nn.Flatten(), nn.Linear(64 * h * w, 128), nn.ReLU()),
             nn.Sequential(nn.Linear(128, num_classes)),
+        ]
+    )
+
+
+def cnn_fedstale_cifar(input_shape: Sequence[int], num_classes: int) -> LayeredModel:
+    """FedStale's CIFAR-10 CNN (the authors' ``Cifar10CNN``): conv(->32, 5x5)-ReLU-pool-
+    conv(32->64, 5x5)-ReLU-pool-fc(->2048)-ReLU-fc(->classes), no padding."""
+    channels, height, width = _image_shape(input_shape, "cnn-fedstale-cifar")
+    h, w = ((height - 4) // 2 - 4) // 2, ((width - 4) // 2 - 4) // 2
+    if h < 1 or w < 1:
+        raise ConfigError(
+            f"model.name = 'cnn-fedstale-cifar' needs images of at least 16x16, got {height}x{width}"
+        )
+    return LayeredModel(
+        [
+            nn.Sequential(nn.Conv2d(channels, 32, 5), nn.ReLU(), MaxPool2x2()),
+            nn.Sequential(nn.Conv2d(32, 64, 5), nn.ReLU(), MaxPool2x2()),
+            nn.Sequential(nn.Flatten(), nn.Linear(64 * h * w, 2048), nn.ReLU()),
+            nn.Sequential(nn.Linear(2048, num_classes)),
         ]
     )
 
@@ -241,6 +262,14 @@ class CNNFedStale(ZooModel):
 
     name = "cnn-fedstale"
     make = staticmethod(cnn_fedstale)
+
+
+@register("model")
+class CNNFedStaleCIFAR(ZooModel):
+    """The FedStale authors' CIFAR-10 CNN."""
+
+    name = "cnn-fedstale-cifar"
+    make = staticmethod(cnn_fedstale_cifar)
 
 
 @register("model")
