@@ -3,6 +3,7 @@
 - ``mlp``: Linear layers with ReLU, hidden sizes (32, 16) by default (SALF Sec. IV-A).
 - ``cnn2``: conv 1->6 5x5, pool, conv 6->6 5x5, pool, fc ->50, fc ->classes (SALF Sec. IV-A).
 - ``cnn-fedstale``: conv 1->32 3x3 pad 1, pool, conv 32->64 3x3 pad 1, pool, fc ->128, fc.
+- ``linear``: one linear map (no bias unless ``bias = true``).
 - ``cnn-fedstale-cifar``: FedStale's CIFAR-10 CNN, conv ->32 5x5, pool, conv 32->64 5x5, pool,
   fc ->2048, fc (3,353,034 parameters for 32x32 RGB images and 10 classes).
 - ``simple-cnn``: pfl-research's benchmark CNN, conv ->32 3x3, conv 32->64 3x3, pool, fc ->128, fc.
@@ -262,6 +263,36 @@ class CNNFedStale(ZooModel):
 
     name = "cnn-fedstale"
     make = staticmethod(cnn_fedstale)
+
+
+@dataclass
+class LinearOptions:
+    """``bias``: whether the linear map has one (off: a quadratic's point w, exactly)."""
+
+    bias: bool = False
+
+    def validate(self) -> None:
+        if not isinstance(self.bias, bool):
+            raise ConfigError(f"model.bias = {self.bias!r}: expected true or false")
+
+
+@register("model")
+class Linear(ZooModel):
+    """One linear map, input features to outputs (no bias by default): with
+    ``data.dataset = "quadratic"`` its weights are the point w of the client objectives."""
+
+    name = "linear"
+    Options = LinearOptions
+
+    @classmethod
+    def build(cls, options: LinearOptions, ctx: ModelContext) -> LayeredModel:
+        features = 1
+        for size in ctx.input_shape:
+            features *= int(size)
+        flatten: list[nn.Module] = [nn.Flatten()] if len(ctx.input_shape) > 1 else []
+        return LayeredModel(
+            [nn.Sequential(*flatten, nn.Linear(features, ctx.num_classes, bias=options.bias))]
+        )
 
 
 @register("model")
