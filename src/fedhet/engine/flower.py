@@ -260,7 +260,11 @@ class FlowerPool:
             sent[task.client] = task
         replies = list(self.grid.send_and_receive(messages, timeout=self.timeout))
         # a reply names the message it answers (the SuperLink answers for a node that is gone)
-        by_message = {m.metadata.message_id: task.client for m, task in zip(messages, tasks, strict=True)}
+        by_message = {
+            m.metadata.message_id: task.client
+            for m, task in zip(messages, tasks, strict=True)
+            if m.metadata.message_id  # set by the grid when it sent the message
+        }
         updates: dict[int, ClientUpdate] = {}
         for reply in replies:
             client = by_message.get(reply.metadata.reply_to_message_id)
