@@ -31,6 +31,18 @@ def accuracy_by_seed(row: dict) -> dict[int, float]:
     return {int(k): float(v) for k, v in (pair.split(":") for pair in row["accuracy_by_seed"].split(";"))}
 
 
+def paired_tests(pairs: list[tuple[str, str, str]], seeds) -> list[tuple]:
+    """(scenario, a, b, difference of means, p, Holm p) for each pair (scenario, a, b): a
+    paired t-test over the seeds both ran (``seeds(scenario, method)`` -> {seed: value}),
+    Holm-corrected over ``pairs``."""
+    p_values = [difference_p_value(seeds(s, a), seeds(s, b)) for s, a, b in pairs]
+    out = []
+    for (scenario, a, b), p, adjusted in zip(pairs, p_values, holm(p_values), strict=True):
+        x, y = seeds(scenario, a), seeds(scenario, b)
+        out.append((scenario, a, b, sum(x.values()) / len(x) - sum(y.values()) / len(y), p, adjusted))
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("table", help="a bench's leaderboard.csv")
@@ -42,10 +54,7 @@ def main() -> int:
     print("| family | scenario | method | vs | difference of means | p | p Holm |")
     print("|---|---|---|---|---:|---:|---:|")
     for family, pairs in FAMILIES.items():
-        p_values = [difference_p_value(seeds(s, a), seeds(s, b)) for s, a, b in pairs]
-        for (scenario, a, b), p, adjusted in zip(pairs, p_values, holm(p_values), strict=True):
-            x, y = seeds(scenario, a), seeds(scenario, b)
-            difference = sum(x.values()) / len(x) - sum(y.values()) / len(y)
+        for scenario, a, b, difference, p, adjusted in paired_tests(pairs, seeds):
             print(f"| {family} | {scenario} | {a} | {b} | {difference:+.4f} | {p:.3g} | {adjusted:.3g} |")
     return 0
 

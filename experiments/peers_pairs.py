@@ -12,9 +12,7 @@ import argparse
 import csv
 import sys
 
-from leaderboard_pairs import accuracy_by_seed
-
-from fedhet.studies.stats import difference_p_value, holm
+from leaderboard_pairs import accuracy_by_seed, paired_tests
 
 REFERENCE = "salf"
 
@@ -35,12 +33,9 @@ def main() -> int:
         (r["scenario"], args.reference, r["method"]) for r in rows
         if r["method"] != args.reference and (r["scenario"], args.reference) in by_key
     ]  # fmt: skip
-    p_values = [difference_p_value(seeds(s, a), seeds(s, b)) for s, a, b in pairs]
     print(f"| scenario | {args.reference} vs | difference of means | p | p Holm |")
     print("|---|---|---:|---:|---:|")
-    for (scenario, a, b), p, adjusted in zip(pairs, p_values, holm(p_values), strict=True):
-        x, y = seeds(scenario, a), seeds(scenario, b)
-        difference = sum(x.values()) / len(x) - sum(y.values()) / len(y)
+    for scenario, _, b, difference, p, adjusted in paired_tests(pairs, seeds):
         print(f"| {scenario} | {b} | {difference:+.4f} | {p:.3g} | {adjusted:.3g} |")
     return 0
 
