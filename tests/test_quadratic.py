@@ -70,3 +70,19 @@ def test_bad_problems_are_refused_in_one_line():
         )
     with pytest.raises(ConfigError, match=r"data.quadratic_optima: expected 2 optima of 2 numbers"):
         from_dict({"data": {"dataset": "quadratic", "quadratic_optima": [[1, 2, 3], [4, 5, 6]]}})
+
+
+def test_the_linear_model_starts_where_model_init_says_and_refuses_a_wrong_length():
+    """FedStale Fig. 1 starts every method from w^(1) = (-10, -10): model.init sets the
+    weights exactly; a list of the wrong length is refused in one line naming the key."""
+    from fedhet.world import build_world
+
+    document = {k: dict(v) for k, v in BASE.items()}
+    document["model"] = {"name": "linear", "init": [-10.0, -10.0]}
+    world = build_world(from_dict(document))
+    assert world.initial_params.tolist() == [-10.0, -10.0]
+    document["model"] = {"name": "linear", "init": [1.0, 2.0, 3.0]}
+    with pytest.raises(ConfigError, match=r"model.init: 3 numbers given, the 1 x 2 weights need 2"):
+        build_world(from_dict(document))
+    with pytest.raises(ConfigError, match=r"model.init = \['a'\]: expected a list of finite numbers"):
+        from_dict({**document, "model": {"name": "linear", "init": ["a"]}})

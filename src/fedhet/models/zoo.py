@@ -16,9 +16,11 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import torch
 from torch import nn
 
 from fedhet.errors import ConfigError
@@ -267,13 +269,20 @@ class CNNFedStale(ZooModel):
 
 @dataclass
 class LinearOptions:
-    """``bias``: whether the linear map has one (off: a quadratic's point w, exactly)."""
+    """``bias``: whether the linear map has one (off: a quadratic's point w, exactly);
+    ``init``: the starting weights as one flat list (outputs x features, row by row), e.g.
+    FedStale Fig. 1's w^(1) = (-10, -10); empty: PyTorch's default random start."""
 
     bias: bool = False
+    init: list = field(default_factory=list)
 
     def validate(self) -> None:
         if not isinstance(self.bias, bool):
             raise ConfigError(f"model.bias = {self.bias!r}: expected true or false")
+        if not isinstance(self.init, list) or not all(
+            isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in self.init
+        ):
+            raise ConfigError(f"model.init = {self.init!r}: expected a list of finite numbers")
 
 
 @register("model")
@@ -290,9 +299,16 @@ class Linear(ZooModel):
         for size in ctx.input_shape:
             features *= int(size)
         flatten: list[nn.Module] = [nn.Flatten()] if len(ctx.input_shape) > 1 else []
-        return LayeredModel(
-            [nn.Sequential(*flatten, nn.Linear(features, ctx.num_classes, bias=options.bias))]
-        )
+        layer = nn.Linear(features, ctx.num_classes, bias=options.bias)
+        if options.init:
+            if len(options.init) != layer.weight.numel():
+                raise ConfigError(
+                    f"model.init: {len(options.init)} numbers given, the {ctx.num_classes} x {features} "
+                    f"weights need {layer.weight.numel()}"
+                )
+            with torch.no_grad():
+                layer.weight.copy_(torch.tensor(options.init, dtype=layer.weight.dtype).view_as(layer.weight))
+        return LayeredModel([nn.Sequential(*flatten, layer)])
 
 
 @register("model")
