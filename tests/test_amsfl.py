@@ -136,7 +136,8 @@ AMSFL = {
 
 
 @pytest.mark.parametrize(
-    ("allocation", "gda_cost"), [("marginal", "charged"), ("paper", "free"), ("sqrt", "charged")]
+    ("allocation", "gda_cost"),
+    [("marginal", "charged"), ("paper", "free"), ("sqrt", "charged"), ("gda-sqrt", "charged")],
 )
 def test_amsfl_run_keeps_the_budget_and_the_clock(tmp_path, allocation, gda_cost):
     """The plan's (c_i, b_i) are those the allocation saw: with GDA charged c'_i = 2 c_i and
@@ -302,3 +303,28 @@ def test_per_client_communication_delays_reach_the_plan_and_the_clock(tmp_path):
         make_config({**AMSFL, "system.comm_times": [0.1, 0.2]})
     with pytest.raises(ConfigError, match=r"system.comm_times"):
         make_config({**AMSFL, "system.comm_times": [0.1, -1.0, 0.1, 0.1, 0.1]})
+
+
+def test_gda_sqrt_is_sqrt_at_equal_estimates_and_follows_each_clients_gradient_and_drift():
+    """gda-sqrt: with every client's G_i,k equal (or none reported) it is the sqrt allocation;
+    a client whose gradient at w^(k) is larger gets at least as many steps as the sqrt plan
+    gives it (its weight w_i G_i,k / G_k grows); and no client runs past its last step of
+    positive net gain, t_i <= 1 + alpha_i / beta_i."""
+    from fedhet.algorithms.amsfl import gda_sqrt_steps, gda_sqrt_weights, sqrt_steps
+
+    w, c, b, budget = np.full(4, 0.25), np.array([0.01, 0.04, 0.09, 0.16]), np.full(4, 0.1), 6.4
+    plain = sqrt_steps(w, c, b, budget, max_steps=1000)
+    flat = {i: {"smoothness": 0.0, "grad_bound": 1.0, "round_grad": 2.0} for i in range(4)}
+    assert gda_sqrt_steps(w, c, b, budget, {}, lr=0.1, mu=1.0, max_steps=1000).tolist() == plain.tolist()
+    assert gda_sqrt_steps(w, c, b, budget, flat, lr=0.1, mu=1.0, max_steps=1000).tolist() == plain.tolist()
+    steep = {**flat, 3: {"smoothness": 0.0, "grad_bound": 1.0, "round_grad": 8.0}}
+    np.testing.assert_allclose(gda_sqrt_weights(w, steep), w * np.array([2, 2, 2, 8]) / 3.5)
+    more = gda_sqrt_steps(w, c, b, budget, steep, lr=0.1, mu=1.0, max_steps=1000)
+    assert more[3] > plain[3] and np.sum(c * more + b) <= budget + 1e-12
+    # drift: L_i = 10, G_i = 1 at eta = 0.1: beta_i = 0.5, alpha_i = 2 * 0.1 * 1 * 2 = 0.4 -> t <= 1
+    drifting = {**flat, 0: {"smoothness": 10.0, "grad_bound": 1.0, "round_grad": 2.0}}
+    capped = gda_sqrt_steps(w, c, b, budget, drifting, lr=0.1, mu=1.0, max_steps=1000)
+    assert capped[0] == 1 and capped[1:].tolist() == plain[1:].tolist()
+    # a milder drift, alpha_i / beta_i = 0.4 / 0.02 = 20: t_0 <= 21
+    mild = {**flat, 0: {"smoothness": 2.0, "grad_bound": 1.0, "round_grad": 2.0}}
+    assert gda_sqrt_steps(w, c, b, budget, mild, lr=0.1, mu=1.0, max_steps=1000)[0] == min(plain[0], 21)

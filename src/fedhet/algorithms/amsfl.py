@@ -24,6 +24,14 @@ Three allocation rules:
 - ``sqrt`` (ours): the diminishing-returns reading, minimise sum_i w_i / t_i subject to
   sum_i (c_i t_i + b_i) <= S, 1 <= t_i <= max_steps, whose solution is Theorem 3.4's
   t_i ~ (w_i / c_i)^(1/2) (:func:`sqrt_steps`). It needs no GDA estimate.
+- ``gda-sqrt`` (ours): Theorem 3.4's shape driven by each client's own GDA estimates
+  (:func:`gda_sqrt_weights`): the same minimisation with w_i replaced by w_i G_i,k / G_k,
+  the client's share of the progress term (its gradient norm at the round's model), so
+  t_i ~ (w_i G_i,k / c_i)^(1/2); and each t_i capped at the last step whose net gain in the
+  printed objective is positive, t_i <= 1 + alpha_i / beta_i with alpha_i = 2 eta sqrt(mu)
+  G_i,k and beta_i = eta^2 L_i^2 G_i^2 / 2 from the client's last reports (L_i its largest
+  ||Delta g|| / ||Delta w||, G_i its largest gradient norm). Budget the cap frees is left
+  unspent (the round ends sooner). Until a client has reported, its w_i and no cap are used.
 
 GDA keeps estimating with one local step: a client that takes one step still reports the
 gradient at the received model (its step's own gradient), so G_k and G follow the shrinking
@@ -51,7 +59,7 @@ from fedhet.algorithms.fedavg import FedAvg, FedAvgOptions
 from fedhet.errors import ConfigError
 from fedhet.system.base import StepTimeLaw
 
-ALLOCATIONS = ("marginal", "paper", "sqrt")
+ALLOCATIONS = ("marginal", "paper", "sqrt", "gda-sqrt")
 COSTS = ("known", "estimated")
 GDA_COSTS = ("charged", "free")
 PARETO_LIMIT = 50_000  # sqrt_steps: the exact search's front size beyond which it rounds instead
@@ -212,6 +220,49 @@ def _rounded_steps(a, c, spare, max_steps, tolerance) -> np.ndarray:
         used += c[j] - c[i]
 
 
+def gda_sqrt_steps(
+    weights: np.ndarray,
+    step_cost: np.ndarray,
+    comm_cost: np.ndarray,
+    budget: float,
+    client_estimates: dict[int, dict],
+    lr: float,
+    mu: float,
+    max_steps: int = 50,
+) -> np.ndarray:
+    """Theorem 3.4's allocation driven by each client's GDA estimates (allocation
+    ``gda-sqrt``): :func:`sqrt_steps` with the weights of :func:`gda_sqrt_weights`, then each
+    t_i capped at 1 + alpha_i / beta_i, the last step whose net gain w_i (alpha_i - beta_i
+    (t - 1)) in AMSFL's objective (Sec. 3.4) is positive, alpha_i = 2 eta sqrt(mu) G_i,k,
+    beta_i = eta^2 L_i^2 G_i^2 / 2 (floored, at least 1; no cap for a client without
+    estimates or with L_i G_i = 0)."""
+    steps = sqrt_steps(gda_sqrt_weights(weights, client_estimates), step_cost, comm_cost, budget, max_steps)
+    for i, est in client_estimates.items():
+        beta = lr**2 * est["smoothness"] ** 2 * est["grad_bound"] ** 2 / 2.0
+        if beta > 0:
+            alpha = 2.0 * lr * np.sqrt(mu) * est["round_grad"]
+            steps[i] = min(int(steps[i]), max(1, int(np.floor(1.0 + alpha / beta + 1e-9))))
+    return steps
+
+
+def gda_sqrt_weights(weights: np.ndarray, client_estimates: dict[int, dict]) -> np.ndarray:
+    """w_i G_i,k / G_k: client i's share of the progress term alpha sum_i w_i t_i when alpha
+    is split by the clients' own gradient norms at the round's model, G_i,k (its last
+    report), G_k = sum_j w_j G_j,k over the clients that reported (AMSFL Sec. 3.2-3.4).
+    Clients without a report, or a zero G_k, keep w_i."""
+    w = np.asarray(weights, float).copy()
+    reported = [i for i in client_estimates if client_estimates[i]["round_grad"] > 0]
+    if not reported:
+        return w
+    share = w[reported] / w[reported].sum()
+    mean = float(np.dot(share, [client_estimates[i]["round_grad"] for i in reported]))
+    if mean <= 0:
+        return w
+    for i in reported:
+        w[i] *= client_estimates[i]["round_grad"] / mean
+    return w
+
+
 @dataclass
 class GDAEstimates:
     """Server-side estimates from one round's GDA reports (AMSFL Sec. 3.2-3.3):
@@ -356,6 +407,7 @@ class AMSFL(FedAvg):
             "cost_sums": np.zeros((setting.num_clients, 5)),
             "history": [],
             "previous": None,  # the last round's model and mean gradient (L across rounds)
+            "client_estimates": {},  # client -> its last GDA report's L_i, G_i, G_i,k (gda-sqrt)
         }
 
     def _costs(self, state: dict, system, batch_sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -391,6 +443,17 @@ class AMSFL(FedAvg):
             beta = lr**2 * est["smoothness"] ** 2 * est["grad_bound"] ** 2 / 2.0
         if o.allocation == "sqrt":
             steps = sqrt_steps(state["weights"], step_cost, comm_cost, o.round_budget, o.max_steps)
+        elif o.allocation == "gda-sqrt":
+            steps = gda_sqrt_steps(
+                state["weights"],
+                step_cost,
+                comm_cost,
+                o.round_budget,
+                state["client_estimates"],
+                lr,
+                o.mu,
+                o.max_steps,
+            )
         elif est is None:
             spare = o.round_budget - comm_cost.sum()
             affordable = int(spare / max(step_cost.sum(), 1e-300) + 1e-9)
@@ -474,6 +537,14 @@ class AMSFL(FedAvg):
         new_params, new_buffers = super().aggregate(params, buffers, updates, state, context, layout)
         reports = [u for u in updates if "ratio_max" in u.payload]
         weights = state["weights"][[u.client for u in reports]]
+        for u in reports:  # each client's own estimates, for gda-sqrt
+            previous = state["client_estimates"].get(u.client, {})
+            smoothness = u.payload["ratio_max"] or previous.get("smoothness", 0.0)
+            state["client_estimates"][u.client] = {
+                "smoothness": float(smoothness),
+                "grad_bound": float(u.payload["grad_norm_max"]),
+                "round_grad": float(u.payload["grad_norm_anchor"]),
+            }
         estimates = gda_estimates([u.payload for u in reports], weights)
         state["history"].append(dict(context.plan.record))  # the plan of the round aggregated
         history = state["history"][-1]

@@ -76,3 +76,22 @@ def holm(p_values: list[float | None]) -> list[float | None]:
         running = max(running, min(1.0, (m - rank) * p))
         adjusted[index] = running
     return adjusted
+
+
+def paired_variance_p_value(a: dict, b: dict) -> float | None:
+    """Two-sided p-value of "a and b have the same variance" for values paired by seed (the
+    Pitman-Morgan test: Var a = Var b exactly when a + b and a - b are uncorrelated, so the
+    Pearson correlation of the sums and differences over the common seeds is tested against
+    0 with n - 2 degrees of freedom; Pitman 1939, Morgan 1939). ``None`` with fewer than
+    three common seeds; 1 when the sums or the differences are constant."""
+    common = sorted(set(a) & set(b), key=str)
+    if len(common) < 3:
+        return None
+    x = np.array([a[k] for k in common], dtype=float)
+    y = np.array([b[k] for k in common], dtype=float)
+    sums, differences = x + y, x - y
+    if np.ptp(sums) == 0.0 or np.ptp(differences) == 0.0:
+        return 1.0
+    from scipy.stats import pearsonr
+
+    return float(pearsonr(sums, differences).pvalue)
