@@ -1,0 +1,234 @@
+"""FedStale under its own protocol (FedStale Sec. 5): the client learning rate tuned per
+algorithm (beta) and cell on a validation split, then 5 seeds on the test set at
+p_avg/p_min = 25.5 and 250.5, where Guideline B says FedAvg (beta = 0) should win.
+
+    # 1. after `fedhet reproduce experiments/fedstale_protocol_tune.toml`: the per-run table
+    #    and the test grid with each (cell, beta)'s best learning rate
+    python experiments/fedstale_protocol.py docs/results/data/fedstale-protocol.csv \
+        --tune runs/fedstale_protocol_tune --grid experiments/fedstale_protocol.toml
+    # 2. after `fedhet reproduce experiments/fedstale_protocol.toml`: add the test runs
+    python experiments/fedstale_protocol.py docs/results/data/fedstale-protocol.csv \
+        --tune runs/fedstale_protocol_tune --test runs/fedstale_protocol
+    # any time: every number of the page's section from the committed table
+    python experiments/fedstale_protocol.py docs/results/data/fedstale-protocol.csv
+
+A run's score is the mean of its last three evaluations (validation accuracy when tuning,
+test accuracy after). Tests: two-sided paired t-tests over the seeds (a seed fixes the data
+split, the initial model, the participation draws and the minibatches for every beta),
+Holm-corrected over the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+import tomllib
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import tomli_w
+
+from fedhet.results import RunDirectory
+from fedhet.studies.beta_map import read_record
+from fedhet.studies.stats import difference_p_value, estimate, holm
+
+COLUMNS = [
+    "stage",
+    "sigma_g2",
+    "p_min",
+    "ratio",
+    "rounds",
+    "beta",
+    "lr",
+    "seed",
+    "score",
+    "final_accuracy",
+    "fedhet",
+]
+LAST = 3
+
+
+def runs_table(folder: str, stage: str) -> list[dict]:
+    """One row per finished run of a grid folder."""
+    rows = []
+    for path in sorted(Path(folder).iterdir()):
+        run = RunDirectory(path)
+        record = read_record(run, LAST) if (path / "metrics.csv").exists() else None
+        if record is None:
+            continue
+        config = tomllib.loads((path / "config.toml").read_text())
+        summary = run.read_summary()
+        rows.append(
+            {
+                "stage": stage,
+                "sigma_g2": f"{record.swap_fraction:g}",
+                "p_min": f"{record.p_min:g}",
+                "ratio": f"{record.participation_ratio:.1f}",
+                "rounds": summary["rounds"],
+                "beta": f"{record.beta:g}",
+                "lr": f"{config['train']['lr']:g}",
+                "seed": record.seed,
+                "score": f"{record.accuracy:.6f}",
+                "final_accuracy": f"{summary['final_test_accuracy']:.6f}",
+                "fedhet": summary.get("fedhet", ""),
+            }
+        )
+    if not rows:
+        raise SystemExit(f"fedstale_protocol: {folder}: no finished runs")
+    return rows
+
+
+def read_rows(path: str) -> list[dict]:
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def chosen_rates(rows: list[dict]) -> dict[tuple, tuple[str, float]]:
+    """{(sigma, p_min, beta): (best lr, its validation score)} from the tuning rows."""
+    best: dict[tuple, tuple[str, float]] = {}
+    for row in rows:
+        if row["stage"] != "tune":
+            continue
+        key, score = (row["sigma_g2"], row["p_min"], row["beta"]), float(row["score"])
+        if key not in best or score > best[key][1]:
+            best[key] = (row["lr"], score)
+    return best
+
+
+def write_grid(rows: list[dict], tune_config: str, out: str, seeds: list[int]) -> None:
+    """The test grid: the tuning grid's setting without its validation split, one case per
+    (cell, beta) at its chosen lr, crossed with ``seeds``."""
+    base = tomllib.loads(Path(tune_config).read_text())
+    for key in ("cases", "grid", "report"):
+        base.pop(key, None)
+    base["experiment"]["name"] = "fedstale_protocol"
+    base["data"].pop("validation_fraction")
+    base["run"].pop("seed")
+    rounds = {row["p_min"]: int(row["rounds"]) for row in rows if row["stage"] == "tune"}
+    cases = []
+    for (sigma, p_min, beta), (lr, _) in sorted(chosen_rates(rows).items(), key=lambda kv: float(kv[0][1])):
+        cases.append(
+            {
+                "system.participation_min": float(p_min),
+                "run.rounds": rounds[p_min],
+                "data.swap_fraction": float(sigma),
+                "algorithm.beta": float(beta),
+                "train.lr": float(lr),
+            }
+        )
+    base["cases"] = cases
+    base["grid"] = {"run.seed": seeds}
+    base["report"] = {
+        "rows": ["data.swap_fraction", "system.participation_min"],
+        "columns": ["algorithm.beta"],
+        "value": "final_test_accuracy",
+        "interval": "ci95",
+        "reference": "0.0",
+    }
+    header = (
+        "# FedStale under its own protocol, step 2 of 2: each (cell, beta) at the learning rate it\n"
+        "# scored best with on the validation split in experiments/fedstale_protocol_tune.toml,\n"
+        f"# on the test set, seeds {seeds[0]}-{seeds[-1]}. Generated by experiments/fedstale_protocol.py.\n"
+        "#\n#   fedhet reproduce experiments/fedstale_protocol.toml\n"
+    )
+    Path(out).write_text(header + tomli_w.dumps(base))
+    print(f"{out}: {len(cases)} cases x {len(seeds)} seeds", file=sys.stderr)
+
+
+def print_report(rows: list[dict]) -> None:
+    rates = sorted({row["lr"] for row in rows if row["stage"] == "tune"}, key=float, reverse=True)
+    tune = {
+        (r["sigma_g2"], r["p_min"], r["beta"], r["lr"]): float(r["score"])
+        for r in rows
+        if r["stage"] == "tune"
+    }
+    chosen = chosen_rates(rows)
+    print("| sigma_g^2 | p_avg/p_min | beta | " + " | ".join(f"lr {lr}" for lr in rates) + " | chosen |")
+    print("|---|---|---|" + "---:|" * len(rates) + "---|")
+    ratio_of = {r["p_min"]: r["ratio"] for r in rows}
+    for sigma, p_min, beta in sorted(chosen, key=lambda k: (float(k[0]), float(k[1]), float(k[2]))):
+        cells = [
+            f"{tune[(sigma, p_min, beta, lr)]:.3f}" if (sigma, p_min, beta, lr) in tune else "-"
+            for lr in rates
+        ]
+        print(
+            f"| {sigma} | {ratio_of[p_min]} | {beta} | "
+            + " | ".join(cells)
+            + f" | {chosen[(sigma, p_min, beta)][0]} |"
+        )
+    test = [r for r in rows if r["stage"] == "test"]
+    if not test:
+        return
+    by_cell: dict[tuple, dict[float, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
+    for r in test:
+        by_cell[(float(r["sigma_g2"]), float(r["ratio"]))][float(r["beta"])][int(r["seed"])] = float(
+            r["score"]
+        )
+    betas = sorted({b for cell in by_cell.values() for b in cell})
+    tests, labels = [], []
+    for key, cell in sorted(by_cell.items()):
+        middle = [b for b in cell if 0.0 < b < 1.0]
+        best_middle = max(middle, key=lambda b: np.mean(list(cell[b].values())))
+        for a, b in ((best_middle, 0.0), (best_middle, 1.0), (0.0, 1.0)):
+            tests.append(difference_p_value(cell[a], cell[b]))
+            labels.append((key, a, b))
+    adjusted = dict(zip(labels, holm(tests), strict=True))
+    raw = dict(zip(labels, tests, strict=True))
+    print()
+    print(
+        "| sigma_g^2 | p_avg/p_min | "
+        + " | ".join(f"beta={b:g}" for b in betas)
+        + " | beta_opt (mean) | beta=0 - beta=1 | p (Holm) | best middle - beta=0, p (Holm) | best middle - beta=1, p (Holm) |"
+    )
+    print("|---|---|" + "---|" * len(betas) + "---|---|---|---|---|")
+    for key, cell in sorted(by_cell.items()):
+        means = {b: float(np.mean(list(cell[b].values()))) for b in cell}
+        shown = []
+        for b in betas:
+            e = estimate(list(cell[b].values()), "ci95")
+            shown.append(f"{e.mean:.3f} ± {e.spread:.3f}")
+        opt = max(means, key=lambda b: (means[b], -b))
+        middle = [lab for lab in labels if lab[0] == key]
+        (_, m, _), (_, _, _), (_, _, _) = middle
+
+        def fmt(a, b):
+            return f"{100 * (means[a] - means[b]):+.1f}, {raw[(key, a, b)]:.3g} ({adjusted[(key, a, b)]:.3g})"
+
+        print(
+            f"| {key[0]:g} | {key[1]:.1f} | " + " | ".join(shown) + f" | {opt:g} | "
+            f"{100 * (means[0.0] - means[1.0]):+.1f} | {raw[(key, 0.0, 1.0)]:.3g} ({adjusted[(key, 0.0, 1.0)]:.3g}) | "
+            f"{m:g}: {fmt(m, 0.0)} | {m:g}: {fmt(m, 1.0)} |"
+        )
+    seeds = sorted({int(r["seed"]) for r in test})
+    print(
+        f"\nseeds {seeds[0]}-{seeds[-1]} ({len(seeds)}); differences in accuracy points; "
+        f"{len(tests)} tests Holm-corrected"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("table", help="the per-run table (written with --tune, read otherwise)")
+    parser.add_argument("--tune", help="the finished tuning grid's folder")
+    parser.add_argument("--test", help="the finished test grid's folder")
+    parser.add_argument("--grid", help="write the test grid here (needs --tune)")
+    parser.add_argument("--tune-config", default="experiments/fedstale_protocol_tune.toml")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
+    args = parser.parse_args()
+    if args.tune:
+        rows = runs_table(args.tune, "tune") + (runs_table(args.test, "test") if args.test else [])
+        with open(args.table, "w", newline="") as handle:
+            writer = csv.DictWriter(handle, COLUMNS)
+            writer.writeheader()
+            writer.writerows(rows)
+    rows = read_rows(args.table)
+    if args.grid:
+        write_grid(rows, args.tune_config, args.grid, args.seeds)
+    print_report(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
