@@ -299,3 +299,27 @@ def test_the_peers_page_shows_what_its_committed_tables_give():
         )
         lines = done.stdout.strip().splitlines()
         assert len(lines) > 10 and all(line in page for line in lines), table
+
+
+PAGE_TABLES = [  # (results page, script, its committed per-run table)
+    ("amsfl.md", "amsfl_variance.py", "amsfl-variance.csv"),
+]
+
+
+@pytest.mark.parametrize(("page", "script", "table"), PAGE_TABLES)
+def test_a_results_page_shows_what_its_committed_table_gives(page, script, table):
+    """Every line a page's recompute script prints from the committed per-run table is on
+    the page, word for word: a page and its data cannot drift apart."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    text = (root / "docs" / "results" / page).read_text()
+    done = subprocess.run(
+        [sys.executable, str(root / "experiments" / script), str(root / "docs" / "results" / "data" / table)],
+        capture_output=True, text=True, check=True, cwd=root,
+    )  # fmt: skip
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    missing = [line for line in lines if line not in text]
+    assert len(lines) > 5 and not missing, missing[:3]
