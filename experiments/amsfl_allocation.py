@@ -4,7 +4,7 @@ difference of final accuracy with its 95% t-interval and a two-sided paired t-te
 Holm-corrected over the table; and the mean local steps per client and round.
 
     python experiments/amsfl_allocation.py docs/results/data/amsfl-allocation.csv \
-        --runs runs/amsfl_allocation_nslkdd runs/amsfl_allocation_fmnist
+        --runs runs/amsfl_allocation_nslkdd
     python experiments/amsfl_allocation.py docs/results/data/amsfl-allocation.csv   # from the table
 """
 

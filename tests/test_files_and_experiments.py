@@ -304,6 +304,7 @@ def test_the_peers_page_shows_what_its_committed_tables_give():
 PAGE_TABLES = [  # (results page, script, its committed per-run table)
     ("amsfl.md", "amsfl_variance.py", "amsfl-variance.csv"),
     ("fedstale.md", "fedstale_fig1.py", "fedstale-fig1.csv"),
+    ("amsfl.md", "amsfl_allocation.py", "amsfl-allocation.csv"),
 ]
 
 
