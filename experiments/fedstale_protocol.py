@@ -210,11 +210,6 @@ def print_report(rows: list[dict]) -> None:
             f"{middle:g}: {compared[2]}",
         ]
         print("| " + " | ".join(row) + " |")
-    seeds = sorted({int(r["seed"]) for r in test})
-    print(
-        f"\nseeds {seeds[0]}-{seeds[-1]} ({len(seeds)}); differences in accuracy points; "
-        f"{len(tests)} tests Holm-corrected"
-    )
 
 
 def _difference(means: dict, raw: dict, adjusted: dict, key: tuple, a: float, b: float) -> str:
