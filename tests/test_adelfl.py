@@ -110,6 +110,25 @@ def test_solver_failure_falls_back_to_equal_deadlines_and_says_so():
     assert np.allclose(plan.deadlines, problem.time_budget / problem.num_rounds)
 
 
+def test_a_solve_out_of_time_keeps_its_best_feasible_iterate_or_falls_back():
+    """The planner stops each trust-constr solve at ``time_limit`` seconds: what it returns
+    then still meets the budget, and is either the last iterate (better than equal
+    deadlines, said in ``status``) or the announced fallback to equal deadlines."""
+    import time
+
+    problem = _problem()
+    started = time.monotonic()
+    plan = solve(problem, initial_batch_scale=16.0, time_limit=0.0)
+    assert time.monotonic() - started < 30
+    assert plan.status.startswith("time limit: best iterate") or plan.fell_back
+    assert plan.deadlines.sum() <= problem.time_budget * (1 + 1e-9)
+    if not plan.fell_back:
+        assert plan.objective <= plan.equal_deadlines_objective * (1 + 1e-9)
+        assert plan.iterations <= 2
+    full = solve(problem, initial_batch_scale=16.0)
+    assert full.status == "optimal" and full.objective <= plan.objective * (1 + 1e-9)
+
+
 def test_budget_too_small_for_lemma_3_is_a_clear_error():
     with pytest.raises(ConfigError, match="run.time_budget .* too small"):
         solve(_problem(budget=60 * 0.5), initial_batch_scale=16.0)

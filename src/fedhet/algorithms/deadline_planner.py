@@ -24,6 +24,7 @@ optimise the slack s_t = T_t - tau x_min m >= 0 and m, so every iterate keeps q_
 
 from __future__ import annotations
 
+import time
 import warnings
 from dataclasses import dataclass, field
 
@@ -158,7 +159,7 @@ class DeadlinePlan:
     batch_scale: float
     objective: float
     equal_deadlines_objective: float
-    status: str  # "optimal", or "fallback: <why>"
+    status: str  # "optimal", "time limit: ..." (the best iterate when time ran out), or "fallback: <why>"
     solver_message: str
     iterations: int
     no_reach_first_layer: np.ndarray = field(default_factory=lambda: np.zeros(0))
@@ -206,8 +207,15 @@ def feasible_batch_scale(problem: DeadlineProblem, preferred: float) -> float:
     return float(min(max(preferred, lo), hi, max(lo, 0.9 * largest)))
 
 
-def solve(problem: DeadlineProblem, initial_batch_scale: float, max_iter: int = 3000) -> DeadlinePlan:
+def solve(
+    problem: DeadlineProblem, initial_batch_scale: float, max_iter: int = 3000, time_limit: float = 60.0
+) -> DeadlinePlan:
     """Solve ADEL-FL Problem 2 with trust-constr, starting from equal deadlines.
+
+    Each solve stops after ``time_limit`` seconds of host time (some budgets and constants
+    make trust-constr take tens of minutes); its last iterate is then used if it meets the
+    constraints and beats equal deadlines (status ``time limit: ...``), otherwise the start
+    falls back as a failed solve does.
 
     Variables are scaled to O(1): slacks in units of T_max/R and m in units of the box's
     upper end. A solution that violates a constraint, fails to converge or is worse than
@@ -217,20 +225,20 @@ def solve(problem: DeadlineProblem, initial_batch_scale: float, max_iter: int = 
     """
     m0 = feasible_batch_scale(problem, initial_batch_scale)
     equal_value = problem.objective(equal_deadlines(problem), m0)
-    plan = _solve_from(problem, m0, m0, equal_value, max_iter)
+    plan = _solve_from(problem, m0, m0, equal_value, max_iter, time_limit)
     lo = problem.batch_scale_bounds[0]
     if plan.fell_back and m0 > lo:
-        retry = _solve_from(problem, 0.5 * (m0 + lo), m0, equal_value, max_iter)
+        retry = _solve_from(problem, 0.5 * (m0 + lo), m0, equal_value, max_iter, time_limit)
         if not retry.fell_back:
             return retry
     return plan
 
 
 def _solve_from(
-    problem: DeadlineProblem, start: float, m0: float, equal_value: float, max_iter: int
+    problem: DeadlineProblem, start: float, m0: float, equal_value: float, max_iter: int, time_limit: float
 ) -> DeadlinePlan:
-    """One trust-constr solve from equal deadlines at batch scale ``start``; the fallback is
-    equal deadlines at ``m0``."""
+    """One trust-constr solve from equal deadlines at batch scale ``start``, stopped after
+    ``time_limit`` seconds; the fallback is equal deadlines at ``m0``."""
     R = problem.num_rounds
     equal = equal_deadlines(problem)
     share = problem.time_budget / R
@@ -258,6 +266,12 @@ def _solve_from(
         np.concatenate([np.full(R, np.inf), [hi / m_unit]]),
         keep_feasible=True,
     )
+    started = time.monotonic()
+
+    def out_of_time(intermediate_result) -> None:
+        if time.monotonic() - started > time_limit:
+            raise StopIteration  # trust-constr ends with status 3 and its last iterate
+
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="delta_grad == 0.0")  # BFGS at a converged point
@@ -272,6 +286,7 @@ def _solve_from(
                 constraints=[constraint],
                 bounds=bounds,
                 options={"maxiter": max_iter, "gtol": 1e-9, "xtol": 1e-10},
+                callback=out_of_time,
             )
     except (ValueError, np.linalg.LinAlgError, FloatingPointError) as exc:  # numerical breakdown
         return _fallback(problem, m0, f"solver error: {exc}", 0)
@@ -283,16 +298,23 @@ def _solve_from(
             return _fallback(problem, m0, f"budget violated by {excess:.3g}", result.niter)
         deadlines = a * m + slack * (1 - excess / slack.sum())
     value = problem.objective(deadlines, m)
-    if result.status not in (1, 2):
+    timed_out = result.status == 3
+    if result.status not in (1, 2) and not timed_out:
         return _fallback(problem, m0, f"not converged ({result.message})", result.niter)
     if not np.isfinite(value) or value > equal_value * (1 + 1e-9):
-        return _fallback(problem, m0, f"solution {value:.6g} worse than equal deadlines", result.niter)
+        why = "time limit" if timed_out else "solution"
+        return _fallback(problem, m0, f"{why} {value:.6g} worse than equal deadlines", result.niter)
+    status = (
+        f"time limit: best iterate after {time_limit:g} s, {result.niter} iterations"
+        if timed_out
+        else "optimal"
+    )
     return DeadlinePlan(
         deadlines=deadlines,
         batch_scale=float(m),
         objective=value,
         equal_deadlines_objective=equal_value,
-        status="optimal",
+        status=status,
         solver_message=str(result.message),
         iterations=int(result.niter),
         no_reach_first_layer=problem.no_reach_prob(deadlines, m)[:, 0],
