@@ -13,7 +13,9 @@ beside ADEL-FL, SALF and drop-stragglers, then 5 seeds on the test set.
     python experiments/adelfl_protocol.py docs/results/data/adelfl-protocol.csv
 
 A run's score is the mean of its last three evaluations (rounds 60, 80 and 100; validation
-accuracy when tuning, test accuracy after). ADEL-FL is compared with every other method of
+accuracy when tuning, test accuracy after). A run that stops unfinished (drop-stragglers
+with no client finishing a round) has no score; a method with no finished tuning run in a
+row is left out of that row's test grid. ADEL-FL is compared with every other method of
 its row by a two-sided paired t-test over the seeds, Holm-corrected over the table.
 """
 
@@ -143,7 +145,12 @@ def print_report(rows: list[dict]) -> None:
     print("| P_u ~ U(low, ·), T_max | " + " | ".join(methods) + " |")
     print("|---|" + "---|" * len(methods))
     for cell in cells:
-        shown = [f"{chosen[(*cell, m)]['lr']} ({float(chosen[(*cell, m)]['score']):.3f})" for m in methods]
+        shown = [
+            f"{chosen[(*cell, m)]['lr']} ({float(chosen[(*cell, m)]['score']):.3f})"
+            if (*cell, m) in chosen
+            else "no run finished"
+            for m in methods
+        ]
         print(f"| {cell[0]}, {cell[1]} | " + " | ".join(shown) + " |")
     test: dict[tuple, dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
     for r in rows:
@@ -151,7 +158,7 @@ def print_report(rows: list[dict]) -> None:
             test[(r["capability_low"], r["time_budget"])][r["method"]][int(r["seed"])] = float(r["score"])
     if not test:
         return
-    pairs = [(cell, m) for cell in _rows(test) for m in methods if m != ADEL]
+    pairs = [(cell, m) for cell in _rows(test) for m in methods if m != ADEL and m in test[cell]]
     p_values = [difference_p_value(test[cell][ADEL], test[cell][m]) for cell, m in pairs]
     found = {pair: (p, q) for pair, p, q in zip(pairs, p_values, holm(p_values), strict=True)}
     print(
@@ -163,6 +170,9 @@ def print_report(rows: list[dict]) -> None:
     for cell in _rows(test):
         shown = []
         for m in methods:
+            if m not in test[cell]:
+                shown.append("-")
+                continue
             e = estimate(list(test[cell][m].values()), "ci95")
             text = f"{e.mean:.3f} ± {e.spread:.3f}"
             if m != ADEL:
