@@ -21,8 +21,6 @@ its row by a two-sided paired t-test over the seeds, Holm-corrected over the tab
 
 from __future__ import annotations
 
-import argparse
-import csv
 import json
 import sys
 import tomllib
@@ -31,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import tomli_w
+from protocol_grid import protocol_main
 
 from fedhet.results import RunDirectory
 from fedhet.studies.stats import difference_p_value, estimate, holm
@@ -186,27 +185,14 @@ def print_report(rows: list[dict]) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("table", help="the per-run table (written with --tune, read otherwise)")
-    parser.add_argument("--tune", help="the finished tuning grid's folder")
-    parser.add_argument("--test", help="the finished test grid's folder")
-    parser.add_argument("--grid", help="write the test grid here (needs --tune)")
-    parser.add_argument("--tune-config", default="experiments/adelfl_protocol_tune.toml")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
-    args = parser.parse_args()
-    if args.tune:
-        rows = runs_table(args.tune, "tune") + (runs_table(args.test, "test") if args.test else [])
-        with open(args.table, "w", newline="") as handle:
-            writer = csv.DictWriter(handle, COLUMNS)
-            writer.writeheader()
-            writer.writerows(rows)
-    rows = []
-    with open(args.table, newline="") as handle:
-        rows = list(csv.DictReader(handle))
-    if args.grid:
-        write_grid(rows, args.tune_config, args.grid, args.seeds)
-    print_report(rows)
-    return 0
+    return protocol_main(
+        __doc__.splitlines()[0],
+        "experiments/adelfl_protocol_tune.toml",
+        COLUMNS,
+        runs_table,
+        write_grid,
+        print_report,
+    )
 
 
 if __name__ == "__main__":

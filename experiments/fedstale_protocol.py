@@ -20,8 +20,6 @@ Holm-corrected over the table.
 
 from __future__ import annotations
 
-import argparse
-import csv
 import sys
 import tomllib
 from collections import defaultdict
@@ -29,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import tomli_w
+from protocol_grid import protocol_main
 
 from fedhet.results import RunDirectory
 from fedhet.studies.beta_map import read_record
@@ -78,11 +77,6 @@ def runs_table(folder: str, stage: str) -> list[dict]:
     if not rows:
         raise SystemExit(f"fedstale_protocol: {folder}: no finished runs")
     return rows
-
-
-def read_rows(path: str) -> list[dict]:
-    with open(path, newline="") as handle:
-        return list(csv.DictReader(handle))
 
 
 def chosen_rates(rows: list[dict]) -> dict[tuple, tuple[str, float]]:
@@ -218,25 +212,14 @@ def _difference(means: dict, raw: dict, adjusted: dict, key: tuple, a: float, b:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("table", help="the per-run table (written with --tune, read otherwise)")
-    parser.add_argument("--tune", help="the finished tuning grid's folder")
-    parser.add_argument("--test", help="the finished test grid's folder")
-    parser.add_argument("--grid", help="write the test grid here (needs --tune)")
-    parser.add_argument("--tune-config", default="experiments/fedstale_protocol_tune.toml")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
-    args = parser.parse_args()
-    if args.tune:
-        rows = runs_table(args.tune, "tune") + (runs_table(args.test, "test") if args.test else [])
-        with open(args.table, "w", newline="") as handle:
-            writer = csv.DictWriter(handle, COLUMNS)
-            writer.writeheader()
-            writer.writerows(rows)
-    rows = read_rows(args.table)
-    if args.grid:
-        write_grid(rows, args.tune_config, args.grid, args.seeds)
-    print_report(rows)
-    return 0
+    return protocol_main(
+        __doc__.splitlines()[0],
+        "experiments/fedstale_protocol_tune.toml",
+        COLUMNS,
+        runs_table,
+        write_grid,
+        print_report,
+    )
 
 
 if __name__ == "__main__":

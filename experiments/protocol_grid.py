@@ -1,0 +1,43 @@
+"""The command line the papers' protocol scripts share (experiments/fedstale_protocol.py,
+experiments/adelfl_protocol.py): a tuning grid's runs and, later, its test grid's runs
+written to one per-run table; the test grid written from the tuning rows; every number of
+the page section printed from the table alone."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+from collections.abc import Callable
+
+
+def protocol_main(
+    description: str,
+    tune_config: str,
+    columns: list[str],
+    runs_table: Callable[[str, str], list[dict]],
+    write_grid: Callable[[list[dict], str, str, list[int]], None],
+    print_report: Callable[[list[dict]], None],
+) -> int:
+    """Parse ``TABLE [--tune DIR [--test DIR]] [--grid OUT]``: with ``--tune`` rewrite the
+    table from the finished grids (``runs_table(folder, stage)``), then read it, write the
+    test grid with ``--grid`` and print the report."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("table", help="the per-run table (written with --tune, read otherwise)")
+    parser.add_argument("--tune", help="the finished tuning grid's folder")
+    parser.add_argument("--test", help="the finished test grid's folder")
+    parser.add_argument("--grid", help="write the test grid here (from the table's tuning rows)")
+    parser.add_argument("--tune-config", default=tune_config)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
+    args = parser.parse_args()
+    if args.tune:
+        rows = runs_table(args.tune, "tune") + (runs_table(args.test, "test") if args.test else [])
+        with open(args.table, "w", newline="") as handle:
+            writer = csv.DictWriter(handle, columns)
+            writer.writeheader()
+            writer.writerows(rows)
+    with open(args.table, newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    if args.grid:
+        write_grid(rows, args.tune_config, args.grid, args.seeds)
+    print_report(rows)
+    return 0
