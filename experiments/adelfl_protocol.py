@@ -6,9 +6,10 @@ beside ADEL-FL, SALF and drop-stragglers, then 5 seeds on the test set.
     #    and the test grid with each (row, method)'s best eta0
     python experiments/adelfl_protocol.py docs/results/data/adelfl-protocol.csv \
         --tune runs/adelfl_protocol_tune --grid experiments/adelfl_protocol.toml
-    # 2. after `fedhet reproduce experiments/adelfl_protocol.toml`: add the test runs
+    # 2. after `fedhet reproduce experiments/adelfl_protocol.toml`: add the test runs (without
+    #    --tune the table's tuning rows are kept)
     python experiments/adelfl_protocol.py docs/results/data/adelfl-protocol.csv \
-        --tune runs/adelfl_protocol_tune --test runs/adelfl_protocol
+        --test runs/adelfl_protocol
     # any time: every number of the page's section from the committed table
     python experiments/adelfl_protocol.py docs/results/data/adelfl-protocol.csv
 

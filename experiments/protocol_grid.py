@@ -18,9 +18,10 @@ def protocol_main(
     write_grid: Callable[[list[dict], str, str, list[int]], None],
     print_report: Callable[[list[dict]], None],
 ) -> int:
-    """Parse ``TABLE [--tune DIR [--test DIR]] [--grid OUT]``: with ``--tune`` rewrite the
-    table from the finished grids (``runs_table(folder, stage)``), then read it, write the
-    test grid with ``--grid`` and print the report."""
+    """Parse ``TABLE [--tune DIR] [--test DIR] [--grid OUT]``: with ``--tune`` rewrite the
+    table from the finished grids (``runs_table(folder, stage)``); with ``--test`` alone keep
+    its tuning rows and replace its test rows; then read it, write the test grid with
+    ``--grid`` and print the report."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("table", help="the per-run table (written with --tune, read otherwise)")
     parser.add_argument("--tune", help="the finished tuning grid's folder")
@@ -29,15 +30,23 @@ def protocol_main(
     parser.add_argument("--tune-config", default=tune_config)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     args = parser.parse_args()
-    if args.tune:
-        rows = runs_table(args.tune, "tune") + (runs_table(args.test, "test") if args.test else [])
+    if args.tune or args.test:
+        if args.tune:
+            rows = runs_table(args.tune, "tune")
+        else:  # keep the table's tuning rows, replace its test rows
+            rows = [row for row in _read(args.table) if row["stage"] == "tune"]
+        rows += runs_table(args.test, "test") if args.test else []
         with open(args.table, "w", newline="") as handle:
             writer = csv.DictWriter(handle, columns)
             writer.writeheader()
             writer.writerows(rows)
-    with open(args.table, newline="") as handle:
-        rows = list(csv.DictReader(handle))
+    rows = _read(args.table)
     if args.grid:
         write_grid(rows, args.tune_config, args.grid, args.seeds)
     print_report(rows)
     return 0
+
+
+def _read(path: str) -> list[dict]:
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
