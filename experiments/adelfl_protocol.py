@@ -181,8 +181,6 @@ def print_report(rows: list[dict]) -> None:
                 text += f" ({gap:+.1f}, {p:.2g} ({q:.2g}))"
             shown.append(text)
         print(f"| {cell[0]}, {cell[1]} | " + " | ".join(shown) + " |")
-    seeds = sorted({int(r["seed"]) for r in rows if r["stage"] == "test"})
-    print(f"\nseeds {seeds[0]}-{seeds[-1]} ({len(seeds)}); {len(pairs)} tests Holm-corrected")
 
 
 def main() -> int:
