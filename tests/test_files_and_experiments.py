@@ -306,6 +306,7 @@ PAGE_TABLES = [  # (results page, script, its committed per-run table)
     ("fedstale.md", "fedstale_fig1.py", "fedstale-fig1.csv"),
     ("amsfl.md", "amsfl_allocation.py", "amsfl-allocation.csv"),
     ("fedstale.md", "fedstale_protocol.py", "fedstale-protocol.csv"),
+    ("adel-fl.md", "adelfl_protocol.py", "adelfl-protocol.csv"),
 ]
 
 
