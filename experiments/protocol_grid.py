@@ -7,7 +7,12 @@ from __future__ import annotations
 
 import argparse
 import csv
+import sys
+import tomllib
 from collections.abc import Callable
+from pathlib import Path
+
+import tomli_w
 
 
 def protocol_main(
@@ -50,3 +55,21 @@ def protocol_main(
 def _read(path: str) -> list[dict]:
     with open(path, newline="") as handle:
         return list(csv.DictReader(handle))
+
+
+def write_test_grid(
+    tune_config: str, name: str, cases: list[dict], seeds: list[int], report: dict, header: str, out: str
+) -> None:
+    """The test grid: the tuning grid's setting without its validation split and seed, the
+    chosen ``cases`` crossed with ``seeds``, written to ``out`` after ``header``."""
+    base = tomllib.loads(Path(tune_config).read_text())
+    for key in ("cases", "grid", "report"):
+        base.pop(key, None)
+    base["experiment"]["name"] = name
+    base["data"].pop("validation_fraction")
+    base["run"].pop("seed")
+    base["cases"] = cases
+    base["grid"] = {"run.seed": seeds}
+    base["report"] = report
+    Path(out).write_text(header + tomli_w.dumps(base))
+    print(f"{out}: {len(cases)} cases x {len(seeds)} seeds", file=sys.stderr)
