@@ -249,6 +249,7 @@ class RunConfig(PluginSection):
     threads: Any = "auto"  # torch threads: "auto" (work size, free cores), 0 = torch default, or a count
     workers: Any = 1  # processes running client tasks: a count, or "auto" (the free cores)
     memory_format: str = "contiguous"  # conv weights, images: contiguous | channels_last (faster)
+    device: str = "auto"  # where tensors live: auto (a GPU if torch sees one) | cpu | cuda | cuda:N
     client_eval: bool = False  # also evaluate on each client's held-out part of its data
     client_eval_fraction: float = 0.2  # share of each client's data held out for it
     targets: list = field(default_factory=list)  # accuracies whose first round and time are recorded
@@ -291,6 +292,15 @@ class RunConfig(PluginSection):
         self._check_track()
         self.callback_plugins  # noqa: B018  (parse the callbacks now: their errors are configuration errors
         one_of("run.memory_format", self.memory_format, ("contiguous", "channels_last"))
+        from fedhet.device import check_device
+
+        check_device(self.device)
+        if self.device.startswith("cuda") and self.workers != 1:
+            raise ConfigError(
+                f"run.device = {self.device!r} with run.workers = {self.workers!r}: worker processes would "
+                "each hold the model and the data on one GPU; use run.workers = 1 (run.pool = "
+                '"batched" trains many clients at once there) or run.device = "cpu"'
+            )
         in_range(
             "run.client_eval_fraction", self.client_eval_fraction, 0.0, 1.0, low_open=True, high_open=True
         )

@@ -17,6 +17,7 @@ smaller rates are HeteroFL's sub-models).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +57,11 @@ def _payload_to_dict(payload: Payload, prefix: str, arrays: dict, scalars: dict)
             scalars[f"{prefix}{key}"] = value
         else:
             raise TypeError(f"payload {key!r}: {type(value).__name__} cannot travel in a message")
+
+
+def _payload_on(payload: Payload, device: torch.device) -> Payload:
+    """``payload`` with its tensors on ``device``."""
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in payload.items()}
 
 
 def _payload_from_dict(data: dict, prefix: str) -> Payload:
@@ -111,6 +117,12 @@ class ClientTask:
         _payload_to_dict(self.payload, "payload.", arrays, scalars)
         return {**scalars, **arrays}
 
+    def to(self, device: torch.device) -> ClientTask:
+        """This task with its payload's tensors on ``device`` (itself when they are there)."""
+        if all(not isinstance(v, torch.Tensor) or v.device == device for v in self.payload.values()):
+            return self
+        return dataclasses.replace(self, payload=_payload_on(self.payload, device))
+
     @classmethod
     def from_dict(cls, data: dict) -> ClientTask:
         deadline = float(data["deadline"])
@@ -158,6 +170,14 @@ class ClientUpdate:
     @property
     def depth(self) -> int:
         return self.coverage.depth
+
+    def to(self, device: torch.device) -> ClientUpdate:
+        """This update with its tensors on ``device`` (a Flower node's reply, on the
+        server's device); the same object, changed in place."""
+        self.delta = self.delta.to(device)
+        self.delta_buffers = self.delta_buffers.to(device)
+        self.payload = _payload_on(self.payload, device)
+        return self
 
     def vectors(self) -> dict[str, torch.Tensor]:
         """The update's vectors as they travel: ``"delta"``, then each ``wire`` payload tensor."""

@@ -459,9 +459,11 @@ class RunDirectory:
             fh.write(buffer.getbuffer())
         os.replace(tmp, self.checkpoint_path)
 
-    def load_checkpoint(self) -> dict:
+    def load_checkpoint(self, device: torch.device | str | None = None) -> dict:
+        """The checkpoint, its tensors on ``device`` (the run's: a run checkpointed on a GPU
+        resumes on the CPU and the other way round); as saved when None."""
         try:
-            return torch.load(self.checkpoint_path, weights_only=False)
+            return torch.load(self.checkpoint_path, weights_only=False, map_location=device)
         except FileNotFoundError:
             raise FedhetError(f"{self.checkpoint_path}: no checkpoint to resume from") from None
         except Exception as exc:  # a torn or foreign file

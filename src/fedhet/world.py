@@ -4,6 +4,7 @@ tasks). Shared by every engine."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -16,6 +17,7 @@ from fedhet.algorithms import Algorithm, AlgorithmContext, RunSetting
 from fedhet.client import ClientData, LocalTrainer
 from fedhet.config import Config
 from fedhet.data import Dataset, open_dataset
+from fedhet.device import make_deterministic, resolve_device
 from fedhet.data.partition import swap_labels
 from fedhet.data.sources import split_validation, subsample
 from fedhet.errors import ConfigError
@@ -43,6 +45,7 @@ class World:
     worker: LocalTrainer
     layer_multiply_adds: tuple = ()  # per layer, multiply-adds per example
     server_optimizer: Any = None  # [server] optimizer: the step applied to every global update
+    device: torch.device = torch.device("cpu")  # run.device, resolved: where the tensors live
 
     @property
     def num_clients(self) -> int:
@@ -80,6 +83,17 @@ class World:
             buffers=self.initial_buffers if buffers is None else buffers,
             layer_multiply_adds=self.layer_multiply_adds,
         )
+
+
+def on_device(dataset: Dataset, device: torch.device) -> Dataset:
+    """``dataset`` with its train and test tensors on ``device`` (its users' index stays)."""
+    return dataclasses.replace(
+        dataset,
+        x_train=dataset.x_train.to(device),
+        y_train=dataset.y_train.to(device),
+        x_test=dataset.x_test.to(device),
+        y_test=dataset.y_test.to(device),
+    )
 
 
 def open_configured_dataset(config: Config) -> Dataset:
@@ -188,6 +202,8 @@ def build_world(config: Config, client_side: bool = False, dataset: Dataset | No
             f"client (clients hold {min(sizes)}-{max(sizes)} examples; a client keeps at least one to "
             "train on); raise it or set run.client_eval = false"
         )
+    device = resolve_device(config.run.device, config.run.workers)
+    make_deterministic(device)
     torch.manual_seed(seeding.torch_seed(config.run.seed, "init"))
     model = config.model.entry("name").cls.build(
         config.model.options("name"), ModelContext(dataset.input_shape, dataset.num_classes)
@@ -199,8 +215,11 @@ def build_world(config: Config, client_side: bool = False, dataset: Dataset | No
             f"run.memory_format = 'channels_last' with {config.algorithm_name}: its sub-model masks "
             "assume the contiguous weight order; use run.memory_format = 'contiguous'"
         )
-    flat = FlatModel(model, channels_last=channels_last)
-    layer_multiply_adds = tuple(multiply_adds(model, dataset.input_shape))
+    layer_multiply_adds = tuple(multiply_adds(model, dataset.input_shape))  # on the CPU, before moving
+    flat = FlatModel(model.to(device), channels_last=channels_last)
+    if device.type != "cpu":  # the data's tensors beside the model (a CPU run keeps them as they are)
+        dataset = on_device(dataset, device)
+        train_labels = train_labels.to(device)
     step_flops = training_step_flops(layer_multiply_adds, config.train.batch_size)
     if not client_side:
         choose_threads(config.run.threads, step_flops)
@@ -227,5 +246,6 @@ def build_world(config: Config, client_side: bool = False, dataset: Dataset | No
         algorithm=algorithm,
         worker=worker,
         layer_multiply_adds=layer_multiply_adds,
+        device=device,
         server_optimizer=config.server.entry("optimizer").cls.build(config.server.options("optimizer"), None),
     )

@@ -43,21 +43,23 @@ class FedDyn(Algorithm):
     def init_state(self, setting: RunSetting) -> dict:
         return {"h": torch.zeros(setting.num_params)}
 
-    def _linear(self, state: dict, size: int) -> torch.Tensor:
+    def _linear(self, state: dict, like: torch.Tensor) -> torch.Tensor:
+        """g_i, zero at first, on ``like``'s device and of its size (the model)."""
         if "linear" not in state:
-            state["linear"] = torch.zeros(size)
+            state["linear"] = torch.zeros_like(like)
+        state["linear"] = state["linear"].to(like.device)  # no copy when already there
         return state["linear"]
 
     corrects_gradients = True
 
     def gradient_correction(self, task, state, region, local, anchor):
         """-g_i + alpha (theta - theta_t) over the covered region."""
-        g = self._linear(state, local.numel())
+        g = self._linear(state, local)
         return self.options.alpha * (local[region] - anchor[region]) - g[region]
 
     def finish_local_work(self, task, update, state, region, local, anchor):
         """g_i <- g_i - alpha (theta_i - theta_t)."""
-        g = self._linear(state, local.numel()).clone()
+        g = self._linear(state, local).clone()
         g[region] -= self.options.alpha * update.delta
         state["linear"] = g
 

@@ -51,7 +51,8 @@ class ClientMemory:
         self.generation = 0  # base-<generation>.bin + journal-<generation>.bin
         self.changed: set[int] = set()
         self.journal_bytes = 0  # the journal's length at the last checkpoint
-        self.weighted_sum = torch.zeros(self.num_params, dtype=torch.float64)
+        # on the host beside the rows, whatever device the run's tensors are on
+        self.weighted_sum = torch.zeros(self.num_params, dtype=torch.float64, device="cpu")
         self._array = self._allocate()
         self.rows = torch.from_numpy(self._array)
 
@@ -91,12 +92,14 @@ class ClientMemory:
         return self.num_clients * self.num_params * np.dtype(DTYPES[self.dtype]).itemsize
 
     def row(self, client: int) -> torch.Tensor:
-        """h_client as float32."""
-        return self.rows[client].float()
+        """h_client as float32, on the device the server works on (the rows stay on the host:
+        :func:`fedhet.device.server_side`)."""
+        return self.rows[client].float().to(torch.get_default_device())
 
     def stale_sum(self) -> torch.Tensor:
-        """sum_i q_i h_i over all N clients (FedStale eqs. (7), (9)), as float32."""
-        return self.weighted_sum.float()
+        """sum_i q_i h_i over all N clients (FedStale eqs. (7), (9)), as float32, on the
+        device the server works on."""
+        return self.weighted_sum.float().to(torch.get_default_device())
 
     def set(self, client: int, update: torch.Tensor) -> None:
         """h_client <- update (stored in this memory's dtype); the weighted sum follows."""
@@ -177,7 +180,7 @@ class ClientMemory:
                     )
         memory.journal_bytes = remaining = int(reference["journal_bytes"])
         if remaining == 0:
-            memory.weighted_sum = reference["weighted_sum"].clone()
+            memory.weighted_sum = reference["weighted_sum"].to("cpu", copy=True)
             return memory
         journal_path = Path(memory._journal(memory.generation))
         _expect_bytes(journal_path, remaining, "journal of the client memory")
@@ -201,7 +204,7 @@ class ClientMemory:
                 )
                 memory._array[clients] = rows.reshape(count, memory.num_params)
                 remaining -= record
-        memory.weighted_sum = reference["weighted_sum"].clone()
+        memory.weighted_sum = reference["weighted_sum"].to("cpu", copy=True)
         return memory
 
 

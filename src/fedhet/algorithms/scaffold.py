@@ -50,9 +50,11 @@ class Scaffold(Algorithm):
         """Delta c_i travels with Delta y_i: the update is twice the model's size."""
         return {"control_change": covered}
 
-    def _client_control(self, state: dict, size: int) -> torch.Tensor:
+    def _client_control(self, state: dict, like: torch.Tensor) -> torch.Tensor:
+        """c_i, zero at first, on ``like``'s device and of its size (the global c)."""
         if "control" not in state:
-            state["control"] = torch.zeros(size)
+            state["control"] = torch.zeros_like(like)
+        state["control"] = state["control"].to(like.device)  # no copy when already there
         return state["control"]
 
     corrects_gradients = True
@@ -60,12 +62,12 @@ class Scaffold(Algorithm):
     def gradient_correction(self, task, state, region, local, anchor):
         """c - c_i over the covered region."""
         c = task.payload["control"]
-        return c[region] - self._client_control(state, c.numel())[region]
+        return c[region] - self._client_control(state, c)[region]
 
     def finish_local_work(self, task, update, state, region, local, anchor):
         """Option II: c_i+ = c_i - c + (w_t - y_i) / (K eta_l); send c_i+ - c_i."""
         c = task.payload["control"]
-        c_i = self._client_control(state, c.numel())
+        c_i = self._client_control(state, c)
         change = torch.zeros_like(c)
         change[region] = -c[region] - update.delta / (task.local_steps * task.lr)
         state["control"] = c_i + change

@@ -22,7 +22,7 @@ class WidthMasks:
 
     def __call__(self, rate: float) -> torch.Tensor:
         if rate not in self._masks:
-            self._masks[rate] = width_mask(self.flat.layout, rate)
+            self._masks[rate] = width_mask(self.flat.layout, rate).to(self.flat.device)
         return self._masks[rate]
 
 

@@ -103,9 +103,10 @@ class SGD(LocalOptimizer):
             grad.add_(region, alpha=self.weight_decay)
         if self.momentum:
             if self.buffer is None:
-                self.buffer = torch.zeros(self.size)
+                self.buffer = region.new_zeros(self.size)
                 self.buffer[where] = grad
             else:
+                self.buffer = self.buffer.to(region.device)  # no copy when already there
                 self.buffer[where].mul_(self.momentum).add_(grad)
             grad = self.buffer[where]
         region.sub_(grad, alpha=lr)
@@ -174,6 +175,10 @@ class Adam(LocalOptimizer):
 
     def step(self, region: torch.Tensor, grad: torch.Tensor, lr: float, where: slice) -> None:
         o = self.options
+        if self.exp_avg.device != region.device:  # begun on the host; the model lives elsewhere
+            self.exp_avg, self.exp_avg_sq, self.steps = (
+                s.to(region.device) for s in (self.exp_avg, self.exp_avg_sq, self.steps)
+            )
         if o.weight_decay:
             grad.add_(region, alpha=o.weight_decay)
         m, v, t = self.exp_avg[where], self.exp_avg_sq[where], self.steps[where]

@@ -108,7 +108,8 @@ class ClipNoise(Postprocessor):
         for key, vector in vectors.items():
             out = vector * min(1.0, clip / norm) if norm > 0 else vector.clone()
             if std > 0:
-                out.add_(torch.randn(out.shape, generator=generator, dtype=out.dtype), alpha=std)
+                noise = torch.randn(out.shape, generator=generator, dtype=out.dtype)  # drawn on the host
+                out.add_(noise.to(out.device), alpha=std)
             update.set_vector(key, out)
         return update
 
@@ -170,7 +171,7 @@ class Compress(Postprocessor):
         sent = self._int8(target, generator) if self.options.method == "int8" else self._topk(target)
         if self.options.error_feedback:
             size = max(covered, 0 if residual is None else residual.numel())
-            kept = torch.zeros(size)
+            kept = delta.new_zeros(size)
             if residual is not None:
                 kept[size - residual.numel() :] = residual  # layers not covered now keep theirs
             kept[size - covered :] = target - sent
@@ -185,7 +186,8 @@ class Compress(Postprocessor):
             return values.clone()
         scaled = values / scale
         low = torch.floor(scaled)
-        up = torch.rand(values.shape, generator=generator, dtype=values.dtype) < (scaled - low)
+        draws = torch.rand(values.shape, generator=generator, dtype=values.dtype)  # on the host
+        up = draws.to(values.device) < (scaled - low)
         return (low + up.to(values.dtype)).clamp_(-127, 127) * scale
 
     def _topk(self, values: torch.Tensor) -> torch.Tensor:

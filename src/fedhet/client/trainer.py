@@ -158,7 +158,7 @@ class LocalTrainer:
                 0,
                 len(data),
                 float("nan"),
-                torch.zeros(0),
+                params.new_zeros(0),
                 model_round=task.model_round,
             )
         if first is None:
@@ -324,7 +324,7 @@ class LocalTrainer:
             steps=0,
             num_samples=len(data),
             loss=float("nan"),
-            delta=torch.zeros(0),
+            delta=params.new_zeros(0),
             model_round=task.model_round,
             payload={"grad_sq_norm": mean_sq_norm, "grad_variance": size * variance},
         )

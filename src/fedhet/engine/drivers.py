@@ -28,6 +28,7 @@ import numpy as np
 from fedhet import seeding
 from fedhet.algorithms import RoundContext
 from fedhet.algorithms.streaming import ListAggregator
+from fedhet.device import server_side
 from fedhet.engine.clock import round_duration
 from fedhet.engine.faults import NonFinite, params_fault, update_fault
 from fedhet.engine.plugin_errors import Hooks
@@ -85,7 +86,8 @@ def server_step(world: World, state, proposed):
     optimizer = world.server_optimizer
     if optimizer is None or optimizer.is_identity:
         return proposed
-    return optimizer.step(state.params, proposed, state.server)
+    with server_side():  # its moments on the run's device
+        return optimizer.step(state.params, proposed, state.server)
 
 
 class RoundDriver:

@@ -282,6 +282,7 @@ class FlowerPool:
                 client_failed(self, None, client, sent[client].round, detail)
                 continue
             update, state = decode_update(reply.content)
+            update.to(params.device)  # the node's arrays, on the server's device
             self.states.of(update.client).update(state)
             updates[update.client] = update
         failed = {c for _, c, _ in self.failures if c in sent}
@@ -491,7 +492,10 @@ def run_simulation(
     server = make_server_app(config, out_dir, resume, overwrite, on_round, outcome, **loop_kwargs)
     client = make_client_app(config.to_toml(), fail_clients, delay_clients)
     backend = {
-        "client_resources": {"num_cpus": config.run.get("flower_cpus_per_client", 1.0), "num_gpus": 0.0},
+        "client_resources": {
+            "num_cpus": config.run.get("flower_cpus_per_client", 1.0),
+            "num_gpus": config.run.get("flower_gpus_per_client", 0.0),
+        },
         "init_args": {"log_to_driver": False, "include_dashboard": False},
     }
     levels = {name: logging.getLogger(name).level for name in ("flwr", "ray")}

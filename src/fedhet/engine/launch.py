@@ -114,6 +114,7 @@ class FlowerOptions:
 
     round_timeout: float = 0.0  # wall-clock seconds to wait for the replies of a round (0 = no limit)
     flower_cpus_per_client: float = 1.0  # simulation: CPUs Ray reserves per client
+    flower_gpus_per_client: float = 0.0  # simulation: the GPU share Ray reserves per client (0.1: 10 per GPU)
 
     def validate(self) -> None:
         from fedhet.checks import in_range
@@ -121,6 +122,15 @@ class FlowerOptions:
         if self.round_timeout < 0:
             raise ConfigError(f"run.round_timeout = {self.round_timeout}: must be >= 0 (0 = no limit)")
         in_range("run.flower_cpus_per_client", self.flower_cpus_per_client, 0.0, 1024.0, low_open=True)
+        in_range("run.flower_gpus_per_client", self.flower_gpus_per_client, 0.0, 1.0)
+        if self.flower_gpus_per_client > 0:
+            import torch
+
+            if not torch.cuda.is_available():  # Ray would wait for a GPU forever
+                raise ConfigError(
+                    f"run.flower_gpus_per_client = {self.flower_gpus_per_client:g}: torch sees no GPU "
+                    "here; set it to 0"
+                )
 
 
 @register("engine")

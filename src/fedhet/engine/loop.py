@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedhet.config import Config
+from fedhet.device import device_name, resolve_device, serving_on
 from fedhet.engine.callbacks import (
     Checkpoint,
     EvaluationService,
@@ -119,7 +120,8 @@ class RunLoop:
 
     def _run(self, resume: bool, stop_after: int | None) -> RunResult:
         config, run_dir = self.config, self.run_dir
-        saved = run_dir.load_checkpoint() if resume and run_dir.checkpoint_path.exists() else None
+        device = resolve_device(config.run.device, config.run.workers)  # a checkpoint's tensors come back there
+        saved = run_dir.load_checkpoint(device) if resume and run_dir.checkpoint_path.exists() else None
         if saved is not None:
             check_checkpoint(saved, str(run_dir.checkpoint_path))
         if saved is not None and saved.get("round", 0) > config.run.rounds:
@@ -137,7 +139,8 @@ class RunLoop:
                 self.world = world = build_world(config)
                 pool = self.pool_factory(world)
             self.pool = pool
-            return self._run_with_pool(world, saved, stop_after)
+            with serving_on(world.device):  # the server's hooks create tensors on the run's device
+                return self._run_with_pool(world, saved, stop_after)
         finally:
             if pool is not None:
                 pool.close()
@@ -274,6 +277,7 @@ class RunLoop:
         summary = run_summary(config, world, state, notes)
         summary["engine"] = self.engine  # the engine that ran, whatever the configuration says
         summary["pool"] = getattr(self.pool, "name", type(self.pool).__name__)
+        summary["device"] = device_name(world.device)  # where the tensors lived
         if self.caveats:
             summary["caveats"] = self.caveats
         if state.stopped_by == "callback":

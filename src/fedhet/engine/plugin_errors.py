@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from fedhet.device import server_side
 from fedhet.errors import FedhetError
 from fedhet.results import PLUGIN_ERROR_FILE
 
@@ -54,7 +55,8 @@ def guarded(label: str, hook: str, round_number: int, call: Callable[..., T], *a
     """``call(*args)``, with an exception raised by the plug-in's code as a :class:`PluginError`
     (a :class:`FedhetError` passes as it is: it already is one line)."""
     try:
-        return call(*args)
+        with server_side():  # tensors it creates go to the run's device (fedhet.device)
+            return call(*args)
     except FedhetError:
         raise
     except Exception as exc:  # noqa: BLE001  (a plug-in's bug, named)

@@ -125,8 +125,10 @@ class WorkerSide:
         stream = "probe" if task.kind == "probe" else "training"
         rng = seeding.client_stream(self.seed, task.round, task.client, stream)
         world = self.world
+        if params.device != world.device:  # sent from elsewhere (a Flower message): onto this side's
+            params, buffers = params.to(world.device), buffers.to(world.device)
         return world.worker.execute(
-            task, params, buffers, world.client_data(task.client), state, rng, world.algorithm
+            task.to(world.device), params, buffers, world.client_data(task.client), state, rng, world.algorithm
         )
 
 

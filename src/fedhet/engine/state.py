@@ -68,6 +68,8 @@ RESUMABLE_CHANGES = (
     "pool",
     "round_timeout",
     "flower_cpus_per_client",
+    "flower_gpus_per_client",
+    "device",
     "callbacks",
     "workers",
     "max_empty_rounds",

@@ -141,8 +141,9 @@ class FlatModel:
         shapes = tuple(tuple(tuple(p.shape) for p in params) for params in self.layer_params)
         levels = tuple(getattr(model, "exit_levels", ()))  # models/exits.py
         self.layout = ModelLayout(self.param_slices, self.buffer_slices, shapes, levels)
+        device = next(model.parameters()).device if param_chunks else torch.device("cpu")
         self.params = torch.cat(param_chunks).clone() if param_chunks else torch.zeros(0)
-        self.buffers = torch.cat(buffer_chunks).clone() if buffer_chunks else torch.zeros(0)
+        self.buffers = torch.cat(buffer_chunks).clone() if buffer_chunks else torch.zeros(0, device=device)
         with torch.no_grad():
             off = 0
             for params in self.layer_params:
@@ -168,6 +169,11 @@ class FlatModel:
     @property
     def num_layers(self) -> int:
         return self.model.num_layers
+
+    @property
+    def device(self) -> torch.device:
+        """Where the working model's tensors live (``run.device``)."""
+        return self.params.device
 
     def parameters_from_depth(self, depth: int) -> list[nn.Parameter]:
         """The parameters of layers ``depth..L``, in flat order."""
