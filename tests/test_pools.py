@@ -64,12 +64,14 @@ def _config(pool: str, trouble: str = "", **run_keys):
         document["run"].update(pool="processes", workers=2)
     elif pool == "flower":
         document["run"]["engine"] = "flower"
+    elif pool == "batched":
+        document["run"]["pool"] = "batched"
     else:
         document["run"]["pool"] = "in-process"
     return from_dict(document)
 
 
-POOLS = ["in-process", "processes", "flower"]
+POOLS = ["in-process", "processes", "batched", "flower"]
 
 
 def _rows(result) -> list[tuple]:

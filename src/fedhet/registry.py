@@ -58,7 +58,12 @@ BUILTIN_MODULES: dict[str, tuple[str, ...]] = {
     "partitioner": ("fedhet.data.partition",),
     "model": ("fedhet.models",),
     "engine": ("fedhet.engine.launch",),
-    "pool": ("fedhet.engine.pool", "fedhet.engine.processes", "fedhet.engine.flower"),
+    "pool": (
+        "fedhet.engine.pool",
+        "fedhet.engine.processes",
+        "fedhet.engine.batched",
+        "fedhet.engine.flower",
+    ),
     "local_optimizer": ("fedhet.client.optimizers",),
     "postprocessor": ("fedhet.client.postprocess",),
     "callback": ("fedhet.engine.callbacks", "fedhet.tracking"),

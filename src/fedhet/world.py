@@ -17,9 +17,9 @@ from fedhet.algorithms import Algorithm, AlgorithmContext, RunSetting
 from fedhet.client import ClientData, LocalTrainer
 from fedhet.config import Config
 from fedhet.data import Dataset, open_dataset
-from fedhet.device import make_deterministic, resolve_device
 from fedhet.data.partition import swap_labels
 from fedhet.data.sources import split_validation, subsample
+from fedhet.device import make_deterministic, resolve_device
 from fedhet.errors import ConfigError
 from fedhet.models import FlatModel, ModelContext
 from fedhet.models.cost import multiply_adds, training_step_flops

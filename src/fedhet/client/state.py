@@ -107,9 +107,15 @@ class ClientData:
     def __len__(self) -> int:
         return len(self.indices)
 
+    def draw(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        """The dataset indices of ``size`` examples drawn without replacement (all of them
+        when fewer): what :meth:`batch` takes, for a caller that gathers many clients' batches
+        at once."""
+        return self.indices[rng.choice(len(self.indices), size=min(size, len(self.indices)), replace=False)]
+
     def batch(self, rng: np.random.Generator, size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``size`` examples drawn without replacement (all of them when fewer)."""
-        chosen = self.indices[rng.choice(len(self.indices), size=min(size, len(self.indices)), replace=False)]
+        chosen = self.draw(rng, size)
         return self.x[chosen], self.y[chosen]
 
 

@@ -114,6 +114,19 @@ class LocalTrainer:
         if task.kind != "train":
             raise ValueError(f"unknown task kind {task.kind!r}")
         update = self.train(task, params, buffers, data, state, rng, rule)
+        return self.finish(task, update, state, rng, rule)
+
+    def finish(
+        self,
+        task: ClientTask,
+        update: ClientUpdate,
+        state: ClientState,
+        rng: np.random.Generator,
+        rule: ClientRule | None = None,
+    ) -> ClientUpdate:
+        """After the local steps: the payload vectors the rule sends with the update, then the
+        postprocessor chain (its random draws from the client's stream, after training's);
+        the client's state checked."""
         if rule is not None and update.steps > 0:
             update.wire = tuple(rule.upload_payload(int(update.delta.numel())))
         if self.postprocessors and update.steps > 0:

@@ -120,7 +120,9 @@ class RunLoop:
 
     def _run(self, resume: bool, stop_after: int | None) -> RunResult:
         config, run_dir = self.config, self.run_dir
-        device = resolve_device(config.run.device, config.run.workers)  # a checkpoint's tensors come back there
+        device = resolve_device(
+            config.run.device, config.run.workers
+        )  # a checkpoint's tensors come back there
         saved = run_dir.load_checkpoint(device) if resume and run_dir.checkpoint_path.exists() else None
         if saved is not None:
             check_checkpoint(saved, str(run_dir.checkpoint_path))

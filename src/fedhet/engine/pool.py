@@ -128,7 +128,13 @@ class WorkerSide:
         if params.device != world.device:  # sent from elsewhere (a Flower message): onto this side's
             params, buffers = params.to(world.device), buffers.to(world.device)
         return world.worker.execute(
-            task.to(world.device), params, buffers, world.client_data(task.client), state, rng, world.algorithm
+            task.to(world.device),
+            params,
+            buffers,
+            world.client_data(task.client),
+            state,
+            rng,
+            world.algorithm,
         )
 
 
