@@ -196,8 +196,8 @@ class BatchedTrainer:
                     region = flat.param_slices.from_depth(m.task.coverage.depth)
                     try:
                         if corrects:
-                            own = Namespace(m.state, ALGORITHM)
-                            correction = rule.gradient_correction(m.task, own, region, rows[i], params)
+                            part = Namespace(m.state, ALGORITHM)
+                            correction = rule.gradient_correction(m.task, part, region, rows[i], params)
                             if correction is not None:
                                 grads[i, region].add_(correction)
                         if not plain:

@@ -1,0 +1,106 @@
+"""fedhet on a CUDA GPU (``run.device = "cuda"``): every built-in rule runs there and gives
+the CPU's run within float tolerance; a run is deterministic run to run; the batched pool
+equals one client at a time there too; a checkpoint written on the GPU resumes on the CPU.
+
+Marked ``cuda``: skipped, with the reason, where torch sees no GPU (the default suite on a
+CPU machine); ``python -m pytest -m cuda tests/test_cuda.py`` on a GPU machine."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedhet.config import from_dict
+from fedhet.engine.loop import RunLoop
+from fedhet.registry import builtins
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA GPU here"),
+]
+
+STRAGGLERS = {"model": "straggler-ratio", "straggler_ratio": 0.5, "deadline": 1.0}
+EXPONENTIAL = {"model": "exponential"}
+PER_STEP = {"model": "per-step", "time_per_sample_step": 0.01, "comm_time": 0.05}
+# rules that need a setting of their own: run keys, system model, algorithm options
+SETTINGS = {
+    "adel-fl": ({"time_budget": 6.0}, EXPONENTIAL, {}),
+    "amsfl": ({}, PER_STEP, {"round_budget": 20.0}),
+    "timelyfl": ({}, PER_STEP, {}),
+    "fedbuff": ({}, STRAGGLERS, {"buffer_size": 4}),
+}
+MODELS = {"depthfl": {"name": "mlp-exits", "hidden": [8]}}
+
+
+def _config(name: str, device: str, pool: str = "in-process", **run_keys):
+    keys, system, options = SETTINGS.get(name, ({}, STRAGGLERS, {}))
+    return from_dict(
+        {
+            "run": {
+                "name": name,
+                "seed": 3,
+                "rounds": 3,
+                "threads": 1,
+                "device": device,
+                "pool": pool,
+                **keys,
+                **run_keys,
+            },  # fmt: skip
+            "data": {"dataset": "digits", "num_clients": 8, "fraction": 0.5},
+            "model": MODELS.get(name, {"name": "mlp", "hidden": [16]}),
+            "train": {"lr": 0.1, "batch_size": 8, "local_steps": 2},
+            "algorithm": {"name": name, **options},
+            "system": system,
+        }
+    )
+
+
+def _run(config, folder):
+    loop = RunLoop(config, folder)
+    result = loop.run()
+    return loop, result
+
+
+@pytest.mark.parametrize("name", sorted(builtins("algorithm")))
+def test_every_rule_runs_on_the_gpu_as_on_the_cpu(tmp_path, name):
+    cpu_loop, cpu = _run(_config(name, "cpu"), tmp_path / "cpu")
+    gpu_loop, gpu = _run(_config(name, "cuda"), tmp_path / "gpu")
+    assert gpu.summary["device"].startswith("cuda:0") and cpu.summary["device"] == "cpu"
+    assert gpu.summary["finished"] == cpu.summary["finished"]
+    assert gpu_loop.state.params.device.type == "cuda"
+    for a, b in zip(cpu.metrics, gpu.metrics, strict=True):
+        assert a["participants"] == b["participants"]
+        if a.get("train_loss") == a.get("train_loss"):  # not NaN
+            assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-3, abs=1e-4)
+    torch.testing.assert_close(gpu_loop.state.params.cpu(), cpu_loop.state.params, atol=1e-3, rtol=1e-3)
+
+
+def test_a_gpu_run_is_deterministic_run_to_run(tmp_path):
+    """Deterministic kernels (fedhet.device.make_deterministic): the same numbers twice."""
+    config = _config("salf", "cuda", rounds=4)
+    first_loop, first = _run(config, tmp_path / "a")
+    second_loop, second = _run(config, tmp_path / "b")
+
+    def numbers(result):
+        return [{k: v for k, v in row.items() if "wall" not in k} for row in result.metrics]
+
+    assert numbers(first) == numbers(second)
+    assert torch.equal(first_loop.state.params, second_loop.state.params)
+
+
+@pytest.mark.parametrize("name", ["fedavg", "salf", "heterofl", "fedprox", "scaffold"])
+def test_the_batched_pool_on_the_gpu_gives_the_one_at_a_time_run(tmp_path, name):
+    one_loop, one = _run(_config(name, "cuda"), tmp_path / "one")
+    many_loop, many = _run(_config(name, "cuda", pool="batched"), tmp_path / "many")
+    assert many_loop.pool.tasks_batched > 0
+    for a, b in zip(one.metrics, many.metrics, strict=True):
+        assert b["train_loss"] == pytest.approx(a["train_loss"], abs=1e-4)
+    torch.testing.assert_close(many_loop.state.params, one_loop.state.params, atol=1e-4, rtol=1e-4)
+
+
+def test_a_checkpoint_written_on_the_gpu_resumes_on_the_cpu(tmp_path):
+    _run(_config("fedvarp", "cuda", rounds=2), tmp_path / "r")
+    loop = RunLoop(_config("fedvarp", "cpu", rounds=4), tmp_path / "r")
+    result = loop.run(resume=True)
+    assert result.summary["finished"] and len(result.metrics) == 4
+    assert loop.state.params.device.type == "cpu" and result.summary["device"] == "cpu"
