@@ -245,6 +245,9 @@ def main() -> int:
     parser.add_argument("--table2-passes", type=int, default=3, help="passes, SALF's Table II workloads")
     parser.add_argument("--cifar-dir", default="")
     parser.add_argument("--no-pfl", action="store_true", help="leave pfl-research out")
+    parser.add_argument(
+        "--sections", default="pfl-shape,table2", help="which: pfl-shape, table2 (comma-separated)"
+    )
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu, to try the script")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -277,7 +280,8 @@ def main() -> int:
                 ("fedhet one at a time over pfl-research", "pfl-research", "fedhet one at a time"),
             ]
         what = "CIFAR-10 from " + args.cifar_dir if args.cifar_dir else "CIFAR-shaped random images"
-        attempt(report, f"pfl-research's benchmark shape ({what})", sides, args.passes, util, pairs)
+        if "pfl-shape" in args.sections:
+            attempt(report, f"pfl-research's benchmark shape ({what})", sides, args.passes, util, pairs)
         for title, model, steps, momentum in [
             ("SALF Table II, cnn2 (1 step, momentum 0.5, 50% stragglers)", "cnn2", 1, 0.5),
             ("SALF Table II, MLP (1 step, momentum 0.5, 50% stragglers)", "mlp", 1, 0.5),
@@ -286,13 +290,9 @@ def main() -> int:
             sides = {name: table2(mnist, args.rounds, pool, model, steps, momentum)
                      for name, pool in (("one at a time", "in-process"), ("batched", "batched"))}  # fmt: skip
             goal = " (goal >= 5x)" if model == "cnn2" else ""
-            report(
-                title,
-                sides,
-                args.passes,
-                util,
-                [(f"batched over one at a time{goal}", "one at a time", "batched")],
-            )
+            pair = [(f"batched over one at a time{goal}", "one at a time", "batched")]
+            if "table2" in args.sections:
+                attempt(report, title, sides, args.table2_passes, util, pair)
     return 0
 
 

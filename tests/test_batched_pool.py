@@ -71,6 +71,10 @@ CASES = {
     "fedprox, proximal term": ({"name": "fedprox", "mu": 0.5}, {}),
     "scaffold, control variates": ({"name": "scaffold"}, {}),
     "fedavg, momentum kept": ({"name": "fedavg"}, {"train": {"momentum": 0.9, "keep_momentum": True}}),
+    "salf, momentum kept and weight decay (SALF Table II's optimizer)": (
+        {"name": "salf"},
+        {"train": {"momentum": 0.5, "keep_momentum": True, "weight_decay": 0.01}},
+    ),
     "fedavg, adam": ({"name": "fedavg"}, {"train": {"optimizer": "adam", "lr": 0.01}}),
     "salf on cnn2 (convolutions)": ({"name": "salf"}, {"model": {"name": "cnn2"}}),
 }

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from fedhet.client.optimizers import SGD
 from fedhet.client.state import ALGORITHM, OPTIMIZER, ClientData, ClientState, Namespace
 from fedhet.client.trainer import LocalTrainer
 from fedhet.errors import FedhetError
@@ -164,9 +165,11 @@ class BatchedTrainer:
         lrs = torch.tensor([m.task.lr for m in members], dtype=params.dtype, device=params.device)
         optimizer = trainer.optimizer
         plain = optimizer.plain
+        rows_sgd = None if plain or type(optimizer) is not SGD else _RowsSGD(optimizer, members, starts, rows)
         optimizers = [copy.copy(optimizer) for _ in members]
-        for m, own in zip(members, optimizers, strict=True):
-            own.begin(Namespace(m.state, OPTIMIZER), num_params)
+        if rows_sgd is None:
+            for m, own in zip(members, optimizers, strict=True):
+                own.begin(Namespace(m.state, OPTIMIZER), num_params)
         steps = max(m.task.local_steps for m in members)
         losses = torch.full((count, steps), float("nan"), dtype=params.dtype, device=params.device)
         corrects = rule is not None and rule.corrects_gradients
@@ -200,11 +203,13 @@ class BatchedTrainer:
                             correction = rule.gradient_correction(m.task, part, region, rows[i], params)
                             if correction is not None:
                                 grads[i, region].add_(correction)
-                        if not plain:
+                        if not plain and rows_sgd is None:
                             optimizers[i].step(rows[i, region], grads[i, region], m.task.lr, region)
                     except Exception as exc:  # noqa: BLE001  (a rule's or optimizer's bug)
                         self._fail(m, exc, kept, on_error)
-                if plain:
+                if rows_sgd is not None:
+                    rows_sgd.step(rows[:active], grads, lrs[:active])
+                elif plain:
                     rows[:active].sub_(grads * lrs[:active, None])
         finally:
             for handle in hooks:
@@ -214,9 +219,18 @@ class BatchedTrainer:
         for i, m in enumerate(members):
             if m.failed:
                 continue
+            if rows_sgd is not None:
+                rows_sgd.end(i, m.state)
             try:
                 out[m.position] = self._finish(
-                    m, rows[i], params, buffers, step_losses[i], optimizers[i], rule, mask
+                    m,
+                    rows[i],
+                    params,
+                    buffers,
+                    step_losses[i],
+                    None if rows_sgd else optimizers[i],
+                    rule,
+                    mask,
                 )
             except Exception as exc:  # noqa: BLE001
                 self._fail(m, exc, kept, on_error)
@@ -227,7 +241,8 @@ class BatchedTrainer:
         ``finish_local_work``, the optimizer's kept state, the postprocessors."""
         trainer, flat, task = self.trainer, self.trainer.flat, m.task
         region = flat.param_slices.from_depth(task.coverage.depth)
-        optimizer.end(Namespace(m.state, OPTIMIZER))
+        if optimizer is not None:  # None: the rows' SGD kept its state already
+            optimizer.end(Namespace(m.state, OPTIMIZER))
         with torch.no_grad():
             delta = row[region] - params[region]
             if mask is not None:
@@ -258,3 +273,38 @@ class BatchedTrainer:
         if id(m) in kept:
             m.state.clear()
             m.state.update(kept[id(m)])
+
+
+class _RowsSGD:
+    """:class:`~fedhet.client.optimizers.SGD` with momentum or weight decay stepping every row
+    at once: the same arithmetic as its ``step`` on each client's region (layers ``depth..L``),
+    with each client's momentum buffer (kept in its state, or new) as one row of a matrix."""
+
+    def __init__(self, optimizer: SGD, members: list[_Member], starts: list[int], rows: torch.Tensor):
+        self.momentum, self.weight_decay = optimizer.momentum, optimizer.weight_decay
+        self.keep = bool(optimizer.momentum and optimizer.keep_momentum)
+        columns = torch.arange(rows.shape[1], device=rows.device)
+        self.region = columns.unsqueeze(0) >= torch.tensor(starts, device=rows.device).unsqueeze(1)
+        self.buffers = torch.zeros_like(rows) if self.momentum else None
+        if self.buffers is not None and self.keep:
+            for i, m in enumerate(members):
+                saved = Namespace(m.state, OPTIMIZER).get(SGD.STATE_KEY)
+                if saved is not None:
+                    self.buffers[i] = saved.to(rows.device)
+
+    def step(self, rows: torch.Tensor, grads: torch.Tensor, lrs: torch.Tensor) -> None:
+        """One step of the first ``len(rows)`` clients (the ones still working)."""
+        region = self.region[: len(rows)]
+        if self.weight_decay:  # L2 on the region's values
+            grads.add_(torch.where(region, rows, 0.0), alpha=self.weight_decay)
+        direction = grads
+        if self.buffers is not None:  # buf = m buf + g on the region; elsewhere kept
+            buffers = self.buffers[: len(rows)]
+            buffers.copy_(torch.where(region, buffers * self.momentum + grads, buffers))
+            direction = torch.where(region, buffers, 0.0)
+        rows.sub_(direction * lrs[:, None])
+
+    def end(self, i: int, state: ClientState) -> None:
+        """Client ``i``'s momentum buffer into its state (``keep_momentum``)."""
+        if self.keep and self.buffers is not None:
+            Namespace(state, OPTIMIZER)[SGD.STATE_KEY] = self.buffers[i].clone()
