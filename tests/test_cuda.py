@@ -32,7 +32,7 @@ SETTINGS = {
 MODELS = {"depthfl": {"name": "mlp-exits", "hidden": [8]}}
 
 
-def _config(name: str, device: str, pool: str = "in-process", **run_keys):
+def _config(name: str, device: str, pool: str = "in-process", train: dict | None = None, **run_keys):
     keys, system, options = SETTINGS.get(name, ({}, STRAGGLERS, {}))
     return from_dict(
         {
@@ -48,7 +48,7 @@ def _config(name: str, device: str, pool: str = "in-process", **run_keys):
             },  # fmt: skip
             "data": {"dataset": "digits", "num_clients": 8, "fraction": 0.5},
             "model": MODELS.get(name, {"name": "mlp", "hidden": [16]}),
-            "train": {"lr": 0.1, "batch_size": 8, "local_steps": 2},
+            "train": {"lr": 0.1, "batch_size": 8, "local_steps": 2, **(train or {})},
             "algorithm": {"name": name, **options},
             "system": system,
         }
@@ -88,10 +88,14 @@ def test_a_gpu_run_is_deterministic_run_to_run(tmp_path):
     assert torch.equal(first_loop.state.params, second_loop.state.params)
 
 
-@pytest.mark.parametrize("name", ["fedavg", "salf", "heterofl", "fedprox", "scaffold"])
-def test_the_batched_pool_on_the_gpu_gives_the_one_at_a_time_run(tmp_path, name):
-    one_loop, one = _run(_config(name, "cuda"), tmp_path / "one")
-    many_loop, many = _run(_config(name, "cuda", pool="batched"), tmp_path / "many")
+MOMENTUM = {"momentum": 0.5, "keep_momentum": True, "weight_decay": 0.01}
+
+
+@pytest.mark.parametrize("name, train", [("fedavg", None), ("salf", None), ("heterofl", None), ("fedprox", None),
+                                         ("scaffold", None), ("salf", MOMENTUM)])  # fmt: skip
+def test_the_batched_pool_on_the_gpu_gives_the_one_at_a_time_run(tmp_path, name, train):
+    one_loop, one = _run(_config(name, "cuda", train=train), tmp_path / "one")
+    many_loop, many = _run(_config(name, "cuda", pool="batched", train=train), tmp_path / "many")
     assert many_loop.pool.tasks_batched > 0
     for a, b in zip(one.metrics, many.metrics, strict=True):
         assert b["train_loss"] == pytest.approx(a["train_loss"], abs=1e-4)
