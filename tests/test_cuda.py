@@ -91,8 +91,11 @@ def test_a_gpu_run_is_deterministic_run_to_run(tmp_path):
 MOMENTUM = {"momentum": 0.5, "keep_momentum": True, "weight_decay": 0.01}
 
 
-@pytest.mark.parametrize("name, train", [("fedavg", None), ("salf", None), ("heterofl", None), ("fedprox", None),
-                                         ("scaffold", None), ("salf", MOMENTUM)])  # fmt: skip
+BATCHED = [("fedavg", None), ("salf", None), ("heterofl", None), ("fedprox", None), ("scaffold", None),
+           ("salf", MOMENTUM)]  # fmt: skip
+
+
+@pytest.mark.parametrize("name, train", BATCHED)
 def test_the_batched_pool_on_the_gpu_gives_the_one_at_a_time_run(tmp_path, name, train):
     one_loop, one = _run(_config(name, "cuda", train=train), tmp_path / "one")
     many_loop, many = _run(_config(name, "cuda", pool="batched", train=train), tmp_path / "many")
