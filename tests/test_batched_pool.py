@@ -172,3 +172,30 @@ def test_run_device_is_checked_in_one_line():
 def test_a_cpu_run_names_its_device_in_the_summary(tmp_path):
     _loop, result = _run(tmp_path, "in-process", {"name": "fedavg"}, rounds=1)
     assert result.summary["device"] == "cpu"
+
+
+def test_cuda_with_several_worker_processes_is_refused_in_one_line(monkeypatch):
+    """Worker processes would each hold the model and data on the one GPU: refused before
+    anything runs (checked as on a machine whose torch sees a GPU)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ConfigError, match=r"run.device = 'cuda' with run.workers = 2: worker processes"):
+        _config("in-process", {"name": "fedavg"}, device="cuda", workers=2)
+    with pytest.raises(ConfigError, match=r"torch sees 1 GPU\(s\)"):
+        _config("in-process", {"name": "fedavg"}, device="cuda:3")
+
+
+def test_auto_takes_the_cpu_with_worker_processes(monkeypatch):
+    from fedhet.device import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("auto", 1).type == "cuda" and resolve_device("auto", 2).type == "cpu"
+    assert resolve_device("auto", "auto").type == "cpu" and resolve_device("cuda", 1) == torch.device(
+        "cuda:0"
+    )
+
+
+def test_a_gpu_share_per_flower_client_is_refused_where_torch_sees_no_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="run.flower_gpus_per_client = 0.5: torch sees no GPU here"):
+        _config("in-process", {"name": "fedavg"}, engine="flower", flower_gpus_per_client=0.5)

@@ -73,6 +73,36 @@ def test_every_rule_runs_on_the_gpu_as_on_the_cpu(tmp_path, name):
         if a.get("train_loss") == a.get("train_loss"):  # not NaN
             assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-3, abs=1e-4)
     torch.testing.assert_close(gpu_loop.state.params.cpu(), cpu_loop.state.params, atol=1e-3, rtol=1e-3)
+    for client in range(8):  # client state waits on the host between tasks
+        state = gpu_loop.pool.states.of(client)
+        assert all(v.device.type == "cpu" for v in state.values() if isinstance(v, torch.Tensor))
+
+
+CLIENT_SIDES = {
+    "sgd momentum kept": {"momentum": 0.9, "keep_momentum": True},
+    "adam kept": {"optimizer": "adam", "lr": 0.01},
+    "top-k with error feedback": {
+        "postprocess": [{"name": "compress", "method": "topk", "fraction": 0.2, "error_feedback": True}]
+    },  # fmt: skip
+    "int8": {"postprocess": [{"name": "compress", "method": "int8"}]},
+    "clip and noise": {"postprocess": [{"name": "clip-noise", "max_norm": 1.0, "noise_multiplier": 0.1}]},
+}
+
+
+@pytest.mark.parametrize("case", list(CLIENT_SIDES))
+def test_local_optimizers_and_postprocessors_run_on_the_gpu_as_on_the_cpu(tmp_path, case):
+    """Their state kept across rounds on the host, used on the GPU; their random draws from
+    the client's stream on the host, so the same noise on both devices."""
+    train = CLIENT_SIDES[case]
+    for pool in ("in-process", "batched"):
+        cpu_loop, cpu = _run(_config("fedavg", "cpu", pool=pool, train=train), tmp_path / f"cpu-{pool}")
+        gpu_loop, gpu = _run(_config("fedavg", "cuda", pool=pool, train=train), tmp_path / f"gpu-{pool}")
+        for a, b in zip(cpu.metrics, gpu.metrics, strict=True):
+            assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-3, abs=1e-4)
+        tolerance = 0.05 if "int8" in case else 1e-3  # stochastic rounding flips on a float difference
+        torch.testing.assert_close(
+            gpu_loop.state.params.cpu(), cpu_loop.state.params, atol=tolerance, rtol=1e-3
+        )
 
 
 def test_a_gpu_run_is_deterministic_run_to_run(tmp_path):

@@ -163,6 +163,8 @@ class Compress(Postprocessor):
     def _compress(self, delta, state, key: str, generator) -> torch.Tensor:
         """One vector compressed, with its own error-feedback residual under ``key``."""
         residual = state.get(key) if self.options.error_feedback else None
+        if residual is not None:
+            residual = residual.to(delta.device)  # kept on the host between tasks
         covered = delta.numel()
         target = delta.clone()
         if residual is not None:  # kept aligned to the model's end: the output layer is always covered

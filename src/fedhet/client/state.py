@@ -130,6 +130,16 @@ class ClientStates:
         """Client ``client``'s state (created empty on first use)."""
         return self._states.setdefault(int(client), {})
 
+    def park(self, client: int) -> None:
+        """Client ``client``'s tensors on the host (RAM) between its tasks: a population's
+        states (momentum buffers, SCAFFOLD's c_i: N x P numbers) need not fit the GPU; each
+        component moves its own to the model's device when it uses them."""
+        state = self._states.get(int(client))
+        if state:
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and value.device.type != "cpu":
+                    state[key] = value.cpu()
+
     def part(self, client: int, name: str) -> Namespace:
         """One component's part (``"algorithm"``, ``"optimizer"``, a postprocessor's name) of
         client ``client``'s state."""

@@ -114,7 +114,7 @@ class BatchedPool(InProcessPool):
         def failed(task: ClientTask, exc: BaseException) -> None:
             client_failed(self, exc, task.client, task.round)
 
-        return self.batched.train(
+        updates = self.batched.train(
             tasks,
             params,
             buffers,
@@ -125,6 +125,9 @@ class BatchedPool(InProcessPool):
             failed,
             snapshot=self.on_client_error == "skip",
         )
+        for task in tasks:
+            self.states.park(task.client)  # on the host until their next task (a GPU run)
+        return updates
 
 
 register("pool")(BatchedPool)

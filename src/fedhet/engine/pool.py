@@ -199,7 +199,9 @@ class InProcessPool:
         try:
             if self.side is None:
                 raise RuntimeError("the in-process pool runs tasks once attached to its world")
-            return self.side.execute(task, params, buffers, state)
+            update = self.side.execute(task, params, buffers, state)
+            self.states.park(task.client)  # on the host until its next task (a GPU run)
+            return update
         except FedhetError:
             raise
         except Exception as exc:  # noqa: BLE001  (client code: a rule's or plug-in's bug)
