@@ -99,7 +99,9 @@ def test_local_optimizers_and_postprocessors_run_on_the_gpu_as_on_the_cpu(tmp_pa
         gpu_loop, gpu = _run(_config("fedavg", "cuda", pool=pool, train=train), tmp_path / f"gpu-{pool}")
         for a, b in zip(cpu.metrics, gpu.metrics, strict=True):
             assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-3, abs=1e-4)
-        tolerance = 0.05 if "int8" in case else 1e-3  # stochastic rounding flips on a float difference
+        # compression is discrete: an element near int8's rounding point or top-k's cut goes the
+        # other way on a float difference (seen on an H200: 6 of 1,210 elements, 0.0016 apart)
+        tolerance = 0.05 if "compress" in str(train) else 1e-3
         torch.testing.assert_close(
             gpu_loop.state.params.cpu(), cpu_loop.state.params, atol=tolerance, rtol=1e-3
         )
