@@ -301,17 +301,18 @@ def test_the_peers_page_shows_what_its_committed_tables_give():
         assert len(lines) > 10 and all(line in page for line in lines), table
 
 
-PAGE_TABLES = [  # (results page, script, its committed per-run table)
-    ("amsfl.md", "amsfl_variance.py", "amsfl-variance.csv"),
-    ("fedstale.md", "fedstale_fig1.py", "fedstale-fig1.csv"),
-    ("amsfl.md", "amsfl_allocation.py", "amsfl-allocation.csv"),
-    ("fedstale.md", "fedstale_protocol.py", "fedstale-protocol.csv"),
-    ("adel-fl.md", "adelfl_protocol.py", "adelfl-protocol.csv"),
+PAGE_TABLES = [  # (results page, script, its committed per-run table, the script's other arguments)
+    ("amsfl.md", "amsfl_variance.py", "amsfl-variance.csv", ()),
+    ("fedstale.md", "fedstale_fig1.py", "fedstale-fig1.csv", ()),
+    ("amsfl.md", "amsfl_allocation.py", "amsfl-allocation.csv", ()),
+    ("fedstale.md", "fedstale_protocol.py", "fedstale-protocol.csv", ()),
+    ("adel-fl.md", "adelfl_protocol.py", "adelfl-protocol.csv", ()),
+    ("amsfl.md", "amsfl_report.py", "amsfl-nslkdd.csv", ()),
 ]
 
 
-@pytest.mark.parametrize(("page", "script", "table"), PAGE_TABLES)
-def test_a_results_page_shows_what_its_committed_table_gives(page, script, table):
+@pytest.mark.parametrize(("page", "script", "table", "extra"), PAGE_TABLES)
+def test_a_results_page_shows_what_its_committed_table_gives(page, script, table, extra):
     """Every line a page's recompute script prints from the committed per-run table is on
     the page, word for word: a page and its data cannot drift apart."""
     import subprocess
@@ -321,7 +322,8 @@ def test_a_results_page_shows_what_its_committed_table_gives(page, script, table
     root = Path(__file__).resolve().parents[1]
     text = (root / "docs" / "results" / page).read_text()
     done = subprocess.run(
-        [sys.executable, str(root / "experiments" / script), str(root / "docs" / "results" / "data" / table)],
+        [sys.executable, str(root / "experiments" / script), str(root / "docs" / "results" / "data" / table),
+         *extra],
         capture_output=True, text=True, check=True, cwd=root,
     )  # fmt: skip
     lines = [line for line in done.stdout.splitlines() if line.strip()]
