@@ -53,6 +53,13 @@ def test_grid_cells_run_once_and_fill_the_table(tmp_path):
         s["final_test_accuracy"] for s in summaries.values()
     ]
     assert all(r["fedhet"].startswith(fedhet.__version__) for r in rows)
+    # and the table comes back from it alone, reference marks included
+    from fedhet.studies.tables import summaries_from_cells
+
+    experiment.reference = "drop"
+    assert report_table(experiment, summaries_from_cells(cells_csv(experiment, summaries))) == report_table(
+        experiment, summaries
+    )
 
 
 def test_cells_sharing_a_table_entry_show_mean_and_spread(tmp_path):

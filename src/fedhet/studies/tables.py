@@ -153,7 +153,7 @@ def _format_numbers(pairs: list[tuple], digits: int, interval: str) -> str:
 
 
 CELL_COLUMNS = ("seed", "final_test_accuracy", "best_test_accuracy", "final_test_loss", "rounds", "sim_time",
-                "stopped_by", "fedhet")  # fmt: skip
+                "stopped_by", "caveats", "fedhet")  # fmt: skip
 
 
 def cells_csv(experiment: Experiment, summaries: dict[str, dict]) -> str:
@@ -177,5 +177,28 @@ def cells_csv(experiment: Experiment, summaries: dict[str, dict]) -> str:
         values = _flatten(cell.overrides)
         given = [short_value(values[k]) if k in values else "" for k in keys]
         numbers = ["" if summary.get(k) is None else summary.get(k) for k in CELL_COLUMNS]
+        numbers[CELL_COLUMNS.index("caveats")] = len(summary.get("caveats") or [])  # how many
         writer.writerow([cell.name, *given, *numbers])
     return out.getvalue()
+
+
+def summaries_from_cells(text: str) -> dict[str, dict]:
+    """The summaries :func:`cells_csv` wrote, as much of them as :func:`report_table` reads
+    (the numbers, how the run stopped, whether it had caveats): a results page's table
+    recomputed from its committed ``cells.csv`` without the run folders."""
+    import csv
+    import io
+
+    out: dict[str, dict] = {}
+    for row in csv.DictReader(io.StringIO(text)):
+        summary: dict = {}
+        for key in CELL_COLUMNS:
+            value = row.get(key, "")
+            if key in ("stopped_by", "fedhet"):
+                summary[key] = value or None
+            elif key == "caveats":
+                summary[key] = ["(a caveat)"] * int(value or 0)
+            elif value != "":
+                summary[key] = int(value) if key in ("seed", "rounds") else float(value)
+        out[row["cell"]] = summary
+    return out
