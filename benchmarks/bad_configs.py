@@ -61,6 +61,9 @@ RANGES: dict[str, list] = {
     "run.eval_every": [0, -1, *INTS_BAD],
     "run.threads": [-1, 10**6, *INTS_BAD],
     "run.workers": [0, -1, 10**6, "many", *INTS_BAD],
+    "run.device": ["gpu", "cuda:x", "", 0, "cuda", "cuda:7"],  # cuda: no GPU on a CPU machine
+    "run.pool": ["gpu", 3],
+    "run.clients_per_batch": [-1, *INTS_BAD],
     "run.client_eval": [1, "yes"],
     "run.client_eval_fraction": [0.0, 1.0, -0.1, 1.5, *NUMBERS_BAD],
     "run.targets": [[0], [1.5], ["a"], [NAN], 0.5, [True]],

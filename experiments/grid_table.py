@@ -17,9 +17,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from fedhet.studies.expansion import _lookup, short_value
 from fedhet.studies.grid import load_experiment, report_table
 from fedhet.studies.stats import difference_p_value, holm
-from fedhet.studies.tables import _lookup, short_value, summaries_from_cells
+from fedhet.studies.tables import summaries_from_cells
 
 
 def by_row_and_column(experiment, summaries: dict) -> tuple[dict, list[str]]:
