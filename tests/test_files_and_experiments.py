@@ -308,6 +308,8 @@ PAGE_TABLES = [  # (results page, script, its committed per-run table, the scrip
     ("fedstale.md", "fedstale_protocol.py", "fedstale-protocol.csv", ()),
     ("adel-fl.md", "adelfl_protocol.py", "adelfl-protocol.csv", ()),
     ("amsfl.md", "amsfl_report.py", "amsfl-nslkdd.csv", ()),
+    ("amsfl.md", "amsfl_report.py", "amsfl-fmnist.csv", ()),
+    ("amsfl.md", "amsfl_report.py", "amsfl-mu.csv", ("--baseline", "docs/results/data/amsfl-fmnist.csv")),
 ]
 
 
