@@ -2,8 +2,8 @@
 ``cells.csv`` that ``fedhet reproduce`` writes beside its runs), without the run folders;
 and, with ``--differences``, the paired differences between columns row by row.
 
-    python experiments/grid_table.py experiments/adelfl_questions.toml docs/results/data/adelfl-questions.csv
-    python experiments/grid_table.py EXPERIMENT.toml CELLS.csv --differences "A - B" "C - D"
+    python experiments/grid_table.py docs/results/data/adelfl-questions.csv experiments/adelfl_questions.toml
+    python experiments/grid_table.py CELLS.csv EXPERIMENT.toml --differences "A - B" "C - D"
 
 The first table is ``fedhet reproduce``'s own (its [report] section: rows, columns, value,
 interval, reference marks Holm-corrected over the table unless ``--correction none``). Each
@@ -77,8 +77,8 @@ def differences_table(rows: dict, columns: list[str], pairs: list[str]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("cells", help="the grid's per-cell table (cells.csv of fedhet reproduce)")
     parser.add_argument("experiment", help="the grid's TOML file")
-    parser.add_argument("cells", help="its per-cell table (cells.csv of fedhet reproduce)")
     parser.add_argument("--reference", help="the column the marks compare with (default: the [report]'s)")
     parser.add_argument("--correction", choices=("holm", "none"), help="default: the [report]'s, else holm")
     parser.add_argument("--differences", nargs="+", default=[], metavar='"A - B"')

@@ -310,6 +310,21 @@ PAGE_TABLES = [  # (results page, script, its committed per-run table, the scrip
     ("amsfl.md", "amsfl_report.py", "amsfl-nslkdd.csv", ()),
     ("amsfl.md", "amsfl_report.py", "amsfl-fmnist.csv", ()),
     ("amsfl.md", "amsfl_report.py", "amsfl-mu.csv", ("--baseline", "docs/results/data/amsfl-fmnist.csv")),
+    (
+        "adel-fl.md",
+        "grid_table.py",
+        "adelfl-questions.csv",
+        (
+            "experiments/adelfl_questions.toml",
+            "--differences",
+            "adel-fl(estimate_constants=True,rho_s=0.25) - salf",
+            "adel-fl(rho_c=0.3,rho_s=1.0,grad_bound=0.1) - salf",
+            "adel-fl(estimate_constants=True,rho_s=0.25) - adel-fl(plan=equal,batch_scale=1.0)",
+            "adel-fl(estimate_constants=True,rho_s=0.25,time_aware_lr=True)"
+            " - adel-fl(estimate_constants=True,rho_s=0.25)",
+            "adel-fl(plan=equal,batch_scale=1.0) - salf",
+        ),
+    ),
 ]
 
 
