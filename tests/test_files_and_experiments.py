@@ -325,6 +325,9 @@ PAGE_TABLES = [  # (results page, script, its committed per-run table, the scrip
             "adel-fl(plan=equal,batch_scale=1.0) - salf",
         ),
     ),
+    ("adel-fl.md", "grid_table.py", "adelfl-table1.csv", ("experiments/adelfl_table1.toml",)),
+    ("adel-fl.md", "grid_table.py", "adelfl-fig2.csv", ("experiments/adelfl_fig2.toml",)),
+    ("adel-fl.md", "accuracy_at_times.py", "adelfl-fig2-times.csv", ()),
 ]
 
 
