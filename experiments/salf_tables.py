@@ -1,10 +1,12 @@
-"""The tables of docs/results/salf.md from `fedhet reproduce experiments/salf_study.toml` (and
-`experiments/salf_study_fedbuff.toml`): final test accuracy per column with 95% intervals
-and marks against SALF, every column's drop from vanilla FL beside the paper's, and the
-widths HeteroFL's cost rule gives stragglers.
+"""The tables of docs/results/salf.md, recomputed from the grids' committed per-run tables
+(the ``cells.csv`` that ``fedhet reproduce experiments/salf_study.toml`` and
+``experiments/salf_study_fedbuff.toml`` write beside their runs): final test accuracy per
+column with 95% t-intervals and Holm-corrected marks against SALF, every column's drop from
+vanilla FL beside the paper's, and the widths HeteroFL's cost rule gives stragglers.
 
-    python experiments/salf_tables.py [runs/salf_study runs/salf_study_fedbuff]
-    python experiments/salf_tables.py runs/salf_study_half     # inputs in [-1, 1]
+    python experiments/salf_tables.py docs/results/data/salf-study.csv \
+        docs/results/data/salf-study-fedbuff.csv
+    python experiments/salf_tables.py docs/results/data/salf-study-half.csv   # inputs in [-1, 1]
 
 Columns are named after the runs' [algorithm] sections (name, then the values of its other
 keys: ``drop-all`` is drop with normalize = "all", ``heterofl-fixed-padded`` HeteroFL with
@@ -15,14 +17,13 @@ across columns and grids: the same seed gives the same data split and initial mo
 from __future__ import annotations
 
 import argparse
-import json
-import tomllib
+import csv
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
-from fedhet.studies.stats import difference_p_value, estimate
+from fedhet.studies.stats import difference_p_value, estimate, holm
 
 COLUMNS = {  # label in the runs -> heading on the page
     "fedavg": "vanilla FL",
@@ -36,7 +37,7 @@ COLUMNS = {  # label in the runs -> heading on the page
     "heterofl-fixed-padded": "HeteroFL 0.5 padded",
     "asyncfl": "AsyncFL stale",
     "asyncfl-fresh": "AsyncFL fresh",
-    "fedbuff-10": "FedBuff",
+    "fedbuff": "FedBuff",
 }
 HETEROFL = ["heterofl", "heterofl-rate-squared", "heterofl-fixed", "heterofl-fixed-padded"]
 RATIOS = (0.3, 0.5, 0.7, 0.9)
@@ -63,31 +64,46 @@ PAPER_COLUMN = {  # our column -> the paper's column it is compared with
 MODEL_NAMES = {"mlp": "MLP", "cnn2": "CNN"}
 
 
-def label(algorithm: dict) -> str:
-    """The column of a run: its algorithm's name, then the values of its other keys."""
-    rest = [str(v) for k, v in algorithm.items() if k != "name"]
-    return "-".join([algorithm["name"], *rest])
+def label(row: dict) -> str:
+    """The column of a run: its algorithm's name, then the values of its other keys, in the
+    per-run table's column order."""
+    rest = [v for k, v in row.items() if k.startswith("algorithm.") and k != "algorithm.name" and v]
+    return "-".join([row["algorithm.name"], *rest])
 
 
-def collect(folders: list[str]) -> dict:
-    """{(model, ratio): {column: {seed: final test accuracy}}} from the runs' files."""
+def collect(tables: list[str]) -> dict:
+    """{(model, ratio): {column: {seed: final test accuracy}}} from the per-run tables."""
     table: dict = defaultdict(lambda: defaultdict(dict))
-    for folder in folders:
-        for summary_path in sorted(Path(folder).glob("*/summary.json")):
-            summary = json.loads(summary_path.read_text())
-            if not summary.get("finished", True):
-                continue
-            config = tomllib.loads((summary_path.parent / "config.toml").read_text())
-            row = (config["model"]["name"], float(config["system"]["straggler_ratio"]))
-            column = label(config["algorithm"])
-            table[row][column][int(config["run"]["seed"])] = float(summary["final_test_accuracy"])
+    for path in tables:
+        with open(path, newline="") as handle:
+            for row in csv.DictReader(handle):
+                key = (row["model.name"], float(row["system.straggler_ratio"]))
+                table[key][label(row)][int(row["seed"])] = float(row["final_test_accuracy"])
     return table
 
 
+def ordered(table: dict) -> list:
+    """Rows in the page's order: the MLP first, then by straggler ratio."""
+    return sorted(table.items(), key=lambda kv: (kv[0][0] != "mlp", kv[0][1]))
+
+
 def accuracy_table(table: dict, columns: list[str]) -> None:
+    """Mean ± 95% t-interval per cell; ↑/↓ where the cell differs from SALF of its row (paired
+    t-test over the seeds) after Holm's correction over every test of the table, (↑)/(↓)
+    where it does only uncorrected (p < 0.05)."""
+    rows = ordered(table)
+    tests = []
+    for _, cells in rows:
+        for column in columns:
+            seeds = cells.get(column)
+            if seeds and column != "salf" and cells.get("salf"):
+                tests.append(difference_p_value(seeds, cells["salf"]))
+    adjusted = iter(holm(tests))
+    raw = iter(tests)
+    print(f"Holm-corrected over the table's {sum(p is not None for p in tests)} tests against SALF\n")
     print("| model, stragglers | " + " | ".join(COLUMNS[c] for c in columns) + " |")
     print("|---|" + "---|" * len(columns))
-    for (model, ratio), cells in sorted(table.items(), key=lambda kv: (kv[0][0] != "mlp", kv[0][1])):
+    for (model, ratio), cells in rows:
         out = []
         for column in columns:
             seeds = cells.get(column)
@@ -97,9 +113,12 @@ def accuracy_table(table: dict, columns: list[str]) -> None:
             e = estimate(list(seeds.values()), "ci95")
             mark = ""
             if column != "salf" and cells.get("salf"):
-                p = difference_p_value(seeds, cells["salf"])
-                if p is not None and p < 0.05:
-                    mark = " ↑" if e.mean > np.mean(list(cells["salf"].values())) else " ↓"
+                p, p_holm = next(raw), next(adjusted)
+                arrow = "↑" if e.mean > np.mean(list(cells["salf"].values())) else "↓"
+                if p_holm is not None and p_holm < 0.05:
+                    mark = f" {arrow}"
+                elif p is not None and p < 0.05:
+                    mark = f" ({arrow})"
             out.append(f"{e.mean:.3f} ± {e.spread:.3f}{mark}")
         print(f"| {MODEL_NAMES.get(model, model)} {ratio:g} | " + " | ".join(out) + " |")
 
@@ -110,7 +129,7 @@ def drop_table(table: dict, columns: list[str]) -> None:
     shown = [c for c in columns if c != "fedavg"]
     print("| model, stragglers | " + " | ".join(COLUMNS[c] for c in shown) + " |")
     print("|---|" + "---|" * len(shown))
-    for (model, ratio), cells in sorted(table.items(), key=lambda kv: (kv[0][0] != "mlp", kv[0][1])):
+    for (model, ratio), cells in ordered(table):
         vanilla = cells.get("fedavg", {})
         out = []
         for column in shown:
@@ -173,26 +192,32 @@ def heterofl_widths(draws: int = 2000) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="*", default=["runs/salf_study", "runs/salf_study_fedbuff"])
+    parser.add_argument("tables", nargs="+", help="per-run tables (cells.csv of the grids)")
     args = parser.parse_args()
-    table = collect([f for f in args.runs if Path(f).is_dir()])
+    for path in args.tables:
+        if not Path(path).is_file():
+            raise SystemExit(f"{path}: no such per-run table")
+    table = collect(args.tables)
     present = {c for cells in table.values() for c in cells}
     columns = [c for c in COLUMNS if c in present and c not in HETEROFL]
     heterofl = [c for c in ["fedavg", "salf", *HETEROFL] if c in present] if present & set(HETEROFL) else []
-    print("Final test accuracy, mean ± 95% interval over seeds; ↑/↓: paired t-test against SALF, p < 0.05\n")
+    seeds = sorted({s for cells in table.values() for values in cells.values() for s in values})
+    print(f"Final test accuracy, mean ± 95% t-interval over seeds {seeds[0]}-{seeds[-1]}; ↑/↓: paired t-test")
+    print("against SALF, Holm-corrected p < 0.05; (↑)/(↓): p < 0.05 uncorrected only\n")
     accuracy_table(table, columns)
     if heterofl:
         print()
         accuracy_table(table, heterofl)
-    print("\nDrop from vanilla FL (vanilla minus the column, paired by seed, ± 95% interval);")
+    print("\nDrop from vanilla FL (vanilla minus the column, paired by seed, ± 95% t-interval);")
     print("in parentheses the same difference in SALF's Table II (MNIST)\n")
     drop_table(table, columns)
     if heterofl:
         print()
         drop_table(table, heterofl)
-    print("\nHeteroFL's cost rule under the straggler-ratio model (90% stragglers; a straggler's")
-    print("share of the widths does not depend on the ratio)\n")
-    heterofl_widths()
+    if heterofl:
+        print("\nHeteroFL's cost rule under the straggler-ratio model (90% stragglers; a straggler's")
+        print("share of the widths does not depend on the ratio)\n")
+        heterofl_widths()
 
 
 if __name__ == "__main__":

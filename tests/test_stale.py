@@ -192,7 +192,8 @@ def test_bad_options_give_one_line_errors_naming_the_key(key, value, message):
 def test_beta_map_picks_the_best_beta_per_cell_and_draws_it(tmp_path):
     """Small real grid: two heterogeneity cells x three betas (u-fedavg standing for beta 0);
     beta_opt is the argmax of the averaged accuracy and Delta_0/Delta_1 its gains."""
-    from fedhet.studies.beta_map import beta_map, collect, markdown_table
+    from fedhet.errors import FedhetError
+    from fedhet.studies.beta_map import beta_map, collect, markdown_table, records_csv
     from fedhet.studies.plots import plot_beta_map, plot_stale_slices
 
     runs = tmp_path / "grid"
@@ -212,6 +213,16 @@ def test_beta_map_picks_the_best_beta_per_cell_and_draws_it(tmp_path):
         assert cell.gain_over(1.0) >= 0.0
     table = markdown_table(cells)
     assert table.count("\n") == 4 and "beta_opt" in table
+    # the per-run table a results page commits gives the same map, and refuses another --last
+    saved = tmp_path / "records.csv"
+    saved.write_text(records_csv(collect(runs, last=2), last=2))
+    again = beta_map(collect(saved, last=2))
+    assert [(c.swap_fraction, c.participation_ratio, c.per_seed) for c in again] == [
+        (c.swap_fraction, c.participation_ratio, c.per_seed) for c in cells
+    ]
+    assert markdown_table(again) == table
+    with pytest.raises(FedhetError, match="records.csv: its runs average 2 evaluations, not 3"):
+        collect(saved, last=3)
     assert plot_beta_map(cells, tmp_path / "map.png").stat().st_size > 1000
     assert plot_stale_slices(cells, tmp_path / "slices.png", sigma=0.0, ratio=1.5).stat().st_size > 1000
 
@@ -237,6 +248,7 @@ def test_beta_opt_bootstrap_and_the_intermediate_beta_test_use_paired_seeds():
     from fedhet.studies.beta_map import (
         MapCell,
         bootstrap_beta_opt,
+        intermediate_tests,
         intermediate_wins,
         trends,
         wins_significantly,
@@ -266,3 +278,13 @@ def test_beta_opt_bootstrap_and_the_intermediate_beta_test_use_paired_seeds():
     assert not wins_significantly(unclear)
     found = trends([cell(per_seed, 0.0), cell(tied, 1.0)])
     assert found["intermediate_wins_share"] == 0.5 and found["cells_tested"] == 2
+    # Holm over the table: the corrected p-values are at least the raw ones, and a win that is
+    # significant alone stops being one among enough tests of similar strength
+    tests = intermediate_tests([cell(per_seed, 0.0), cell(tied, 1.0)])
+    assert tests[0].wins and tests[0].p0_holm >= tests[0].p0 and tests[0].p1_holm >= tests[0].p1
+    weak = dict(per_seed)
+    weak[0.5] = {s: v + (0.006 if s % 2 else 0.02) for s, v in per_seed[1.0].items()}  # p about 0.03
+    alone = cell(weak)
+    assert wins_significantly(alone)
+    many = intermediate_tests([cell(weak, sigma) for sigma in (0.0, 0.3, 0.6, 1.0)])
+    assert not any(t.wins for t in many)

@@ -43,6 +43,7 @@ class RunRecord:
     participation: str  # known | fedau
     seed: int
     accuracy: float
+    fedhet: str = ""  # the build that ran it
 
 
 @dataclass
@@ -107,12 +108,53 @@ def read_record(run: RunDirectory, last: int = 1) -> RunRecord | None:
         participation=str(config.algorithm.get("participation", "known")),
         seed=config.run.seed,
         accuracy=float(np.mean(evaluated[-last:])),
+        fedhet=str(run.read_summary().get("fedhet") or ""),
     )
 
 
+RECORD_COLUMNS = ("name", "swap_fraction", "participation_ratio", "p_min", "beta", "participation", "seed",
+                  "accuracy", "fedhet")  # fmt: skip
+
+
+def records_csv(records: Sequence[RunRecord], last: int) -> str:
+    """The records as a per-run table (one CSV row per run, with ``last``, the evaluations
+    its accuracy averages): what a results page's beta maps are recomputed from without the
+    run folders."""
+    import csv
+    import io
+
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow([*RECORD_COLUMNS, "last"])
+    for r in records:
+        writer.writerow([*(getattr(r, k) for k in RECORD_COLUMNS), last])
+    return out.getvalue()
+
+
+def read_records_csv(path: Path, last: int) -> list[RunRecord]:
+    """The records :func:`records_csv` wrote; refused in one line when a column is missing or
+    the table's runs average a different number of evaluations than ``last``."""
+    import csv
+
+    with open(path, newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    missing = [k for k in (*RECORD_COLUMNS, "last") if rows and k not in rows[0]]
+    if not rows or missing:
+        raise FedhetError(
+            f"{path}: not a per-run table of beta-map runs (missing: {', '.join(missing) or 'rows'})"
+        )
+    if any(int(row["last"]) != last for row in rows):
+        raise FedhetError(f"{path}: its runs average {rows[0]['last']} evaluations, not {last} (--last)")
+    kinds = {"name": str, "participation": str, "fedhet": str, "seed": int}
+    return [RunRecord(**{k: kinds.get(k, float)(row[k]) for k in RECORD_COLUMNS}) for row in rows]
+
+
 def collect(root: str | Path, last: int = 1) -> list[RunRecord]:
-    """Records of every finished run under ``root`` (a grid's output folder)."""
+    """Records of every finished run under ``root`` (a grid's output folder), or those of a
+    per-run table (a ``.csv`` file :func:`records_csv` wrote)."""
     root = Path(root)
+    if root.suffix == ".csv" and root.is_file():
+        return read_records_csv(root, last)
     if not root.is_dir():
         raise FedhetError(f"{root}: no such folder of runs")
     records = []
@@ -216,7 +258,8 @@ def intermediate_wins(cell: MapCell, alpha: float = 0.05) -> tuple[float, float,
 
 
 def wins_significantly(cell: MapCell, alpha: float = 0.05) -> bool:
-    """The best intermediate beta is above both ends, each with p < ``alpha``."""
+    """The best intermediate beta is above both ends, each with p < ``alpha`` (one cell,
+    uncorrected; over a table's cells :func:`intermediate_tests` corrects)."""
     result = intermediate_wins(cell, alpha)
     if result is None:
         return False
@@ -225,20 +268,56 @@ def wins_significantly(cell: MapCell, alpha: float = 0.05) -> bool:
     return bool(above and p0 < alpha and p1 < alpha)
 
 
+@dataclass(frozen=True)
+class IntermediateTest:
+    """One cell's best intermediate beta against both ends, with the p-values Holm-corrected
+    over every such test of a table (two per cell)."""
+
+    best: float
+    p0: float
+    p1: float
+    p0_holm: float
+    p1_holm: float
+    wins: bool  # above both ends, both corrected p-values below alpha
+
+
+def intermediate_tests(cells: Sequence[MapCell], alpha: float = 0.05) -> list[IntermediateTest | None]:
+    """:func:`intermediate_wins` for every cell, its two p-values Holm-corrected over the
+    2 x (cells tested) tests of the table (:func:`fedhet.studies.stats.holm`); ``None`` for a
+    cell that cannot be tested."""
+    from fedhet.studies.stats import holm
+
+    found = [intermediate_wins(c, alpha) for c in cells]
+    flat = [p for f in found if f is not None for p in f[1:]]
+    adjusted = iter(holm([None if np.isnan(p) else p for p in flat]))
+    out: list[IntermediateTest | None] = []
+    for cell, f in zip(cells, found, strict=True):
+        if f is None:
+            out.append(None)
+            continue
+        best, p0, p1 = f
+        q0, q1 = (float("nan") if q is None else q for q in (next(adjusted), next(adjusted)))
+        above = cell.accuracy[best] > cell.accuracy[0.0] and cell.accuracy[best] > cell.accuracy[1.0]
+        out.append(IntermediateTest(best, p0, p1, q0, q1, bool(above and q0 < alpha and q1 < alpha)))
+    return out
+
+
 def markdown_table(cells: Sequence[MapCell], digits: int = 3) -> str:
     """One row per cell: sigma_g^2, p_avg/p_min, accuracy per beta, beta_opt, Delta_0, Delta_1
     (in accuracy points x 100). With several seeds: accuracy as mean ± 95% t-interval,
     beta_opt's 95% bootstrap range, and the p-values of the best intermediate beta against
-    beta = 0 and beta = 1 (marked * when it beats both at p < 0.05)."""
+    beta = 0 and beta = 1, uncorrected and Holm-corrected over the table's tests (marked *
+    when it beats both with corrected p < 0.05; :func:`intermediate_tests`)."""
     from fedhet.studies.stats import estimate
 
     betas = sorted({b for c in cells for b in c.accuracy})
     seeded = any(len(common_seeds(c)) >= 2 for c in cells)
     head = ["sigma_g^2", "p_avg/p_min", *[f"beta={b:g}" for b in betas], "beta_opt", "Delta_0", "Delta_1"]
     if seeded:
-        head += ["beta_opt 95% (bootstrap)", "best middle beta: p vs 0, p vs 1"]
+        head += ["beta_opt 95% (bootstrap)", "best middle beta: p vs 0, p vs 1 (Holm)"]
+        tests = intermediate_tests(cells)
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for c in cells:
+    for index, c in enumerate(cells):
         row = [f"{c.swap_fraction:g}", f"{c.participation_ratio:.1f}"]
         for b in betas:
             if b not in c.accuracy:
@@ -255,13 +334,13 @@ def markdown_table(cells: Sequence[MapCell], digits: int = 3) -> str:
         if seeded:
             interval = bootstrap_beta_opt(c)
             row.append("-" if interval is None else f"[{interval.low:g}, {interval.high:g}]")
-            wins = intermediate_wins(c)
-            if wins is None:
+            test = tests[index]
+            if test is None:
                 row.append("-")
             else:
-                best, p0, p1 = wins
-                mark = " *" if wins_significantly(c) else ""
-                row.append(f"{best:g}: {p0:.3f}, {p1:.3f}{mark}")
+                mark = " *" if test.wins else ""
+                corrected = f"({test.p0_holm:.2g}, {test.p1_holm:.2g})"
+                row.append(f"{test.best:g}: {test.p0:.3f}, {test.p1:.3f} {corrected}{mark}")
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
 
@@ -269,7 +348,8 @@ def markdown_table(cells: Sequence[MapCell], digits: int = 3) -> str:
 def trends(cells: Sequence[MapCell]) -> dict[str, float]:
     """Spearman rank correlations of beta_opt with data heterogeneity (sigma_g^2) and with
     participation heterogeneity (p_avg / p_min) over the cells, and the share of cells whose
-    best intermediate beta beats both ends significantly."""
+    best intermediate beta beats both ends significantly after Holm's correction over the
+    cells' tests (:func:`intermediate_tests`)."""
     from scipy.stats import spearmanr
 
     beta = [c.beta_opt for c in cells]
@@ -282,8 +362,8 @@ def trends(cells: Sequence[MapCell]) -> dict[str, float]:
             result = spearmanr(values, beta)
             out[f"rho_{name}"] = float(result.statistic)
             out[f"p_{name}"] = float(result.pvalue)
-    tested = [c for c in cells if intermediate_wins(c) is not None]
+    tested = [t for t in intermediate_tests(cells) if t is not None]
     if tested:
-        out["intermediate_wins_share"] = sum(wins_significantly(c) for c in tested) / len(tested)
+        out["intermediate_wins_share"] = sum(t.wins for t in tested) / len(tested)
         out["cells_tested"] = float(len(tested))
     return out
