@@ -66,9 +66,10 @@ MODEL_NAMES = {"mlp": "MLP", "cnn2": "CNN"}
 
 def label(row: dict) -> str:
     """The column of a run: its algorithm's name, then the values of its other keys, in the
-    per-run table's column order."""
+    per-run table's column order. A table without ``algorithm.name`` comes from a grid of one
+    algorithm, the FedBuff grid's (its [algorithm] section is not a grid key)."""
     rest = [v for k, v in row.items() if k.startswith("algorithm.") and k != "algorithm.name" and v]
-    return "-".join([row["algorithm.name"], *rest])
+    return "-".join([row.get("algorithm.name") or "fedbuff", *rest])
 
 
 def collect(tables: list[str]) -> dict:
