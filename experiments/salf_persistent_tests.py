@@ -85,6 +85,11 @@ def accuracy_table(table: dict, raw: dict, corrected: dict) -> None:
         print(f"| {name} | " + " | ".join(out) + " |")
 
 
+def p_value(p: float) -> str:
+    """``= 0.015``, or ``< 0.001`` below a thousandth."""
+    return "< 0.001" if p < 0.001 else f"= {p:.3f}"
+
+
 def differences_table(table: dict, raw: dict, corrected: dict) -> None:
     print("\nPaired difference from `reached` (mean over the seeds), p uncorrected and Holm-corrected,")
     print("and the worst seed\n")
@@ -99,7 +104,7 @@ def differences_table(table: dict, raw: dict, corrected: dict) -> None:
             common = sorted(set(values) & set(reached))
             diff = float(np.mean([values[s] - reached[s] for s in common]))
             p, p_holm = raw[name, column], corrected[name, column]
-            p_text = "n/a" if p is None else f"p = {p:.3f}; Holm {p_holm:.3f}"
+            p_text = "n/a" if p is None else f"p {p_value(p)}; Holm {p_value(p_holm)}"
             out.append(f"{diff:+.3f}, {p_text} (worst {min(values.values()):.3f})")
         print(f"| {name} | " + " | ".join(out) + " |")
 

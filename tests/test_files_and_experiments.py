@@ -329,6 +329,7 @@ PAGE_TABLES = [  # (results page, script, its committed per-run table, the scrip
     ("adel-fl.md", "grid_table.py", "adelfl-fig2.csv", ("experiments/adelfl_fig2.toml",)),
     ("adel-fl.md", "accuracy_at_times.py", "adelfl-fig2-times.csv", ()),
     ("salf.md", "salf_tables.py", "salf-study.csv", ("docs/results/data/salf-study-fedbuff.csv",)),
+    ("salf.md", "salf_persistent_tests.py", "salf-persistent.csv", ()),
 ]
 
 
