@@ -45,15 +45,15 @@ def pairs_table(cells) -> str:
                 found.append(None)
                 continue
             found.append((100 * float(np.mean([x[s] - y[s] for s in common])), difference_p_value(x, y)))
-    adjusted = iter(holm([None if f is None else f[1] for f in found]))
+    adjusted = holm([None if f is None else f[1] for f in found])
     head = ["sigma_g^2", "p_avg/p_min", *[f"beta={a:g} - beta={b:g}" for a, b in PAIRS]]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    results = iter(found)
+    results = iter(zip(found, adjusted, strict=True))
     for cell in cells:
         row = [f"{cell.swap_fraction:g}", f"{cell.participation_ratio:.1f}"]
         for _ in PAIRS:
-            f = next(results)
-            row.append("-" if f is None else f"{f[0]:+.1f}, p = {f[1]:.3f} (Holm {next(adjusted):.2g})")
+            f, corrected = next(results)
+            row.append("-" if f is None else f"{f[0]:+.1f}, p = {f[1]:.3f} (Holm {corrected:.2g})")
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
 
@@ -77,25 +77,28 @@ def main(argv: list[str] | None = None) -> int:
         if args.table:
             Path(args.table).write_text(records_csv(records, args.last))
         cells = beta_map(records)
-        print("## beta_opt map (known p_i)\n")
+        print("beta_opt map, p_i known to the server:\n")
         print(markdown_table(cells))
-        print("## Ends and beta = 0.5, paired by seed (points; p and Holm-corrected p over the table)\n")
+        print("The ends and beta = 0.5, paired by seed (points; p and Holm-corrected p over the table):\n")
         print(pairs_table(cells))
         found = trends(cells)
         nan = float("nan")
         if found:
             print(
                 "Spearman rank correlation of beta_opt with data heterogeneity: "
-                f"{found.get('rho_data', nan):+.2f} (p = {found.get('p_data', nan):.3f}); "
-                f"with participation heterogeneity: {found.get('rho_participation', nan):+.2f} "
-                f"(p = {found.get('p_participation', nan):.3f})"
+                f"{found.get('rho_data', nan):+.2f} (p = {found.get('p_data', nan):.3f});"
             )
-            if "intermediate_wins_share" in found:
-                share, tested = found["intermediate_wins_share"], found["cells_tested"]
-                print(
-                    f"an intermediate beta beats both ends significantly (Holm-corrected) in {share:.0%}"
-                    f" of {tested:.0f}"
-                )
+            print(
+                f"with participation heterogeneity: {found.get('rho_participation', nan):+.2f} "
+                f"(p = {found.get('p_participation', nan):.3f})."
+            )
+        middle = sum(0.0 < c.beta_opt < 1.0 for c in cells)
+        print(f"An intermediate beta has the highest mean in {middle} of {len(cells)} cells;")
+        if "intermediate_wins_share" in found:
+            tested = round(found["cells_tested"])
+            wins = round(found["intermediate_wins_share"] * tested)
+            print(f"it beats both ends significantly (Holm-corrected) in {wins} of {tested}.")
+        print()
         if args.out:
             plot_beta_map(cells, f"{args.out}-beta-map.png", "β_opt, known p_i")
             ratios = sorted({c.participation_ratio for c in cells})
@@ -106,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.fedau_table:
                 Path(args.fedau_table).write_text(records_csv(fedau_records, args.last))
             estimated = beta_map(fedau_records)
-            print("## FedAU-estimated p_i\n")
+            print("beta_opt map, p_i estimated by FedAU:\n")
             print(markdown_table(estimated))
             sigma = args.sigma if args.fedau_sigma is None else args.fedau_sigma
             known = [c for c in cells if abs(c.swap_fraction - sigma) < 1e-9]
