@@ -336,6 +336,17 @@ PAGE_TABLES = [  # (results page, script, its committed per-run table, the scrip
         "fedstale-study.csv",
         ("--fedau", "docs/results/data/fedstale-fedau-study.csv"),
     ),
+    (
+        "baselines.md",
+        "baselines_tables.py",
+        "baselines-steps.csv",
+        (
+            "--times",
+            "docs/results/data/baselines-steps-times.csv",
+            "--tuned",
+            "docs/results/data/baselines-tuned.csv",
+        ),
+    ),
 ]
 
 
