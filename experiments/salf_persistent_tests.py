@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedhet.studies.stats import difference_p_value, estimate, holm
+from fedhet.studies.stats import difference_p_value, estimate, holm, significance_mark
 
 COLUMNS = {  # label in the runs -> heading on the page
     "fedavg": "vanilla FL",
@@ -75,12 +75,7 @@ def accuracy_table(table: dict, raw: dict, corrected: dict) -> None:
             e = estimate(list(cells[column].values()), "ci95")
             mark = ""
             if (name, column) in raw:
-                arrow = "↑" if e.mean > reached else "↓"
-                p, p_holm = raw[name, column], corrected[name, column]
-                if p_holm is not None and p_holm < 0.05:
-                    mark = f" {arrow}"
-                elif p is not None and p < 0.05:
-                    mark = f" ({arrow})"
+                mark = significance_mark(e.mean > reached, raw[name, column], corrected[name, column])
             out.append(f"{e.mean:.3f} ± {e.spread:.3f}{mark}")
         print(f"| {name} | " + " | ".join(out) + " |")
 

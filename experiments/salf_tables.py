@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedhet.studies.stats import difference_p_value, estimate, holm
+from fedhet.studies.stats import difference_p_value, estimate, holm, significance_mark
 
 COLUMNS = {  # label in the runs -> heading on the page
     "fedavg": "vanilla FL",
@@ -114,12 +114,8 @@ def accuracy_table(table: dict, columns: list[str]) -> None:
             e = estimate(list(seeds.values()), "ci95")
             mark = ""
             if column != "salf" and cells.get("salf"):
-                p, p_holm = next(raw), next(adjusted)
-                arrow = "↑" if e.mean > np.mean(list(cells["salf"].values())) else "↓"
-                if p_holm is not None and p_holm < 0.05:
-                    mark = f" {arrow}"
-                elif p is not None and p < 0.05:
-                    mark = f" ({arrow})"
+                above = e.mean > np.mean(list(cells["salf"].values()))
+                mark = significance_mark(above, next(raw), next(adjusted))
             out.append(f"{e.mean:.3f} ± {e.spread:.3f}{mark}")
         print(f"| {MODEL_NAMES.get(model, model)} {ratio:g} | " + " | ".join(out) + " |")
 

@@ -188,3 +188,14 @@ def test_a_per_client_list_in_a_case_names_its_cells_shortly(tmp_path):
     names = [c.name for c in load_experiment(path).cells]
     assert names[:2] == ["0.01x10-drop", "0.01x10-salf-all"]
     assert names[2].startswith("list-") and len(names[2]) == len("list-12345678-drop")
+
+
+def test_a_significance_mark_shows_the_corrected_verdict_and_an_uncorrected_one_in_parentheses():
+    """↑/↓ only when the Holm-corrected p is below alpha; a difference that is significant
+    only before the correction is shown in parentheses; neither, no mark."""
+    from fedhet.studies.stats import significance_mark
+
+    assert significance_mark(True, 0.001, 0.01) == " ↑"
+    assert significance_mark(False, 0.001, 0.01) == " ↓"
+    assert significance_mark(False, 0.01, 0.3) == " (↓)"
+    assert significance_mark(True, 0.2, 1.0) == "" and significance_mark(True, None, None) == ""

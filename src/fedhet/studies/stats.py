@@ -78,6 +78,18 @@ def holm(p_values: list[float | None]) -> list[float | None]:
     return adjusted
 
 
+def significance_mark(above: bool, p: float | None, p_corrected: float | None, alpha: float = 0.05) -> str:
+    """The mark a results table puts after a cell compared with its reference: `` ↑``/`` ↓``
+    when the corrected p-value is below ``alpha``, `` (↑)``/`` (↓)`` when only the uncorrected
+    one is, ``""`` otherwise (``above``: the cell's mean is above the reference's)."""
+    arrow = "↑" if above else "↓"
+    if p_corrected is not None and p_corrected < alpha:
+        return f" {arrow}"
+    if p is not None and p < alpha:
+        return f" ({arrow})"
+    return ""
+
+
 def paired_variance_p_value(a: dict, b: dict) -> float | None:
     """Two-sided p-value of "a and b have the same variance" for values paired by seed (the
     Pitman-Morgan test: Var a = Var b exactly when a + b and a - b are uncorrelated, so the
