@@ -330,6 +330,7 @@ PAGE_TABLES = [  # (results page, script, its committed per-run table, the scrip
     ("adel-fl.md", "accuracy_at_times.py", "adelfl-fig2-times.csv", ()),
     ("salf.md", "salf_tables.py", "salf-study.csv", ("docs/results/data/salf-study-fedbuff.csv",)),
     ("salf.md", "salf_persistent_tests.py", "salf-persistent.csv", ()),
+    ("salf.md", "salf_persistent_tests.py", "salf-persistent-cnn.csv", ()),
     ("salf.md", "salf_tables.py", "salf-study-half.csv", ()),
     (
         "fedstale.md",
