@@ -332,6 +332,7 @@ PAGE_TABLES = [  # (results page, script, its committed per-run table, the scrip
     ("salf.md", "salf_persistent_tests.py", "salf-persistent.csv", ()),
     ("salf.md", "salf_persistent_tests.py", "salf-persistent-cnn.csv", ()),
     ("salf.md", "salf_tables.py", "salf-study-half.csv", ()),
+    ("salf.md", "grid_table.py", "salf-cnn-rounds.csv", ("experiments/salf_cnn_rounds.toml",)),
     (
         "fedstale.md",
         "fedstale_figures.py",
