@@ -22,6 +22,13 @@ torch.set_num_threads(1)
 
 REPO = Path(__file__).resolve().parents[1]
 
+
+def pytest_collection_modifyitems(config, items):
+    """The longer real runs (marked slow) first, in their order, then the rest: on two
+    xdist workers they run beside the short tests instead of ending the suite alone."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 SALF_DIGITS_TOML = """\
 [run]
 name = "salf-digits"

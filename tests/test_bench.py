@@ -93,6 +93,7 @@ def _counted_trials(out: Path) -> dict[str, list[dict]]:
     return studies
 
 
+@pytest.mark.slow
 def test_a_bench_killed_during_tuning_and_seeds_resumes_to_the_same_leaderboard(tmp_path, uninterrupted):
     out = tmp_path / "killed"
     _kill_when(out, "trials/*/*/trial-1/metrics.csv")
@@ -117,6 +118,7 @@ def test_a_bench_killed_during_tuning_and_seeds_resumes_to_the_same_leaderboard(
     assert (out / "leaderboard.csv").read_text() == (uninterrupted / "leaderboard.csv").read_text()
 
 
+@pytest.mark.slow
 def test_parallel_and_ray_benches_give_the_same_leaderboard(tmp_path, uninterrupted):
     pytest.importorskip("ray")
     expected = (uninterrupted / "leaderboard.csv").read_text()

@@ -150,6 +150,7 @@ def test_plan_refuses_depth_fraction_without_a_time_law_and_runs_the_shipped_exa
     assert shipped.returncode == 0 and "adel-fl plan: optimal" in shipped.stdout
 
 
+@pytest.mark.slow
 def test_output_into_a_reader_that_quits_early_is_no_traceback():
     """`fedhet reproduce EXPERIMENT --list | head -c 1`: the closed pipe ends fedhet quietly."""
     script = (

@@ -55,6 +55,7 @@ def flower_calls(monkeypatch):
     return calls
 
 
+@pytest.mark.slow
 def test_a_grid_cell_with_the_flower_engine_runs_on_flower(tmp_path, flower_calls):
     from fedhet.studies.grid import load_experiment, run_experiment
 
@@ -76,6 +77,7 @@ def test_a_grid_cell_on_the_embedded_engine_says_so(tmp_path):
     assert summary["engine"] == "embedded" and summary["pool"] == "in-process"
 
 
+@pytest.mark.slow
 def test_a_tune_with_the_flower_engine_runs_its_trials_on_flower(tmp_path, flower_calls):
     pytest.importorskip("optuna")
     from fedhet.studies.tune import tune
@@ -153,6 +155,7 @@ def _fedhet(args: list[str], site: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "fedhet", *args], env=env, capture_output=True, text=True)
 
 
+@pytest.mark.slow
 def test_an_entry_point_engine_runs_run_reproduce_and_tune(tmp_path):
     pytest.importorskip("optuna")
     site = tmp_path / "site"

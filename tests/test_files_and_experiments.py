@@ -334,6 +334,7 @@ PAGE_TABLES = [  # (results page, script, its committed per-run table, the scrip
     ("salf.md", "salf_tables.py", "salf-study-half.csv", ()),
     ("salf.md", "grid_table.py", "salf-cnn-rounds.csv", ("experiments/salf_cnn_rounds.toml",)),
     ("salf.md", "salf_fig5_plot.py", "salf-fig5.csv", ("docs/results/data/salf-fig5-fedbuff.csv",)),
+    ("leaderboard.md", "leaderboard_pairs.py", "leaderboard.csv", ()),
     (
         "fedstale.md",
         "fedstale_figures.py",

@@ -197,11 +197,25 @@ def _bin(name: str) -> str:
     return str(path) if path.exists() else (shutil.which(name) or name)
 
 
-class Deployment:
-    """A SuperLink and SuperNodes started as the README's deployment section says."""
+# A SuperNode whose heartbeat interval is Flower's smallest accepted one (10 s instead of
+# its fixed 30 s), so the SuperLink declares a killed node lost after 20 s instead of 60 s;
+# Flower 1.41 has no option for it. Everything else is the `flower-supernode` command.
+FAST_HEARTBEAT_SUPERNODE = (
+    "import sys\n"
+    "import flwr.supercore.heartbeat as beat, flwr.supernode.fleet_http_connection as link\n"
+    "beat.HEARTBEAT_DEFAULT_INTERVAL = link.HEARTBEAT_DEFAULT_INTERVAL = 10\n"
+    "from flwr.supernode.cli import flower_supernode\n"
+    "sys.argv[0] = 'flower-supernode'\n"
+    "sys.exit(flower_supernode())\n"
+)
 
-    def __init__(self, home: Path, node_configs: list[str]):
-        self.home, self.procs = home, []
+
+class Deployment:
+    """A SuperLink and SuperNodes started as the README's deployment section says
+    (``fast_heartbeat``: the SuperNodes beat every 10 s, see FAST_HEARTBEAT_SUPERNODE)."""
+
+    def __init__(self, home: Path, node_configs: list[str], fast_heartbeat: bool = False):
+        self.home, self.procs, self.fast_heartbeat = home, [], fast_heartbeat
         self.port = _free_port()
         self.env = {**os.environ, "FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0",
                     "FLWR_DISABLE_UPDATE_CHECK": "1", "OMP_NUM_THREADS": "1"}  # fmt: skip
@@ -212,11 +226,35 @@ class Deployment:
         )
         self._start([_bin("flower-superlink"), "--insecure", "--port", str(self.port),
                      "--disable-runtime-dependency-installation"], "superlink")  # fmt: skip
-        time.sleep(3)
+        self.wait_for(lambda: "Uvicorn running" in self.log("superlink"), 60)
         for i, node_config in enumerate(node_configs):
-            link = f"127.0.0.1:{self.port}"
-            cmd = [_bin("flower-supernode"), "--insecure", "--superlink", link, "--port", str(_free_port())]
-            self._start([*cmd, "--node-config", node_config], f"supernode{i}")
+            self.start_node(node_config, f"supernode{i}")
+        self.wait_for(lambda: self.activated() >= len(node_configs), 60)
+
+    def start_node(self, node_config: str, name: str) -> None:
+        """A SuperNode serving ``node_config``, connected to this SuperLink."""
+        launch = (
+            [sys.executable, "-c", FAST_HEARTBEAT_SUPERNODE]
+            if self.fast_heartbeat
+            else [_bin("flower-supernode")]
+        )
+        link = f"127.0.0.1:{self.port}"
+        self._start([*launch, "--insecure", "--superlink", link, "--port", str(_free_port()),
+                     "--node-config", node_config], name)  # fmt: skip
+
+    def log(self, name: str) -> str:
+        path = self.home / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def activated(self) -> int:
+        """How many SuperNode activations the SuperLink has logged."""
+        return self.log("superlink").count("[Fleet.ActivateNode] Activated")
+
+    @staticmethod
+    def wait_for(check, limit: float) -> None:
+        end = time.monotonic() + limit
+        while not check() and time.monotonic() < end:
+            time.sleep(0.2)
 
     def _start(self, cmd: list[str], name: str) -> None:
         log = (self.home / f"{name}.log").open("w")
@@ -244,34 +282,68 @@ class Deployment:
             proc.wait()
 
 
+def _deadlines_scenario(home: Path) -> dict:
+    """The example app on a SuperLink and three SuperNodes (SuperNode 2 slow on purpose:
+    node config layer-delay = 0.3 s per layer, acting on wall-clock tasks only), run twice:
+    on fedhet's simulated clock, then with a real 0.5 s deadline."""
+    configs = [f"partition-id={i} num-partitions=3" for i in range(3)]
+    configs[2] += " layer-delay=0.3"
+    deployment = Deployment(home / "flwr", configs)
+    try:
+        simulated = deployment.run(f'out="{home / "run"}"')
+        real = deployment.run(f'out="{home / "wall"}"', 'set="system.model=wall-clock system.deadline=0.5"')
+    finally:
+        deployment.stop()
+    return {"home": home, "simulated": simulated, "real": real}
+
+
+def _kill_scenario(home: Path) -> dict:
+    """A 5-round FedAvg run on three SuperNodes (beating every 10 s, Flower's shortest
+    accepted interval, so a lost node is declared after 20 s, not 60 s): SuperNode 2 is
+    killed with SIGKILL after round 2 and restarted, with the same node config, once a round
+    has counted it absent."""
+    configs = [f"partition-id={i} num-partitions=3" for i in range(3)]
+    deployment = Deployment(home / "flwr", configs, fast_heartbeat=True)
+    metrics = home / "run" / "metrics.csv"
+
+    def rows() -> list[str]:
+        return metrics.read_text().splitlines()[1:] if metrics.exists() else []
+
+    try:
+        run = deployment.start_run(
+            f'out="{home / "run"}"', 'set="run.rounds=5 system.model=full algorithm.name=fedavg"'
+        )
+        deployment.wait_for(lambda: len(rows()) >= 2, 240)
+        victim = deployment.procs[3]  # SuperNode 2 (the SuperLink is procs[0])
+        os.killpg(victim.pid, signal.SIGKILL)
+        victim.wait()
+        deployment.wait_for(lambda: any(r.endswith(",1") for r in rows()), 240)  # a round with one fault
+        deployment.start_node(configs[2], "supernode2-restarted")
+        output, _ = run.communicate(timeout=400)
+    finally:
+        deployment.stop()
+    return {"home": home, "returncode": run.returncode, "output": output}
+
+
 def test_a_superlink_and_three_supernodes_run_the_app_with_simulated_and_real_deadlines(tmp_path):
     """The example Flower App on real SuperNodes (each its own partition from its node
     config). On fedhet's simulated clock it gives the embedded engine's metrics for the same
     fedhet.toml. With system.model = "wall-clock" (a real 0.5 s deadline) SuperNode 2, made
     slow on purpose (node config layer-delay = 0.3 s per layer), delivers only the output
     layer, which SALF aggregates, while the fast ones deliver every layer."""
-    configs = [f"partition-id={i} num-partitions=3" for i in range(3)]
-    configs[2] += " layer-delay=0.3"  # acts on wall-clock tasks only
-    deployment = Deployment(tmp_path / "flwr", configs)
-    try:
-        time.sleep(3)
-        simulated = deployment.run(f'out="{tmp_path / "run"}"')
-        real = deployment.run(
-            f'out="{tmp_path / "wall"}"', 'set="system.model=wall-clock system.deadline=0.5"'
-        )
-    finally:
-        deployment.stop()
     from fedhet.config import load_config
     from fedhet.results import RunDirectory
 
-    assert (tmp_path / "run" / "summary.json").exists(), simulated.stdout[-3000:] + simulated.stderr[-2000:]
-    embedded = RunLoop(load_config(APP / "fedhet.toml"), tmp_path / "embedded").run()
-    deployed = (tmp_path / "run" / "metrics.csv").read_text()
-    assert deployed == (tmp_path / "embedded" / "metrics.csv").read_text()
+    scenario = _deadlines_scenario(tmp_path)
+    home, simulated, real = scenario["home"], scenario["simulated"], scenario["real"]
+    assert (home / "run" / "summary.json").exists(), simulated.stdout[-3000:] + simulated.stderr[-2000:]
+    embedded = RunLoop(load_config(APP / "fedhet.toml"), home / "embedded").run()
+    deployed = (home / "run" / "metrics.csv").read_text()
+    assert deployed == (home / "embedded" / "metrics.csv").read_text()
     assert len(embedded.metrics) == 3
 
-    assert (tmp_path / "wall" / "metrics.csv").exists(), real.stdout[-3000:] + real.stderr[-2000:]
-    rows = RunDirectory(tmp_path / "wall").read_metrics()
+    assert (home / "wall" / "metrics.csv").exists(), real.stdout[-3000:] + real.stderr[-2000:]
+    rows = RunDirectory(home / "wall").read_metrics()
     assert len(rows) == 3 and all(r["participants"] == 3 for r in rows)
     # depths 1, 1 and 3 (layers 3..3 of an MLP with 3 layers) in every round
     assert [r["mean_depth"] for r in rows] == pytest.approx([5 / 3] * 3)
@@ -283,38 +355,12 @@ def test_a_killed_supernode_is_absent_and_rejoins_when_restarted(tmp_path):
     SuperLink answers for the lost node; a line says so) and the run goes on with the others;
     restarted with the same node config, the node is found before the next round and its
     client delivers again. The run finishes all its rounds."""
-    configs = [f"partition-id={i} num-partitions=3" for i in range(3)]
-    deployment = Deployment(tmp_path / "flwr", configs)
-    metrics = tmp_path / "run" / "metrics.csv"
-
-    def rows() -> list[str]:
-        return metrics.read_text().splitlines()[1:] if metrics.exists() else []
-
-    def wait_for(check, limit: float) -> None:
-        end = time.monotonic() + limit
-        while not check() and time.monotonic() < end:
-            time.sleep(0.5)
-
-    try:
-        time.sleep(3)
-        run = deployment.start_run(
-            f'out="{tmp_path / "run"}"', 'set="run.rounds=5 system.model=full algorithm.name=fedavg"'
-        )
-        wait_for(lambda: len(rows()) >= 2, 240)
-        victim = deployment.procs[3]  # SuperNode 2 (the SuperLink is procs[0])
-        os.killpg(victim.pid, signal.SIGKILL)
-        victim.wait()
-        wait_for(lambda: any(r.endswith(",1") for r in rows()), 240)  # a round with one fault
-        link = f"127.0.0.1:{deployment.port}"
-        cmd = [_bin("flower-supernode"), "--insecure", "--superlink", link, "--port", str(_free_port())]
-        deployment._start([*cmd, "--node-config", configs[2]], "supernode2-restarted")
-        output, _ = run.communicate(timeout=400)
-    finally:
-        deployment.stop()
-    assert run.returncode == 0, output[-3000:]
     from fedhet.results import RunDirectory
 
-    table = RunDirectory(tmp_path / "run").read_metrics()
+    scenario = _kill_scenario(tmp_path)
+    output = scenario["output"]
+    assert scenario["returncode"] == 0, output[-3000:]
+    table = RunDirectory(scenario["home"] / "run").read_metrics()
     assert len(table) == 5
     lost = [r for r in table if r["faults"]]
     assert lost and all(r["participants"] == 2 and r["faults"] == 1 for r in lost)

@@ -463,6 +463,7 @@ KILL_CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(KILL_CASES))
 def test_kill_9_then_resume_ends_byte_identical(tmp_path, case):
     """A run killed with SIGKILL mid-run and resumed writes exactly the metrics.csv of an

@@ -49,6 +49,7 @@ def test_the_rows_are_the_objectives_and_the_test_loss_is_the_uniform_one():
     assert data.train_users.tolist() == [0, 0, 1, 1]
 
 
+@pytest.mark.slow
 def test_fedavg_finds_the_weighted_optimum_and_fedvarp_and_fedstale_the_uniform_one(tmp_path):
     uniform = weighted_optimum(DEFAULT_MATRICES, DEFAULT_OPTIMA, [0.5, 0.5])
     # FedAvg's mean over the clients present: client 1 weighs 1/2 when present, 0 otherwise

@@ -159,6 +159,7 @@ def _open_fresh_storage(path: str, barrier) -> str:
         return f"{type(error).__name__}: {error}"
 
 
+@pytest.mark.slow
 def test_processes_opening_a_new_study_database_at_once_all_succeed(tmp_path):
     """Optuna's schema set-up of a new SQLite file races (two schema-version stamps, one
     process fails); the tune folder's database is created whole before it is opened."""

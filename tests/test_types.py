@@ -14,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_mypy_finds_no_error_in_the_package(tmp_path):
     pytest.importorskip("mypy", reason="mypy is part of the test extra")
     done = subprocess.run(
