@@ -472,7 +472,7 @@ def test_kill_9_then_resume_ends_byte_identical(tmp_path, case):
     sections = {k: dict(v) for k, v in KILL_CASES[case].items()}
     system = {"participation": "two-group", "participation_min": 0.3, **sections.pop("system", {})}
     document = _with(
-        run={"rounds": 400, "eval_every": 20},
+        run={"rounds": 150, "eval_every": 20},
         train={"lr": 0.05, "momentum": 0.9, "keep_momentum": True},
         system=system,
         **sections,
