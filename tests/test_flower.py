@@ -99,7 +99,16 @@ def _config(case: dict, **run):
     return from_dict(document)
 
 
-@pytest.mark.parametrize("name", list(CASES))
+# Cases whose way across Flower another test of the default suite takes too: FedAvg and
+# SALF with kept momentum (test_pools.py's Flower pool, the resumed run below), the server
+# optimizer (server side only, as SALF), TimelyFL's and FjORD's per-client plans (DepthFL's).
+# They run in the extended tier (`pytest -m extended`, which CI runs after the default suite).
+EXTENDED = {"fedavg", "salf", "salf-yogi", "timelyfl", "fjord"}
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.extended) if n in EXTENDED else n for n in CASES]
+)
 def test_flower_metrics_equal_the_embedded_engine(tmp_path, name):
     """Every task and update crosses Flower as a RecordDict; a dropped, reordered or
     mis-addressed message, or lost client state, would change the metrics."""
@@ -128,6 +137,7 @@ def test_a_resumed_flower_run_keeps_the_clients_state(tmp_path):
         assert mine["test_accuracy"] == pytest.approx(theirs["test_accuracy"], abs=1e-6)
 
 
+@pytest.mark.extended  # test_pools.py's Flower case of the same rule is in the default suite
 def test_a_failing_client_is_absent_and_the_run_goes_on(tmp_path, caplog):
     # a client's exception is a bug that stops the run unless the run treats it as a fault
     config = _config(CASES["fedavg"], engine="flower", on_client_error="skip")
@@ -197,13 +207,18 @@ def _bin(name: str) -> str:
     return str(path) if path.exists() else (shutil.which(name) or name)
 
 
-# A SuperNode whose heartbeat interval is Flower's smallest accepted one (10 s instead of
-# its fixed 30 s), so the SuperLink declares a killed node lost after 20 s instead of 60 s;
-# Flower 1.41 has no option for it. Everything else is the `flower-supernode` command.
-FAST_HEARTBEAT_SUPERNODE = (
-    "import sys\n"
+# The `flower-supernode` command with two of its fixed intervals shortened, neither of which
+# Flower 1.41 has an option for: its heartbeat (10 s, Flower's smallest accepted interval,
+# instead of 30 s, so the SuperLink declares a killed node lost after 20 s instead of 60 s)
+# and its wait between two requests for work (at most 0.2 s instead of 3 s; every sleep of
+# that loop is a poll). What the node does with a message is unchanged.
+QUICK_SUPERNODE = (
+    "import sys, time, types\n"
     "import flwr.supercore.heartbeat as beat, flwr.supernode.fleet_http_connection as link\n"
+    "import flwr.supernode.start_client_internal as node\n"
     "beat.HEARTBEAT_DEFAULT_INTERVAL = link.HEARTBEAT_DEFAULT_INTERVAL = 10\n"
+    "node.time = types.SimpleNamespace(**{k: getattr(time, k) for k in dir(time) if k[0] != '_'})\n"
+    "node.time.sleep = lambda seconds: time.sleep(min(seconds, 0.2))\n"
     "from flwr.supernode.cli import flower_supernode\n"
     "sys.argv[0] = 'flower-supernode'\n"
     "sys.exit(flower_supernode())\n"
@@ -211,11 +226,11 @@ FAST_HEARTBEAT_SUPERNODE = (
 
 
 class Deployment:
-    """A SuperLink and SuperNodes started as the README's deployment section says
-    (``fast_heartbeat``: the SuperNodes beat every 10 s, see FAST_HEARTBEAT_SUPERNODE)."""
+    """A SuperLink and SuperNodes started as the README's deployment section says (the
+    SuperNodes through QUICK_SUPERNODE: shorter heartbeat and work-poll intervals)."""
 
-    def __init__(self, home: Path, node_configs: list[str], fast_heartbeat: bool = False):
-        self.home, self.procs, self.fast_heartbeat = home, [], fast_heartbeat
+    def __init__(self, home: Path, node_configs: list[str]):
+        self.home, self.procs = home, []
         self.port = _free_port()
         self.env = {**os.environ, "FLWR_HOME": str(home), "FLWR_TELEMETRY_ENABLED": "0",
                     "FLWR_DISABLE_UPDATE_CHECK": "1", "OMP_NUM_THREADS": "1"}  # fmt: skip
@@ -233,11 +248,7 @@ class Deployment:
 
     def start_node(self, node_config: str, name: str) -> None:
         """A SuperNode serving ``node_config``, connected to this SuperLink."""
-        launch = (
-            [sys.executable, "-c", FAST_HEARTBEAT_SUPERNODE]
-            if self.fast_heartbeat
-            else [_bin("flower-supernode")]
-        )
+        launch = [sys.executable, "-c", QUICK_SUPERNODE]
         link = f"127.0.0.1:{self.port}"
         self._start([*launch, "--insecure", "--superlink", link, "--port", str(_free_port()),
                      "--node-config", node_config], name)  # fmt: skip
@@ -284,26 +295,27 @@ class Deployment:
 
 def _deadlines_scenario(home: Path) -> dict:
     """The example app on a SuperLink and three SuperNodes (SuperNode 2 slow on purpose:
-    node config layer-delay = 0.3 s per layer, acting on wall-clock tasks only), run twice:
-    on fedhet's simulated clock, then with a real 0.5 s deadline."""
+    node config layer-delay = 0.3 s per layer, acting on wall-clock tasks only), run twice
+    for 2 rounds: on fedhet's simulated clock, then with a real 0.5 s deadline."""
     configs = [f"partition-id={i} num-partitions=3" for i in range(3)]
     configs[2] += " layer-delay=0.3"
     deployment = Deployment(home / "flwr", configs)
     try:
-        simulated = deployment.run(f'out="{home / "run"}"')
-        real = deployment.run(f'out="{home / "wall"}"', 'set="system.model=wall-clock system.deadline=0.5"')
+        simulated = deployment.run(f'out="{home / "run"}"', 'set="run.rounds=2"')
+        wall = 'set="run.rounds=2 system.model=wall-clock system.deadline=0.5"'
+        real = deployment.run(f'out="{home / "wall"}"', wall)
     finally:
         deployment.stop()
     return {"home": home, "simulated": simulated, "real": real}
 
 
 def _kill_scenario(home: Path) -> dict:
-    """A 5-round FedAvg run on three SuperNodes (beating every 10 s, Flower's shortest
+    """A 4-round FedAvg run on three SuperNodes (beating every 10 s, Flower's shortest
     accepted interval, so a lost node is declared after 20 s, not 60 s): SuperNode 2 is
-    killed with SIGKILL after round 2 and restarted, with the same node config, once a round
+    killed with SIGKILL after round 1 and restarted, with the same node config, once a round
     has counted it absent."""
     configs = [f"partition-id={i} num-partitions=3" for i in range(3)]
-    deployment = Deployment(home / "flwr", configs, fast_heartbeat=True)
+    deployment = Deployment(home / "flwr", configs)
     metrics = home / "run" / "metrics.csv"
 
     def rows() -> list[str]:
@@ -311,9 +323,9 @@ def _kill_scenario(home: Path) -> dict:
 
     try:
         run = deployment.start_run(
-            f'out="{home / "run"}"', 'set="run.rounds=5 system.model=full algorithm.name=fedavg"'
+            f'out="{home / "run"}"', 'set="run.rounds=4 system.model=full algorithm.name=fedavg"'
         )
-        deployment.wait_for(lambda: len(rows()) >= 2, 240)
+        deployment.wait_for(lambda: len(rows()) >= 1, 240)
         victim = deployment.procs[3]  # SuperNode 2 (the SuperLink is procs[0])
         os.killpg(victim.pid, signal.SIGKILL)
         victim.wait()
@@ -337,17 +349,17 @@ def test_a_superlink_and_three_supernodes_run_the_app_with_simulated_and_real_de
     scenario = _deadlines_scenario(tmp_path)
     home, simulated, real = scenario["home"], scenario["simulated"], scenario["real"]
     assert (home / "run" / "summary.json").exists(), simulated.stdout[-3000:] + simulated.stderr[-2000:]
-    embedded = RunLoop(load_config(APP / "fedhet.toml"), home / "embedded").run()
+    embedded = RunLoop(load_config(APP / "fedhet.toml", ["run.rounds=2"]), home / "embedded").run()
     deployed = (home / "run" / "metrics.csv").read_text()
     assert deployed == (home / "embedded" / "metrics.csv").read_text()
-    assert len(embedded.metrics) == 3
+    assert len(embedded.metrics) == 2
 
     assert (home / "wall" / "metrics.csv").exists(), real.stdout[-3000:] + real.stderr[-2000:]
     rows = RunDirectory(home / "wall").read_metrics()
-    assert len(rows) == 3 and all(r["participants"] == 3 for r in rows)
+    assert len(rows) == 2 and all(r["participants"] == 3 for r in rows)
     # depths 1, 1 and 3 (layers 3..3 of an MLP with 3 layers) in every round
-    assert [r["mean_depth"] for r in rows] == pytest.approx([5 / 3] * 3)
-    assert [r["sim_time"] for r in rows] == pytest.approx([0.5, 1.0, 1.5])
+    assert [r["mean_depth"] for r in rows] == pytest.approx([5 / 3] * 2)
+    assert [r["sim_time"] for r in rows] == pytest.approx([0.5, 1.0])
 
 
 def test_a_killed_supernode_is_absent_and_rejoins_when_restarted(tmp_path):
@@ -361,7 +373,7 @@ def test_a_killed_supernode_is_absent_and_rejoins_when_restarted(tmp_path):
     output = scenario["output"]
     assert scenario["returncode"] == 0, output[-3000:]
     table = RunDirectory(scenario["home"] / "run").read_metrics()
-    assert len(table) == 5
+    assert len(table) == 4
     lost = [r for r in table if r["faults"]]
     assert lost and all(r["participants"] == 2 and r["faults"] == 1 for r in lost)
     assert table[-1]["participants"] == 3 and table[-1]["faults"] == 0  # rejoined

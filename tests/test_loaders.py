@@ -81,6 +81,45 @@ def test_digits_is_bundled_and_split_fixed():
 
 
 @pytest.mark.skipif(not Path(FMNIST_DEBIAN_DIR).is_dir(), reason="dataset-fashion-mnist not installed")
+def test_digits_read_without_scikit_learn_equal_scikit_learns_split():
+    """The stored split and the direct read of the CSV file give, image for image and in
+    the same order, what scikit-learn's load_digits and stratified train_test_split
+    (random_state=0) give: the split every digits result was run on."""
+    from sklearn.datasets import load_digits as sk_load_digits
+    from sklearn.model_selection import train_test_split
+
+    from fedhet.data.sources import digits_arrays, digits_split_from_sklearn, load_digits
+
+    bunch = sk_load_digits()
+    raw, labels = digits_arrays()
+    assert np.array_equal(raw, bunch.images) and np.array_equal(labels, bunch.target)
+    images = bunch.images.astype(np.float32) / 16.0
+    x_tr, x_te, y_tr, y_te = train_test_split(
+        images, bunch.target, test_size=0.2, random_state=0, stratify=bunch.target
+    )
+    mine = load_digits()
+    assert np.array_equal(mine.x_train.squeeze(1).numpy(), x_tr) and np.array_equal(mine.y_train.numpy(), y_tr)
+    assert np.array_equal(mine.x_test.squeeze(1).numpy(), x_te) and np.array_equal(mine.y_test.numpy(), y_te)
+    # another fraction is scikit-learn's split, computed
+    train, test = digits_split_from_sklearn(labels, 0.3)
+    other = load_digits(test_fraction=0.3)
+    assert len(other.y_test) == len(test) == 540 and np.array_equal(other.y_train.numpy(), labels[train])
+
+
+def test_loading_digits_imports_neither_scikit_learn_nor_scipy():
+    """A worker process, Ray actor or Flower ClientApp that loads digits starts without
+    scikit-learn's and SciPy's imports (about 1 s of each such start)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from fedhet.data import load_dataset; import fedhet.engine.loop; "
+        "load_dataset('digits'); print(sorted(m for m in ('sklearn', 'scipy') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
 def test_real_fashion_mnist_from_debian_package():
     ds = load_dataset("fmnist")
     assert ds.x_train.shape == (60000, 1, 28, 28) and ds.x_test.shape == (10000, 1, 28, 28)

@@ -29,8 +29,6 @@ import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.optimize import BFGS, Bounds, LinearConstraint, minimize
-from scipy.special import gammaincc, gammainccinv, gammaln
 
 from fedhet.errors import ConfigError
 
@@ -107,6 +105,8 @@ class DeadlineProblem:
 
     def min_rate(self) -> float:
         """Smallest T/(tau m) with q_t1 = Q(L, T/(tau m))^U <= p1_max (Lemma 1 and 3)."""
+        from scipy.special import gammainccinv
+
         return float(gammainccinv(self.num_layers, self.p1_max ** (1.0 / self.num_clients)))
 
     def min_deadline(self, batch_scale: float) -> float:
@@ -115,6 +115,8 @@ class DeadlineProblem:
 
     def no_reach_prob(self, deadlines: np.ndarray, batch_scale: float) -> np.ndarray:
         """q_tl = Q(L+1-l, T_t/(tau m))^U, shape [R, L] (ADEL-FL Lemma 1)."""
+        from scipy.special import gammaincc
+
         rate = np.asarray(deadlines, float)[:, None] / (self.time_per_sample_layer * batch_scale)
         needed = np.arange(self.num_layers, 0, -1)[None, :]  # L+1-l for l = 1..L
         return gammaincc(needed, rate) ** self.num_clients
@@ -129,6 +131,8 @@ class DeadlineProblem:
         return self._objective_and_gradient(np.asarray(deadlines, float), batch_scale)[0]
 
     def _objective_and_gradient(self, deadlines: np.ndarray, m: float) -> tuple[float, np.ndarray, float]:
+        from scipy.special import gammaincc, gammaln
+
         c = self.constants
         U, L, tau = self.num_clients, self.num_layers, self.time_per_sample_layer
         weights = self.round_weights()
@@ -239,6 +243,8 @@ def _solve_from(
 ) -> DeadlinePlan:
     """One trust-constr solve from equal deadlines at batch scale ``start``, stopped after
     ``time_limit`` seconds; the fallback is equal deadlines at ``m0``."""
+    from scipy.optimize import BFGS, Bounds, LinearConstraint, minimize
+
     R = problem.num_rounds
     equal = equal_deadlines(problem)
     share = problem.time_budget / R

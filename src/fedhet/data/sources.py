@@ -147,27 +147,65 @@ def load_mnist(data_dir: str | None = None) -> Dataset:
     return load_idx_folder("mnist", data_dir)
 
 
+def digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's digits as (images [1797, 8, 8] float64 in 0..16, labels [1797]).
+
+    Read from the package's ``datasets/data/digits.csv.gz`` (64 pixels and the label per
+    row), found without importing scikit-learn: its import, with SciPy's, would be most of
+    the start of every worker process, Ray actor and Flower ClientApp that loads digits.
+    Falls back to ``sklearn.datasets.load_digits`` where that file is not found."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("sklearn")
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    for folder in folders:
+        path = Path(folder) / "datasets" / "data" / "digits.csv.gz"
+        if path.is_file():
+            with gzip.open(path, "rt") as rows:
+                table = np.loadtxt(rows, delimiter=",")
+            return table[:, :-1].reshape(-1, 8, 8), table[:, -1].astype(np.int64)
+    from sklearn.datasets import load_digits as sk_load_digits
+
+    bunch = sk_load_digits()
+    return bunch.images, bunch.target.astype(np.int64)
+
+
+def digits_split_from_sklearn(labels: np.ndarray, test_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """(train, test) indices of scikit-learn's stratified ``train_test_split`` with
+    ``random_state=0``, in the order it returns them."""
+    from sklearn.model_selection import train_test_split
+
+    index = np.arange(len(labels))
+    train, test = train_test_split(index, test_size=test_fraction, random_state=0, stratify=labels)
+    return np.asarray(train), np.asarray(test)
+
+
+def digits_split(labels: np.ndarray, test_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """The digits' fixed train/test split: at the default 0.2 the stored copy of
+    :func:`digits_split_from_sklearn`'s answer (``fedhet.data.digits_split``, checked
+    against scikit-learn by the tests), else scikit-learn's."""
+    from fedhet.data.digits_split import TEST, TEST_FRACTION, TRAIN
+
+    if test_fraction == TEST_FRACTION and len(labels) == len(TRAIN) + len(TEST):
+        return np.asarray(TRAIN, dtype=np.int64), np.asarray(TEST, dtype=np.int64)
+    return digits_split_from_sklearn(labels, test_fraction)
+
+
 def load_digits(data_dir: str | None = None, test_fraction: float = 0.2) -> Dataset:
     """scikit-learn's 1,797 8x8 handwritten digits, a fixed stratified train/test split.
 
     The split uses a fixed random state so every run, whatever its seed, tests on the same
     images. Pixels (0..16) are scaled to [0, 1]; :func:`load_dataset` normalises them.
     """
-    from sklearn.datasets import load_digits as sk_load_digits
-    from sklearn.model_selection import train_test_split
-
-    bunch = sk_load_digits()
-    images = bunch.images.astype(np.float32) / 16.0
-    labels = bunch.target.astype(np.int64)
-    x_tr, x_te, y_tr, y_te = train_test_split(
-        images, labels, test_size=test_fraction, random_state=0, stratify=labels
-    )
+    raw, labels = digits_arrays()
+    images = raw.astype(np.float32) / 16.0
+    train, test = digits_split(labels, test_fraction)
     return Dataset(
         name="digits",
-        x_train=torch.from_numpy(x_tr).unsqueeze(1),
-        y_train=torch.from_numpy(y_tr),
-        x_test=torch.from_numpy(x_te).unsqueeze(1),
-        y_test=torch.from_numpy(y_te),
+        x_train=torch.from_numpy(images[train]).unsqueeze(1),
+        y_train=torch.from_numpy(labels[train]),
+        x_test=torch.from_numpy(images[test]).unsqueeze(1),
+        y_test=torch.from_numpy(labels[test]),
         num_classes=10,
         images=True,
     )

@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.special import gammainc, gammaincc
 
 from fedhet.checks import in_range, number_list
 from fedhet.errors import ConfigError
@@ -133,6 +132,8 @@ class ExponentialLayers(SystemModel):
     def marginals(self, work):
         if work.deadline is None:
             return self._full_marginals(work)
+        from scipy.special import gammainc, gammaincc
+
         L = self.num_layers
         rate = (work.deadline / self.mean_layer_time(work.batch_sizes))[:, None]  # layer-steps expected
         planned = _planned_reach(work, L)
