@@ -98,8 +98,8 @@ def test_digits_read_without_scikit_learn_equal_scikit_learns_split():
         images, bunch.target, test_size=0.2, random_state=0, stratify=bunch.target
     )
     mine = load_digits()
-    assert np.array_equal(mine.x_train.squeeze(1).numpy(), x_tr) and np.array_equal(mine.y_train.numpy(), y_tr)
-    assert np.array_equal(mine.x_test.squeeze(1).numpy(), x_te) and np.array_equal(mine.y_test.numpy(), y_te)
+    assert np.array_equal(mine.x_train.squeeze(1).numpy(), x_tr) and np.array_equal(mine.y_train, y_tr)
+    assert np.array_equal(mine.x_test.squeeze(1).numpy(), x_te) and np.array_equal(mine.y_test, y_te)
     # another fraction is scikit-learn's split, computed
     train, test = digits_split_from_sklearn(labels, 0.3)
     other = load_digits(test_fraction=0.3)

@@ -486,8 +486,9 @@ def _write_summary(out: Path, storage_url: str, results: list[dict]) -> None:
 def _run_study(
     storage_url, name, space, raw, algorithm, out, remaining, jobs, max_failures, on_trial
 ) -> None:
-    """The ``remaining`` trials of one study, here or in ``jobs`` processes."""
-    if remaining and jobs <= 1:
+    """The ``remaining`` trials of one study, here or in ``jobs`` processes (here when one
+    process would run them all: a process of its own would only add its start)."""
+    if remaining and min(jobs, remaining) <= 1:
         _worker(
             storage_url, name, space, raw, algorithm, str(out), remaining, None, 0, max_failures, on_trial
         )
