@@ -304,6 +304,11 @@ class Algorithm:
     corrects_gradients = False
     customises_loss = False
     streams = False
+    # Declared: this rule's local_loss differs per client beyond the group's shared task
+    # fields (it draws from the client's stream, reads its state or a per-client payload
+    # tensor), so a group computes it one client at a time. Found out on the first call where
+    # a rule does not declare it; declaring it saves that try.
+    local_loss_per_client: ClassVar[bool] = False
 
     def gradient_correction(
         self, task: ClientTask, state: OwnState, region: slice, local: torch.Tensor, anchor: torch.Tensor
@@ -442,6 +447,10 @@ def check_algorithm_class(cls: type, name: str) -> None:
         overrides(cls, "apply_buffer", AsyncAlgorithm) or overrides(cls, "apply_models", AsyncAlgorithm)
     ):
         raise ConfigError(f"{label}: an event-driven rule defines apply_buffer or apply_models")
+    if cls.local_loss_per_client is not False and not (
+        cls.local_loss_per_client is True and overrides(cls, "local_loss")
+    ):
+        raise ConfigError(f"{label}: local_loss_per_client = True is for a rule that defines local_loss")
     _check_hook_signatures(cls, label)
     _check_hyperparameters(cls, label)
     derived = _derived_capabilities(cls)

@@ -68,6 +68,7 @@ class FjORD(HeteroFL):
     summary = "FjORD: ordered dropout, a width per batch up to the device's p_max, self-distillation"
     Options = FjORDOptions
     scales_sub_models: ClassVar[bool] = False
+    local_loss_per_client: ClassVar[bool] = True  # a width drawn per batch from the client's stream
 
     def widths_up_to(self, p_max: float) -> list[float]:
         """The rates a client of width ``p_max`` samples from, ascending."""

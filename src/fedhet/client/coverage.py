@@ -71,6 +71,12 @@ class CoverageView:
             grad.mul_(self.mask)
         return grad
 
+    def restrict_rows(self, grads: torch.Tensor) -> torch.Tensor:
+        """A group's gradients (one row per client) over the covered elements only (in place)."""
+        if self.mask is not None:
+            grads.mul_(self.mask[self.param_slice])
+        return grads
+
     @torch.no_grad()
     def deltas(self, params: torch.Tensor, buffers: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(w_u - w_t over the covered elements, the covered buffers' change)."""

@@ -25,32 +25,33 @@ from fedhet.registry import register
 
 
 class LocalOptimizer:
-    """Base of local optimizers. A fresh :meth:`begin` starts each task; ``plain`` says the
-    step is w <- w - lr g exactly (the trainer may then update parameters in place without
-    a flat copy of the gradient)."""
+    """Base of local optimizers. One optimizer steps a *group* of clients at once (a group of
+    one in the in-process pool): their covered regions are the rows of a matrix, their state
+    (momentum, Adam's moments) one row each, read from and kept in each client's state.
+
+    :meth:`begin` starts a group's task; :meth:`step` updates ``regions`` (k x m: the first k
+    clients still working, their covered elements ``where`` of the flat vector) in place
+    from ``grads`` (same shape, after the rule's gradient transforms); :meth:`end` keeps
+    what must survive the round in each client's state. ``plain`` says the step is
+    w <- w - lr g exactly."""
 
     name = "base"
 
     @property
     def plain(self) -> bool:
-        """Whether a step is w <- w - lr g and nothing else (the trainer then updates the
-        parameters in place, without a flat copy of the gradient)."""
+        """Whether a step is w <- w - lr g and nothing else."""
         return False
 
-    def begin(self, state: ComponentState, size: int) -> None:
-        """Start a task for a client with ``state``; ``size`` = the full flat parameter count."""
+    def begin(self, states: list[ComponentState], size: int, device: torch.device | None = None) -> None:
+        """Start a task for the clients with ``states`` (one row each, in group order);
+        ``size`` = the full flat parameter count."""
 
-    def step(self, region: torch.Tensor, grad: torch.Tensor, lr: float, where: slice) -> None:
+    def step(self, regions: torch.Tensor, grads: torch.Tensor, lr: float, where: slice) -> None:
+        """One step of the first ``len(regions)`` clients of the group, in place."""
         raise NotImplementedError
 
-    def end(self, state: ComponentState) -> None:
-        """After the task: keep what must survive the round in the client's ``state``."""
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {}
-
-    def load_state_dict(self, saved: dict[str, torch.Tensor]) -> None:
-        pass
+    def end(self, states: list[ComponentState]) -> None:
+        """After the task: keep each client's row of state in its ``states`` entry."""
 
 
 @dataclass
@@ -82,8 +83,7 @@ class SGD(LocalOptimizer):
         self.momentum = float(momentum)
         self.weight_decay = float(weight_decay)
         self.keep_momentum = bool(keep_momentum)
-        self.buffer: torch.Tensor | None = None
-        self.size = 0
+        self.buffers: torch.Tensor | None = None  # clients x parameters, while a group trains
 
     @classmethod
     def build(cls, options: SGDOptions, ctx=None) -> SGD:
@@ -93,33 +93,31 @@ class SGD(LocalOptimizer):
     def plain(self) -> bool:
         return not self.momentum and not self.weight_decay
 
-    def begin(self, state: ComponentState, size: int) -> None:
-        self.size = size
-        kept = self.momentum and self.keep_momentum
-        self.buffer = state.get(self.STATE_KEY) if kept else None
+    def begin(self, states: list[ComponentState], size: int, device: torch.device | None = None) -> None:
+        self.buffers = None
+        if self.momentum:  # one row per client: its kept buffer, or zeros (a fresh start)
+            self.buffers = torch.zeros(len(states), size, device=device)
+            if self.keep_momentum:
+                for row, state in zip(self.buffers, states, strict=True):
+                    saved = state.get(self.STATE_KEY)
+                    if saved is not None:
+                        row.copy_(saved)
 
-    def step(self, region: torch.Tensor, grad: torch.Tensor, lr: float, where: slice) -> None:
+    def step(self, regions: torch.Tensor, grads: torch.Tensor, lr: float, where: slice) -> None:
+        """w <- w - lr (m buf + g + wd w) over each row's region (PyTorch's SGD)."""
         if self.weight_decay:
-            grad.add_(region, alpha=self.weight_decay)
-        if self.momentum:
-            if self.buffer is None:
-                self.buffer = region.new_zeros(self.size)
-                self.buffer[where] = grad
-            else:
-                self.buffer = self.buffer.to(region.device)  # no copy when already there
-                self.buffer[where].mul_(self.momentum).add_(grad)
-            grad = self.buffer[where]
-        region.sub_(grad, alpha=lr)
+            grads.add_(regions, alpha=self.weight_decay)
+        if self.buffers is not None:
+            buffers = self.buffers[: len(regions), where]
+            buffers.mul_(self.momentum).add_(grads)
+            grads = buffers
+        regions.sub_(grads, alpha=lr)
 
-    def end(self, state: ComponentState) -> None:
-        if self.buffer is not None and self.keep_momentum:
-            state.update(self.state_dict())
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {} if self.buffer is None else {self.STATE_KEY: self.buffer}
-
-    def load_state_dict(self, saved: dict[str, torch.Tensor]) -> None:
-        self.buffer = saved.get(self.STATE_KEY)
+    def end(self, states: list[ComponentState]) -> None:
+        if self.buffers is not None and self.keep_momentum:
+            for row, state in zip(self.buffers, states, strict=True):
+                state[self.STATE_KEY] = row.clone()
+        self.buffers = None
 
 
 @dataclass
@@ -157,47 +155,40 @@ class Adam(LocalOptimizer):
 
     def __init__(self, options: AdamOptions):
         self.options = options
-        self.exp_avg = torch.zeros(0)  # sized by begin()
-        self.exp_avg_sq = torch.zeros(0)
-        self.steps = torch.zeros(0)  # per element: the steps that reached it
+        self.moments: tuple[torch.Tensor, ...] = ()  # exp_avg, exp_avg_sq, steps: clients x parameters
 
     @classmethod
     def build(cls, options: AdamOptions, ctx=None) -> Adam:
         return cls(options)
 
-    def begin(self, state: ComponentState, size: int) -> None:
-        saved = {k: state[k] for k in self.KEYS if k in state} if self.options.keep_state else {}
-        if len(saved) == len(self.KEYS) and saved["adam.exp_avg"].numel() == size:
-            self.load_state_dict(saved)
-        else:
-            self.exp_avg, self.exp_avg_sq = torch.zeros(size), torch.zeros(size)
-            self.steps = torch.zeros(size)
+    def begin(self, states: list[ComponentState], size: int, device: torch.device | None = None) -> None:
+        """Each client's kept moments and per-element step counts (``keep_state``), or zeros."""
+        self.moments = tuple(torch.zeros(len(states), size, device=device) for _ in self.KEYS)
+        if not self.options.keep_state:
+            return
+        for i, state in enumerate(states):
+            saved = [state.get(key) for key in self.KEYS]
+            if all(s is not None for s in saved) and saved[0].numel() == size:
+                for matrix, value in zip(self.moments, saved, strict=True):
+                    matrix[i].copy_(value)
 
-    def step(self, region: torch.Tensor, grad: torch.Tensor, lr: float, where: slice) -> None:
+    def step(self, regions: torch.Tensor, grads: torch.Tensor, lr: float, where: slice) -> None:
         o = self.options
-        if self.exp_avg.device != region.device:  # begun on the host; the model lives elsewhere
-            self.exp_avg, self.exp_avg_sq, self.steps = (
-                s.to(region.device) for s in (self.exp_avg, self.exp_avg_sq, self.steps)
-            )
         if o.weight_decay:
-            grad.add_(region, alpha=o.weight_decay)
-        m, v, t = self.exp_avg[where], self.exp_avg_sq[where], self.steps[where]
+            grads.add_(regions, alpha=o.weight_decay)
+        m, v, t = (matrix[: len(regions), where] for matrix in self.moments)
         t.add_(1.0)
-        m.mul_(o.beta1).add_(grad, alpha=1.0 - o.beta1)  # Adam Algorithm 1
-        v.mul_(o.beta2).addcmul_(grad, grad, value=1.0 - o.beta2)
+        m.mul_(o.beta1).add_(grads, alpha=1.0 - o.beta1)  # Adam Algorithm 1
+        v.mul_(o.beta2).addcmul_(grads, grads, value=1.0 - o.beta2)
         first = 1.0 - torch.pow(o.beta1, t)  # bias corrections, per element's own count
         second = 1.0 - torch.pow(o.beta2, t)
         denominator = (v / second).sqrt_().add_(o.eps)
-        region.sub_(m / first / denominator, alpha=lr)
+        regions.sub_(m / first / denominator, alpha=lr)
 
-    def end(self, state: ComponentState) -> None:
+    def end(self, states: list[ComponentState]) -> None:
         if self.options.keep_state:
-            state.update(self.state_dict())
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return {"adam.exp_avg": self.exp_avg, "adam.exp_avg_sq": self.exp_avg_sq, "adam.steps": self.steps}
-
-    def load_state_dict(self, saved: dict[str, torch.Tensor]) -> None:
-        self.exp_avg = saved["adam.exp_avg"].clone()
-        self.exp_avg_sq = saved["adam.exp_avg_sq"].clone()
-        self.steps = saved["adam.steps"].clone()
+            for i, state in enumerate(states):
+                state.update(
+                    {key: matrix[i].clone() for key, matrix in zip(self.KEYS, self.moments, strict=True)}
+                )
+        self.moments = ()

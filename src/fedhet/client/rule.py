@@ -18,6 +18,7 @@ class ClientRule(Protocol):
     corrects_gradients: bool
     tracks_gradient_differences: bool
     customises_loss: bool
+    local_loss_per_client: ClassVar[bool]
     scales_sub_models: ClassVar[bool]
 
     def gradient_correction(

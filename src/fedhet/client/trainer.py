@@ -20,14 +20,16 @@ touches only their flat region (SALF Sec. III-A).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
 from fedhet.client.budget import SimulatedBudget, WallClockBudget, timed_first_step
 from fedhet.client.coverage import CoverageView, WidthMasks
-from fedhet.client.gradients import gradients
+from fedhet.client.group import GroupGradients, Member, PerClient, scalar_payload
 from fedhet.client.optimizers import SGD, LocalOptimizer
 from fedhet.client.postprocess import Postprocessor, generator_for, payload_bytes
 from fedhet.client.rule import ClientRule
@@ -41,23 +43,48 @@ from fedhet.client.state import (
     component_names,
 )
 from fedhet.data.task import Classification, Task
+from fedhet.errors import FedhetError
 from fedhet.messages import ClientTask, ClientUpdate, Coverage
 from fedhet.models.layers import FlatModel
 
+log = logging.getLogger(__name__)
+
+
+OnError = Callable[[ClientTask, BaseException], None]  # a client's hook raised: stop, or mark it failed
+
 
 @dataclass
-class _LocalRun:
-    """One task's local work in progress: what its steps read."""
+class _Group:
+    """A group's local work in progress: its clients' parameter rows (the working model's
+    own storage for a group of one), their buffers, and what every step reads."""
 
-    task: ClientTask
-    params: torch.Tensor
-    data: ClientData
-    state: Namespace  # the algorithm's part of the client's state
-    rng: np.random.Generator
-    rule: ClientRule | None
+    members: list[Member]  # by local steps, most first: at step s the first k_s still work
+    params: torch.Tensor  # the global model they start from
+    buffers: torch.Tensor
+    rows: torch.Tensor
+    buffer_rows: torch.Tensor
     view: CoverageView
-    budget: SimulatedBudget | WallClockBudget
-    depth: int
+    rule: ClientRule | None
+    stacked: bool
+    on_error: OnError | None
+    kept: dict
+    first: tuple | None = None  # a wall-clock task's timed first step: (loss, grads, x, y)
+
+    @property
+    def shared(self) -> bool:
+        """A group of one, trained in the working model's own storage."""
+        return self.rows.data_ptr() == self.view.flat.params.data_ptr()
+
+    def fail(self, member: Member, exc: BaseException) -> None:
+        """A client's hook raised: stop the run (``on_error`` raises), or leave the client
+        out with the state it had."""
+        if self.on_error is None or isinstance(exc, FedhetError):  # already one line
+            raise exc
+        self.on_error(member.task, exc)
+        member.failed = True
+        if id(member) in self.kept:
+            member.state.clear()
+            member.state.update(self.kept[id(member)])
 
 
 class LocalTrainer:
@@ -77,6 +104,7 @@ class LocalTrainer:
         self.postprocessors = list(postprocessors or [])
         self.namespaces = component_names([step.name for step in self.postprocessors])
         self.masks = WidthMasks(flat)
+        self.gradients = GroupGradients(flat, self.objective.loss)
         self.slowdown = 1.0  # wall-clock tasks: this device runs `slowdown` times slower
         self.layer_delay = 0.0  # wall-clock tasks: extra seconds per layer back-propagated
         self._warm = False
@@ -108,13 +136,22 @@ class LocalTrainer:
         rng: np.random.Generator,
         rule: ClientRule | None = None,
     ) -> ClientUpdate:
-        """Do ``task`` (``"train"`` or ``"probe"``) for the client owning ``data``."""
+        """Do ``task`` (``"train"`` or ``"probe"``) for the client owning ``data``: a group
+        of one."""
         if task.kind == "probe":
             return self.probe(task, params, buffers, data, rng)
         if task.kind != "train":
             raise ValueError(f"unknown task kind {task.kind!r}")
-        update = self.train(task, params, buffers, data, state, rng, rule)
-        return self.finish(task, update, state, rng, rule)
+        update = self.train_group([Member(task, data, state, rng)], params, buffers, rule)[0]
+        assert update is not None  # without on_error a failure raises
+        return update
+
+    def train(self, task, params, buffers, data, state, rng, rule=None) -> ClientUpdate:
+        """One client's local steps (:meth:`train_group` of one), before the upload's
+        payload and postprocessors."""
+        update = self.train_group([Member(task, data, state, rng)], params, buffers, rule, finish=False)[0]
+        assert update is not None
+        return update
 
     def finish(
         self,
@@ -143,70 +180,108 @@ class LocalTrainer:
             return WallClockBudget(task.time_limit, self.slowdown, self.layer_delay)
         return SimulatedBudget(task.local_steps, task.coverage.depth)
 
-    def train(
+    # -- groups ---------------------------------------------------------------------------
+    @staticmethod
+    def group_key(task: ClientTask, data: ClientData) -> tuple | None:
+        """Train tasks that can share one computation have equal keys: the same batch size,
+        width, depth, learning rate and scalar payload. None: the task runs alone (a probe,
+        a wall-clock task timed on its own, no local work)."""
+        if task.kind != "train" or task.time_limit or task.local_steps <= 0 or not len(data):
+            return None
+        shape = (min(task.batch_size, len(data)), float(task.coverage.width), task.coverage.depth)
+        return (*shape, float(task.lr), scalar_payload(task))
+
+    def train_group(
         self,
-        task: ClientTask,
+        members: list[Member],
         params: torch.Tensor,
         buffers: torch.Tensor,
-        data: ClientData,
-        state: ClientState,
-        rng: np.random.Generator,
         rule: ClientRule | None = None,
-    ) -> ClientUpdate:
-        """``task.local_steps`` optimizer steps on the covered layers ``depth..L`` within the
-        task's budget. Each step draws a batch of ``task.batch_size`` examples without
-        replacement from the client's data; the gradient gets the rule's correction, then
-        the optimizer's step."""
-        if task.coverage.width != 1.0 and (task.coverage.depth != 1 or task.time_limit):
+        on_error: OnError | None = None,
+        snapshot: bool = False,
+        finish: bool = True,
+    ) -> list[ClientUpdate | None]:
+        """The updates of a group of clients whose tasks share a shape (:meth:`group_key`),
+        in their order: ``task.local_steps`` optimizer steps each on the covered layers
+        ``depth..L`` within its budget, each step on a batch of ``task.batch_size`` examples
+        drawn without replacement from the client's own data and stream; the gradient gets
+        the rule's correction, then the optimizer's step. A client whose hook raises goes to
+        ``on_error``, which stops the run (raises) or returns: the client then yields None
+        and, with ``snapshot``, keeps the state it had."""
+        for i, member in enumerate(members):
+            member.position = i
+        lead = members[0].task
+        if lead.coverage.width != 1.0 and (lead.coverage.depth != 1 or lead.time_limit):
             raise ValueError("a width-reduced sub-model trains every layer on the simulated clock")
-        if task.time_limit and rule is not None and rule.customises_loss:
+        if lead.time_limit and rule is not None and rule.customises_loss:
             raise ValueError("a rule with its own local loss trains on the simulated clock")
-        flat = self.flat
-        budget, depth, first = self._begin(task, params, buffers, data, rng)
-        coverage = Coverage(depth, task.coverage.width) if budget.timed else task.coverage
-        if depth > flat.num_layers or task.local_steps <= 0:
-            return ClientUpdate(
-                task.client,
-                coverage,
-                0,
-                len(data),
-                float("nan"),
-                params.new_zeros(0),
-                model_round=task.model_round,
-            )
+        group = self._open(members, params, buffers, rule, on_error, snapshot)
+        if group is None:
+            return [self._nothing(m.task, len(m.data), params) for m in members]
+        try:
+            self._steps(group)
+        finally:
+            group.view.exit()
+        states = [Namespace(m.state if not m.failed else {}, OPTIMIZER) for m in group.members]
+        self.optimizer.end(states)  # a failed client keeps the state it had
+        out: list[ClientUpdate | None] = [None] * len(members)
+        for i, member in enumerate(group.members):
+            if not member.failed:
+                try:
+                    out[member.position] = self._close(group, i, finish)
+                except Exception as exc:  # noqa: BLE001  (a rule's or postprocessor's bug)
+                    group.fail(member, exc)
+        return out
+
+    def _open(self, members, params, buffers, rule, on_error, snapshot) -> _Group | None:
+        """The group's rows and coverage, the optimizer begun; None: there is nothing to do."""
+        flat, lead = self.flat, members[0]
+        first = None
+        if len(members) == 1 and lead.task.time_limit:
+            lead.budget, depth, first = self._begin(lead.task, params, buffers, lead.data, lead.rng)
+        else:
+            depth = lead.task.coverage.depth
+            for member in members:
+                member.budget = self.budget_for(member.task)
+        if depth > flat.num_layers or lead.task.local_steps <= 0:
+            lead.task = replace(lead.task, coverage=Coverage(depth, lead.task.coverage.width))
+            return None
+        members.sort(key=lambda m: -m.task.local_steps)  # stable: the working clients first
         if first is None:
             flat.load(params, buffers)
         flat.model.train()
         scale = rule is None or rule.scales_sub_models
-        view = CoverageView(flat, depth, task.coverage.width, self.masks, scale=scale)
-        view.enter()
-        own, optimizer_state = Namespace(state, ALGORITHM), Namespace(state, OPTIMIZER)
-        self.optimizer.begin(optimizer_state, flat.params.numel())
-        run = _LocalRun(task, params, data, own, rng, rule, view, budget, depth)
-        losses = self._steps(run, first)
-        view.exit()
-        self.optimizer.end(optimizer_state)
-        delta, delta_buffers = view.deltas(params, buffers)
-        update = ClientUpdate(
-            client=task.client,
-            coverage=coverage,
-            steps=len(losses),
-            num_samples=len(data),
-            loss=float(np.mean(losses)),
-            delta=delta,
-            delta_buffers=delta_buffers,
-            model_round=task.model_round,
+        view = CoverageView(flat, depth, lead.task.coverage.width, self.masks, scale=scale)
+        view.enter()  # a sub-model's mask on the working model, the scaler hooks on
+        if len(members) == 1:
+            rows, buffer_rows = flat.params.unsqueeze(0), flat.buffers.unsqueeze(0)
+        else:
+            rows = flat.params.detach().unsqueeze(0).repeat(len(members), 1)
+            buffer_rows = flat.buffers.detach().unsqueeze(0).repeat(len(members), 1)
+        kept = {id(m): {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in m.state.items()}
+                for m in members} if snapshot else {}  # fmt: skip
+        stacked = len(members) > 1 and self.gradients.stacks(rule, lead.data.x)
+        group = _Group(
+            members, params, buffers, rows, buffer_rows, view, rule, stacked, on_error, kept, first
         )
-        if rule is not None:
-            with torch.no_grad():
-                rule.finish_local_work(task, update, own, view.param_slice, flat.params, params)
-        return update
+        self.optimizer.begin(
+            [Namespace(m.state, OPTIMIZER) for m in members], flat.params.numel(), flat.device
+        )
+        return group
+
+    @staticmethod
+    def _nothing(task: ClientTask, num_samples: int, params: torch.Tensor) -> ClientUpdate:
+        """The update of a client that computed nothing (depth L+1, or no steps)."""
+        return ClientUpdate(
+            task.client, task.coverage, 0, num_samples, float("nan"), params.new_zeros(0),
+            model_round=task.model_round,
+        )  # fmt: skip
 
     def _begin(self, task, params, buffers, data, rng):
-        """The task's work budget, the depth it starts from and, for a wall-clock task, its
-        first step, timed layer by layer (None on the simulated clock)."""
+        """A wall-clock task's budget, the depth it reached and its first step, timed layer
+        by layer (None when it reached nothing)."""
         flat, depth = self.flat, task.coverage.depth
-        if not (task.time_limit and depth <= flat.num_layers and task.local_steps > 0):
+        if not (depth <= flat.num_layers and task.local_steps > 0):
             return self.budget_for(task), depth, None
         x, y = data.batch(rng, task.batch_size)
         self._warm_up(x, y)
@@ -216,63 +291,179 @@ class LocalTrainer:
         depth, first = timed_first_step(flat.model, x, y, depth, budget, self.objective.loss)
         return budget, depth, None if first is None else (*first, x, y)
 
-    def _steps(self, run: _LocalRun, first) -> list[float]:
-        """The local steps the budget allows; their losses."""
-        flat, task, view = self.flat, run.task, run.view
-        rule = run.rule
-        track = rule is not None and rule.tracks_gradient_differences
-        corrects = rule is not None and rule.corrects_gradients
-        custom = rule is not None and rule.customises_loss
-        plain = view.mask is None and not track and not corrects and self.optimizer.plain
-        losses: list[float] = []
-        x = y = None
-        for step in range(task.local_steps):
-            if step == 0 and first is not None:  # the timed step already ran, on batch (x, y)
-                loss, grads, x, y = first
-            else:
-                if not run.budget.allows_another_step():
-                    break
-                x, y = run.data.batch(run.rng, task.batch_size)
-                if custom and rule is not None:  # the rule's own loss (FjORD)
-                    loss = rule.local_loss(
-                        task, run.state, flat.model, x, y, run.depth, self.objective.loss, run.rng
-                    )
-                else:
-                    loss = self.objective.loss(flat.model(x, run.depth), y)
-                grads = gradients(loss, view.reached)
-                run.budget.step_done(flat.num_layers + 1 - run.depth)
-            losses.append(float(loss.detach()))
-            if plain:  # w <- w - lr g on the reached parameters, in place: no flat copy of g
-                with torch.no_grad():
-                    for parameter, g in zip(view.reached, grads, strict=True):
-                        parameter.sub_(g, alpha=task.lr)
-                continue
+    def _steps(self, group: _Group) -> None:
+        """The local steps every client's budget allows, as one computation per step."""
+        members, depth = group.members, group.view.depth
+        track = group.rule is not None and group.rule.tracks_gradient_differences
+        for step in range(max(m.task.local_steps for m in members)):
+            first = group.first if step == 0 else None
+            active = len(members) if first is not None else self._working(members)
+            if not active:
+                break
+            x, y = self._batches(members[:active]) if first is None else (first[2], first[3])
+            grads = self._gradients(group, active, x, y, first)
+            for member in members[:active]:
+                if first is None:
+                    member.budget.step_done(self.flat.num_layers + 1 - depth)
             with torch.no_grad():
-                grad = view.restrict(torch.cat([g.reshape(-1) for g in grads]))
+                group.view.restrict_rows(grads)
             if track:
-                self._observe(run, grad, x, y, own=len(losses) == 1 and first is None)
+                self._observe(group, grads, x, y, own=step == 0 and group.first is None)
             with torch.no_grad():
-                if corrects and rule is not None:  # the algorithm's gradient transform
-                    correction = rule.gradient_correction(
-                        task, run.state, view.param_slice, flat.params, run.params
-                    )
-                    if correction is not None:
-                        grad.add_(correction)
-                self.optimizer.step(view.region, grad, task.lr, view.param_slice)
-        return losses
+                self._correct(group, grads)
+                region = group.view.param_slice
+                self.optimizer.step(group.rows[:active, region], grads, members[0].task.lr, region)
 
-    def _observe(self, run: _LocalRun, grad: torch.Tensor, x, y, own: bool) -> None:
-        """AMSFL's gradient differences: the step's gradient beside the gradient at the
+    @staticmethod
+    def _working(members: list[Member]) -> int:
+        """How many of the group's first clients take another step: their tasks ask for
+        more steps and their budgets allow one."""
+        count = 0
+        while count < len(members):
+            member = members[count]
+            if len(member.losses) >= member.task.local_steps or not member.budget.allows_another_step():
+                break
+            count += 1
+        return count
+
+    @staticmethod
+    def _batches(members: list[Member]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each working client's next batch from its own data and stream, stacked."""
+        if len(members) == 1:
+            m = members[0]
+            x, y = m.data.batch(m.rng, m.task.batch_size)
+            return x.unsqueeze(0), y.unsqueeze(0)
+        chosen = [m.data.draw(m.rng, m.task.batch_size) for m in members]
+        source = members[0].data
+        if all(m.data.x is source.x for m in members):  # one dataset: one gather
+            index = torch.from_numpy(np.concatenate(chosen)).to(source.x.device)
+            size = len(chosen[0])
+            return (source.x[index].view(len(members), size, *source.x.shape[1:]),
+                    source.y[index].view(len(members), size, *source.y.shape[1:]))  # fmt: skip
+        return (torch.stack([m.data.x[c] for m, c in zip(members, chosen, strict=True)]),
+                torch.stack([m.data.y[c] for m, c in zip(members, chosen, strict=True)]))  # fmt: skip
+
+    def _gradients(self, group: _Group, active: int, x, y, first) -> torch.Tensor:
+        """The working rows' gradients over the covered region (k x m); each client's loss
+        appended to its record."""
+        members, depth, engine = group.members[:active], group.view.depth, self.gradients
+        if first is not None:
+            loss, grads = first[0], first[1]
+            members[0].losses.append(float(loss.detach()))
+            with torch.no_grad():
+                return torch.cat([g.reshape(-1) for g in grads]).unsqueeze(0)
+        if group.stacked:
+            try:
+                loss_fn = engine.shared_loss(members[0].task, group.rule)
+                start = group.view.param_slice.start
+                grads, values = engine.stacked(
+                    group.rows[:active], group.buffer_rows[:active], start, x, y, depth, loss_fn
+                )
+                for member, value in zip(members, values, strict=True):
+                    member.losses.append(value)
+                return grads
+            except PerClient as reason:
+                engine.per_client.add(type(group.rule))
+                log.info(
+                    "%s's local loss %s: its clients' losses are computed one by one", group.rule.name, reason
+                )
+                group.stacked = False
+        return self._row_by_row(group, members, x, y)
+
+    def _row_by_row(self, group: _Group, members: list[Member], x, y) -> torch.Tensor:
+        """Each working row's gradient on the working model (loaded with the row unless the
+        group is one client, trained in the working model's own storage)."""
+        flat, depth = self.flat, group.view.depth
+        out = []
+        for i, member in enumerate(members):
+            if not group.shared:
+                flat.load(group.rows[i], group.buffer_rows[i])
+            try:
+                grad, loss = self.gradients.on_working_model(member, x[i], y[i], depth, group.rule)
+            except Exception as exc:  # noqa: BLE001  (a rule's local loss raised)
+                group.fail(member, exc)
+                grad, loss = (
+                    flat.params.new_zeros(flat.params.numel() - group.view.param_slice.start),
+                    float("nan"),
+                )
+            member.losses.append(loss)
+            if not group.shared:
+                group.buffer_rows[i].copy_(flat.buffers)
+            out.append(grad)
+        return torch.stack(out) if len(out) > 1 else out[0].unsqueeze(0)
+
+    def _correct(self, group: _Group, grads: torch.Tensor) -> None:
+        """The rule's gradient transform (FedProx's proximal term, SCAFFOLD's c - c_i,
+        FedDyn's linear term) added to each working client's gradient."""
+        rule = group.rule
+        if rule is None or not rule.corrects_gradients:
+            return
+        region = group.view.param_slice
+        for i, member in enumerate(group.members[: len(grads)]):
+            if member.failed:
+                continue
+            try:
+                own = Namespace(member.state, ALGORITHM)
+                correction = rule.gradient_correction(member.task, own, region, group.rows[i], group.params)
+                if correction is not None:
+                    grads[i].add_(correction)
+            except Exception as exc:  # noqa: BLE001  (a rule's bug)
+                group.fail(member, exc)
+
+    def _observe(self, group: _Group, grads: torch.Tensor, x, y, own: bool) -> None:
+        """AMSFL's gradient differences: each step's gradient beside the gradient at the
         received model on the same batch (step 1 starts there: its own gradient is it)."""
-        view, pslice = run.view, run.view.param_slice
+        region, depth = group.view.param_slice, group.view.depth
+        anchor = group.params[region]
         if own:
-            anchor_grad = grad.clone()
+            anchors = grads.clone()
+        elif group.stacked:
+            count = len(grads)
+            rows = group.params.unsqueeze(0).expand(count, -1).clone()
+            buffer_rows = group.buffer_rows[:count].clone()
+            loss_fn = self.gradients.shared_loss(group.members[0].task, None)
+            anchors, _ = self.gradients.stacked(rows, buffer_rows, region.start, x, y, depth, loss_fn)
         else:
-            anchor_grad = self._gradient_at(run.params[pslice], x, y, run.depth, view.reached, pslice)
+            anchors = torch.stack([self._anchor_row(group, i, x[i], y[i]) for i in range(len(grads))])
         with torch.no_grad():
-            distance = float((view.region - run.params[pslice]).norm())
-        if run.rule is not None:
-            run.rule.observe_gradients(run.task, run.state, grad, anchor_grad, distance)
+            distances = (group.rows[: len(grads), region] - anchor).norm(dim=1).tolist()
+        for i, member in enumerate(group.members[: len(grads)]):
+            if not member.failed and group.rule is not None:
+                own_state = Namespace(member.state, ALGORITHM)
+                group.rule.observe_gradients(member.task, own_state, grads[i], anchors[i], distances[i])
+
+    def _anchor_row(self, group: _Group, i: int, x, y) -> torch.Tensor:
+        """Row ``i``'s gradient at the received model, on the working model."""
+        if not group.shared:
+            self.flat.load(group.rows[i], group.buffer_rows[i])
+        return self.gradients.at_point(group.params[group.view.param_slice], x, y, group.view.depth)
+
+    def _close(self, group: _Group, i: int, finish: bool) -> ClientUpdate:
+        """Client ``i``'s update from its row: the delta over its covered elements, the
+        rule's ``finish_local_work``, the optimizer's kept state, the postprocessors."""
+        member, view, params = group.members[i], group.view, group.params
+        task, row = member.task, group.rows[i]
+        with torch.no_grad():
+            delta = row[view.param_slice] - params[view.param_slice]
+            if view.mask is not None:
+                delta.mul_(view.mask)  # elements outside the sub-model are not the client's
+            bslice = view.buffer_slice
+            delta_buffers = group.buffer_rows[i, bslice] - group.buffers[bslice]
+        update = ClientUpdate(
+            client=task.client,
+            coverage=Coverage(view.depth, task.coverage.width) if group.first else task.coverage,
+            steps=len(member.losses),
+            num_samples=len(member.data),
+            loss=float(np.mean(member.losses)),
+            delta=delta,
+            delta_buffers=delta_buffers,
+            model_round=task.model_round,
+        )
+        if group.rule is not None:
+            with torch.no_grad():
+                own = Namespace(member.state, ALGORITHM)
+                group.rule.finish_local_work(task, update, own, view.param_slice, row, params)
+        return self.finish(task, update, member.state, member.rng, group.rule) if finish else update
 
     def _warm_up(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """Once per process, before the first timed task: autograd's first calls are slow
@@ -282,23 +473,6 @@ class LocalTrainer:
         self.flat.model.train()
         timed_first_step(self.flat.model, x[:2], y[:2], 1, WallClockBudget(60.0), self.objective.loss)
         self._warm = True
-
-    def _gradient_at(
-        self, point: torch.Tensor, x: torch.Tensor, y: torch.Tensor, depth: int, reached: list, pslice: slice
-    ) -> torch.Tensor:
-        """The gradient over the covered layers at ``point`` (their values) on the batch
-        (x, y), leaving the working model's parameters and buffers as they were."""
-        flat = self.flat
-        with torch.no_grad():
-            saved_params = flat.params[pslice].clone()
-            saved_buffers = flat.buffers.clone()
-            flat.params[pslice].copy_(point)
-        loss = self.objective.loss(flat.model(x, depth), y)
-        grads = torch.autograd.grad(loss, reached)
-        with torch.no_grad():
-            flat.params[pslice].copy_(saved_params)
-            flat.buffers.copy_(saved_buffers)
-            return torch.cat([g.reshape(-1) for g in grads])
 
     def probe(
         self,

@@ -1,0 +1,108 @@
+"""The batched pool against one client at a time on the CPU, one core: where grouping a
+round's clients into one computation (the one local trainer, ``run.pool = "batched"``)
+pays on a CPU and where it does not.
+
+Workloads (one torch thread, no worker processes, evaluation every round as a user's run):
+- ``table2-mlp`` and ``table2-cnn2``: SALF's Table II setting (Sec. IV-A) on Fashion-MNIST,
+  30 IID clients, one SGD step of batch 16 with momentum 0.5 kept per client, SALF with 50%
+  stragglers (benchmarks/_common.TABLE2_CNN), the MLP or the CNN;
+- ``cifar-shape``: pfl-research's CIFAR-10 benchmark shape (benchmarks/pfl_research.py):
+  simple-cnn, cohort 50, 5 steps of batch 10, FedAvg; random images in CIFAR-10's format.
+
+Each side is one block: a fresh run; its figure is the time per round after the first.
+Sides alternate (A B, B A, ...) for ``--pairs`` pairs; the ratio is one-at-a-time /
+batched per pair (above 1: batched is faster), reported as the median with its range.
+
+    python benchmarks/batched_cpu.py --data-dir /usr/share/datasets/fashion-mnist
+    python benchmarks/batched_cpu.py --workload cifar-shape --pairs 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import tomllib
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import TABLE2_CNN, alternate, describe_ratio, machine_header  # noqa: E402
+from workers import Block  # noqa: E402
+
+TABLE2 = """
+[run]
+name = "table2"
+seed = 1
+rounds = {rounds}
+eval_every = 1
+threads = 1
+pool = "{pool}"
+{table2}straggler_ratio = 0.5
+
+[algorithm]
+name = "salf"
+"""
+
+
+def table2_config(rounds: int, pool: str, model: str, data_dir: str):
+    from fedhet.config import from_dict
+
+    text = TABLE2.format(rounds=rounds, pool=pool, table2=TABLE2_CNN)
+    document = tomllib.loads(text)
+    document["model"] = {"name": "cnn2"} if model == "cnn2" else {"name": "mlp", "hidden": [100]}
+    document["data"]["data_dir"] = data_dir
+    return from_dict(document)
+
+
+def cifar_config(rounds: int, pool: str, data_dir: str):
+    from pfl_research import fedhet_config
+
+    config = fedhet_config("cifar10", data_dir, rounds, 0, seed=1)
+    config.run.threads = 1
+    config.run.workers = 1
+    config.run.pool = pool
+    config.run.validate()
+    return config
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--workload", choices=("table2-mlp", "table2-cnn2", "cifar-shape", "all"), default="all"
+    )
+    parser.add_argument(
+        "--data-dir", default="/usr/share/datasets/fashion-mnist", help="Fashion-MNIST's IDX files"
+    )
+    parser.add_argument("--pairs", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=21)
+    parser.add_argument("--cifar-rounds", type=int, default=6)
+    args = parser.parse_args()
+    print(machine_header("one torch thread per run, in this process"))
+    with tempfile.TemporaryDirectory(prefix="fedhet-bench-") as tmp:
+        scratch = Path(tmp)
+        for model in ("mlp", "cnn2"):
+            if args.workload not in (f"table2-{model}", "all"):
+                continue
+            one = Block(lambda m=model: table2_config(args.rounds, "in-process", m, args.data_dir), scratch)
+            many = Block(lambda m=model: table2_config(args.rounds, "batched", m, args.data_dir), scratch)
+            figures = alternate(one, many, args.pairs)
+            label = f"table2 {model} (30 clients, batch 16, 1 step, momentum kept): one at a time / batched, s/round"
+            print(describe_ratio(label, figures))
+        if args.workload in ("cifar-shape", "all"):
+            from pfl_research import synthetic_cifar
+
+            data_dir = str(synthetic_cifar(scratch / "cifar"))
+            one = Block(lambda: cifar_config(args.cifar_rounds, "in-process", data_dir), scratch)
+            many = Block(lambda: cifar_config(args.cifar_rounds, "batched", data_dir), scratch)
+            figures = alternate(one, many, args.pairs)
+            print(
+                describe_ratio(
+                    "cifar-shape (simple-cnn, cohort 50, 5 steps of 10): one at a time / batched, s/round",
+                    figures,
+                )
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
