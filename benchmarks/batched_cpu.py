@@ -86,7 +86,7 @@ def main() -> int:
             one = Block(lambda m=model: table2_config(args.rounds, "in-process", m, args.data_dir), scratch)
             many = Block(lambda m=model: table2_config(args.rounds, "batched", m, args.data_dir), scratch)
             figures = alternate(one, many, args.pairs)
-            label = f"table2 {model} (30 clients, batch 16, 1 step, momentum kept): one at a time / batched, s/round"
+            label = f"table2 {model} (30 clients, batch 16, 1 step): one at a time / batched, s/round"
             print(describe_ratio(label, figures))
         if args.workload in ("cifar-shape", "all"):
             from pfl_research import synthetic_cifar

@@ -218,3 +218,18 @@ def test_a_gpu_share_per_flower_client_is_refused_where_torch_sees_no_gpu(monkey
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ConfigError, match="run.flower_gpus_per_client = 0.5: torch sees no GPU here"):
         _config("in-process", {"name": "fedavg"}, engine="flower", flower_gpus_per_client=0.5)
+
+
+def test_a_run_resumes_after_switching_between_the_batched_and_in_process_pools(tmp_path):
+    """Where clients train is declared resumable (run.pool, run.clients_per_batch): a run
+    cut after 2 rounds in the batched pool resumes in the in-process pool and ends as the
+    in-process run of 4 rounds, within float tolerance."""
+    whole = RunLoop(_config("in-process", {"name": "salf"}, rounds=4), tmp_path / "whole")
+    whole_result = whole.run()
+    RunLoop(_config("batched", {"name": "salf"}, rounds=2, clients_per_batch=3), tmp_path / "cut").run()
+    resumed = RunLoop(_config("in-process", {"name": "salf"}, rounds=4), tmp_path / "cut")
+    result = resumed.run(resume=True)
+    assert result.summary["finished"] and len(result.metrics) == 4
+    for a, b in zip(whole_result.metrics, result.metrics, strict=True):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], abs=1e-5)
+    torch.testing.assert_close(resumed.state.params, whole.state.params, atol=1e-5, rtol=1e-4)

@@ -63,6 +63,7 @@ def _same_run(tmp_path, name: str):
         runs[pool] = (loop, loop.run())
     (one, one_result), (many, many_result) = runs["in-process"], runs["batched"]
     assert many_result.summary["pool"] == "batched"
+    assert many_result.summary["tasks_grouped"] == many.pool.tasks_batched
     for a, b in zip(one_result.metrics, many_result.metrics, strict=True):
         assert a["participants"] == b["participants"]
         if a["train_loss"] == a["train_loss"]:  # not NaN

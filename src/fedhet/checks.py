@@ -4,6 +4,7 @@ the key and the value."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import types
 import typing
@@ -12,6 +13,18 @@ from typing import Any
 from fedhet.errors import ConfigError
 
 MAX_MAGNITUDE = 1e30  # beyond it numbers overflow single-precision tensors
+
+
+def resumable(default: Any = dataclasses.MISSING, **kwargs: Any) -> Any:
+    """A dataclass field of an ``Options`` that may change when a run resumes from its
+    checkpoint: where or how fast the run computes, never what it computes (a pool, threads,
+    a longer run). Every other option must equal the checkpoint's."""
+    return dataclasses.field(default=default, metadata={"resumable": True}, **kwargs)
+
+
+def is_resumable(field: dataclasses.Field) -> bool:
+    """Whether an option may change on resume (:func:`resumable`)."""
+    return bool(field.metadata.get("resumable"))
 
 
 def finite(key: str, value: float) -> float:

@@ -25,6 +25,7 @@ from fedhet.checks import (  # noqa: F401  (finite, number_list: used by callers
     number_list,
     one_of,
     option_types,
+    resumable,
     typed_options,
 )
 from fedhet.errors import ConfigError
@@ -243,24 +244,32 @@ class RunConfig(PluginSection):
 
     name: str = "run"
     seed: int = 0
-    rounds: int = 100
+    rounds: int = resumable(100)
     time_budget: float = 0.0  # simulated seconds; 0 = no budget (stop after `rounds`)
-    eval_every: int = 1
-    threads: Any = "auto"  # torch threads: "auto" (work size, free cores), 0 = torch default, or a count
-    workers: Any = 1  # processes running client tasks: a count, or "auto" (the free cores)
+    eval_every: int = resumable(1)
+    # torch threads: "auto" (work size, free cores), 0 = torch default, or a count
+    threads: Any = resumable("auto")
+    workers: Any = resumable(1)  # processes running client tasks: a count, or "auto" (the free cores)
     memory_format: str = "contiguous"  # conv weights, images: contiguous | channels_last (faster)
-    device: str = "auto"  # where tensors live: auto (a GPU if torch sees one) | cpu | cuda | cuda:N
+    # where tensors live: auto (a GPU if torch sees one) | cpu | cuda | cuda:N
+    device: str = resumable("auto")
     client_eval: bool = False  # also evaluate on each client's held-out part of its data
     client_eval_fraction: float = 0.2  # share of each client's data held out for it
     targets: list = field(default_factory=list)  # accuracies whose first round and time are recorded
-    on_non_finite: str = "stop"  # a NaN/inf loss or update: stop the run, or skip that client's update
-    on_client_error: str = "stop"  # an exception in client code: stop the run (a bug), or "skip" the client
-    max_empty_rounds: int = 10  # stop after this many rounds in a row without a participant (0 = never,
+    # a NaN/inf loss or update: stop the run, or skip that client's update
+    on_non_finite: str = resumable("stop")
+    # an exception in client code: stop the run (a bug), or "skip" the client
+    on_client_error: str = resumable("stop")
+    # stop after this many rounds in a row without a participant (0 = never,
     # and a first round nobody can deliver in is run instead of refused: deadline sweeps)
-    engine: str = "embedded"  # embedded (one process) | flower (Flower's simulation runtime) | a plug-in
-    pool: str = "auto"  # where client tasks run: auto | in-process | processes | a plug-in (embedded engine)
-    callbacks: list = field(default_factory=list)  # run callback plug-ins: [{ name = "...", ... }]
-    track: list = field(default_factory=list)  # trackers: "mlflow", "tensorboard", or { name = ..., options }
+    max_empty_rounds: int = resumable(10)
+    # embedded (one process) | flower (Flower's simulation runtime) | a plug-in
+    engine: str = resumable("embedded")
+    # where client tasks run: auto | in-process | batched | processes | a plug-in (embedded engine)
+    pool: str = resumable("auto")
+    callbacks: list = resumable(default_factory=list)  # run callback plug-ins: [{ name = "...", ... }]
+    # trackers: "mlflow", "tensorboard", or { name = ..., options }
+    track: list = resumable(default_factory=list)
 
     def validate(self) -> None:
         at_least("run.seed", self.seed, 0)

@@ -48,7 +48,7 @@ class Member:
     state: ClientState
     rng: np.random.Generator
     position: int = 0  # its index in the caller's list
-    budget: SimulatedBudget | WallClockBudget | None = None
+    budget: SimulatedBudget | WallClockBudget = field(default_factory=lambda: SimulatedBudget(0, 1))
     losses: list[float] = field(default_factory=list)
     failed: bool = False
 

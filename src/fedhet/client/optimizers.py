@@ -14,6 +14,7 @@ vector, for state kept over the whole model).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -42,7 +43,7 @@ class LocalOptimizer:
         """Whether a step is w <- w - lr g and nothing else."""
         return False
 
-    def begin(self, states: list[ComponentState], size: int, device: torch.device | None = None) -> None:
+    def begin(self, states: Sequence[ComponentState], size: int, device: torch.device | None = None) -> None:
         """Start a task for the clients with ``states`` (one row each, in group order);
         ``size`` = the full flat parameter count."""
 
@@ -50,7 +51,7 @@ class LocalOptimizer:
         """One step of the first ``len(regions)`` clients of the group, in place."""
         raise NotImplementedError
 
-    def end(self, states: list[ComponentState]) -> None:
+    def end(self, states: Sequence[ComponentState]) -> None:
         """After the task: keep each client's row of state in its ``states`` entry."""
 
 
@@ -93,7 +94,7 @@ class SGD(LocalOptimizer):
     def plain(self) -> bool:
         return not self.momentum and not self.weight_decay
 
-    def begin(self, states: list[ComponentState], size: int, device: torch.device | None = None) -> None:
+    def begin(self, states: Sequence[ComponentState], size: int, device: torch.device | None = None) -> None:
         self.buffers = None
         if self.momentum:  # one row per client: its kept buffer, or zeros (a fresh start)
             self.buffers = torch.zeros(len(states), size, device=device)
@@ -113,7 +114,7 @@ class SGD(LocalOptimizer):
             grads = buffers
         regions.sub_(grads, alpha=lr)
 
-    def end(self, states: list[ComponentState]) -> None:
+    def end(self, states: Sequence[ComponentState]) -> None:
         if self.buffers is not None and self.keep_momentum:
             for row, state in zip(self.buffers, states, strict=True):
                 state[self.STATE_KEY] = row.clone()
@@ -161,15 +162,16 @@ class Adam(LocalOptimizer):
     def build(cls, options: AdamOptions, ctx=None) -> Adam:
         return cls(options)
 
-    def begin(self, states: list[ComponentState], size: int, device: torch.device | None = None) -> None:
+    def begin(self, states: Sequence[ComponentState], size: int, device: torch.device | None = None) -> None:
         """Each client's kept moments and per-element step counts (``keep_state``), or zeros."""
         self.moments = tuple(torch.zeros(len(states), size, device=device) for _ in self.KEYS)
         if not self.options.keep_state:
             return
         for i, state in enumerate(states):
             saved = [state.get(key) for key in self.KEYS]
-            if all(s is not None for s in saved) and saved[0].numel() == size:
-                for matrix, value in zip(self.moments, saved, strict=True):
+            kept = [value for value in saved if isinstance(value, torch.Tensor)]
+            if len(kept) == len(self.KEYS) and kept[0].numel() == size:
+                for matrix, value in zip(self.moments, kept, strict=True):
                     matrix[i].copy_(value)
 
     def step(self, regions: torch.Tensor, grads: torch.Tensor, lr: float, where: slice) -> None:
@@ -185,7 +187,7 @@ class Adam(LocalOptimizer):
         denominator = (v / second).sqrt_().add_(o.eps)
         regions.sub_(m / first / denominator, alpha=lr)
 
-    def end(self, states: list[ComponentState]) -> None:
+    def end(self, states: Sequence[ComponentState]) -> None:
         if self.options.keep_state:
             for i, state in enumerate(states):
                 state.update(

@@ -364,9 +364,8 @@ class LocalTrainer:
                 return grads
             except PerClient as reason:
                 engine.per_client.add(type(group.rule))
-                log.info(
-                    "%s's local loss %s: its clients' losses are computed one by one", group.rule.name, reason
-                )
+                name = getattr(group.rule, "name", type(group.rule).__name__)
+                log.info("%s's local loss %s: its clients' losses are computed one by one", name, reason)
                 group.stacked = False
         return self._row_by_row(group, members, x, y)
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from fedhet import seeding
-from fedhet.checks import at_least
+from fedhet.checks import at_least, resumable
 from fedhet.client.group import Member
 from fedhet.engine.client_errors import client_failed
 from fedhet.engine.pool import InProcessPool, PoolContext
@@ -33,7 +33,7 @@ class BatchedOptions:
     that share a batch size and width); lower it when their stacked models and batches do
     not fit the device's memory."""
 
-    clients_per_batch: int = 0
+    clients_per_batch: int = resumable(0)
 
     def validate(self) -> None:
         at_least("run.clients_per_batch", self.clients_per_batch, 0)

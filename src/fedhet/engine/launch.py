@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fedhet.checks import in_range, resumable
 from fedhet.config import Config
 from fedhet.engine.loop import RunLoop, RunResult
 from fedhet.errors import ConfigError
@@ -112,12 +113,13 @@ class EmbeddedEngine(Engine):
 class FlowerOptions:
     """The Flower engine's keys of ``[run]``."""
 
-    round_timeout: float = 0.0  # wall-clock seconds to wait for the replies of a round (0 = no limit)
-    flower_cpus_per_client: float = 1.0  # simulation: CPUs Ray reserves per client
-    flower_gpus_per_client: float = 0.0  # simulation: the GPU share Ray reserves per client (0.1: 10 per GPU)
+    # wall-clock seconds to wait for the replies of a round (0 = no limit)
+    round_timeout: float = resumable(0.0)
+    flower_cpus_per_client: float = resumable(1.0)  # simulation: CPUs Ray reserves per client
+    # simulation: the GPU share Ray reserves per client (0.1: 10 per GPU)
+    flower_gpus_per_client: float = resumable(0.0)
 
     def validate(self) -> None:
-        from fedhet.checks import in_range
 
         if self.round_timeout < 0:
             raise ConfigError(f"run.round_timeout = {self.round_timeout}: must be >= 0 (0 = no limit)")

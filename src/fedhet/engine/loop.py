@@ -280,6 +280,10 @@ class RunLoop:
         summary["engine"] = self.engine  # the engine that ran, whatever the configuration says
         summary["pool"] = getattr(self.pool, "name", type(self.pool).__name__)
         summary["device"] = device_name(world.device)  # where the tensors lived
+        grouped = getattr(self.pool, "tasks_batched", None)
+        if grouped is not None:  # the batched pool: tasks trained in groups, in this process
+            summary["tasks_grouped"] = grouped
+            summary["tasks_alone"] = getattr(self.pool, "tasks_alone", 0)
         if self.caveats:
             summary["caveats"] = self.caveats
         if state.stopped_by == "callback":

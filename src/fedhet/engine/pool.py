@@ -240,19 +240,26 @@ class InProcessPool:
 
 
 class AutoPool:
-    """The default pool: in this process, or ``run.workers`` worker processes when it is
-    more than one (``"auto"``: the free cores)."""
+    """The default pool: ``run.workers`` worker processes when it is more than one (``"auto"``:
+    the free cores); else in this process, as groups of clients (the batched pool) on a GPU,
+    where one client at a time leaves the device idle, and one client at a time on the CPU."""
 
     name = "auto"
     Options = NoOptions
 
     @classmethod
     def build(cls, options, ctx: PoolContext):
+        from fedhet.device import resolve_device
         from fedhet.registry import builtins
         from fedhet.threads import pool_workers
 
-        chosen = "processes" if pool_workers(ctx.config.run.workers) > 1 else "in-process"
-        return builtins("pool")[chosen].cls.build(NoOptions(), ctx)
+        run = ctx.config.run
+        if pool_workers(run.workers) > 1:
+            return builtins("pool")["processes"].cls.build(NoOptions(), ctx)
+        if resolve_device(run.device, run.workers).type == "cuda":
+            batched = builtins("pool")["batched"].cls
+            return batched.build(batched.Options(), ctx)
+        return builtins("pool")["in-process"].cls.build(NoOptions(), ctx)
 
 
 register("pool")(InProcessPool)

@@ -7,6 +7,7 @@ random needs saving.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,39 +44,27 @@ class RunState:
 
 
 def comparable(config_dict: dict) -> dict:
-    """The parts of a config that must match for a checkpoint to be resumed."""
+    """The parts of a config that must match for a checkpoint to be resumed: every option
+    but those declared :func:`~fedhet.checks.resumable`."""
     out = {k: dict(v) for k, v in config_dict.items()}
-    skip = set(RESUMABLE_CHANGES) | _engine_option_keys()
+    skip = resumable_run_keys()
     out["run"] = {k: v for k, v in out["run"].items() if k not in skip}
     return out
 
 
-def _engine_option_keys() -> set[str]:
-    """The ``[run]`` keys that are options of a built-in engine: where a run's clients
-    are placed, never what it computes."""
+def resumable_run_keys() -> set[str]:
+    """The ``[run]`` keys declared resumable: the run's own, its engines' and its pools'
+    (where a run's clients are placed and how fast, never what it computes), and the keys
+    that moved elsewhere."""
+    from fedhet.checks import is_resumable
+    from fedhet.config import RunConfig
     from fedhet.registry import builtins, option_fields
 
-    return {key for entry in builtins("engine").values() for key in option_fields(entry.cls)}
-
-
-RESUMABLE_CHANGES = (
-    "rounds",
-    "eval_every",
-    "threads",
-    "on_non_finite",
-    "on_client_error",
-    "engine",
-    "pool",
-    "round_timeout",
-    "flower_cpus_per_client",
-    "flower_gpus_per_client",
-    "device",
-    "callbacks",
-    "workers",
-    "max_empty_rounds",
-    "track",
-    "mlflow_uri",
-)
+    keys = {f.name for f in dataclasses.fields(RunConfig) if is_resumable(f)} | set(RunConfig.MOVED)
+    for kind in ("engine", "pool"):
+        for entry in builtins(kind).values():
+            keys |= {key for key, f in option_fields(entry.cls).items() if is_resumable(f)}
+    return keys
 
 
 def differences(saved: dict, current: dict) -> list[str]:
@@ -227,7 +216,8 @@ def from_checkpoint(
         more = f" and {len(changed) - 2} more" if len(changed) > 2 else ""
         raise FedhetError(
             f"{where}: written by a different configuration: {', '.join(changed[:2])}{more}; resume with "
-            f"the same config (only run.{', run.'.join(RESUMABLE_CHANGES)} may change) or use --out"
+            f"the same config (only run.{', run.'.join(sorted(resumable_run_keys()))} may change) "
+            "or use --out"
         )
     clients = ClientStates()
     clients.load_state_dict(saved["client_states"])
