@@ -77,6 +77,10 @@ CASES = {
     ),
     "fedavg, adam": ({"name": "fedavg"}, {"train": {"optimizer": "adam", "lr": 0.01}}),
     "salf on cnn2 (convolutions)": ({"name": "salf"}, {"model": {"name": "cnn2"}}),
+    "salf on cnn2, channels-last weights, momentum": (
+        {"name": "salf"},
+        {"model": {"name": "cnn2"}, "memory_format": "channels_last", "train": {"momentum": 0.5}},
+    ),
 }
 
 

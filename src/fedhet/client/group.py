@@ -234,7 +234,7 @@ class GroupGradients:
         loss = self.loss(self.flat.model, member.task, own, member.rng, x, y, depth, rule)
         grads = gradients(loss, self.flat.parameters_from_depth(depth))
         with torch.no_grad():
-            return torch.cat([g.reshape(-1) for g in grads]), float(loss.detach())
+            return self.flat.flatten(grads), float(loss.detach())
 
     def at_point(self, point: torch.Tensor, x, y, depth: int) -> torch.Tensor:
         """The task loss's gradient over layers ``depth..L`` with those layers' flat values
@@ -250,4 +250,4 @@ class GroupGradients:
         with torch.no_grad():
             region.copy_(saved_params)
             flat.buffers.copy_(saved_buffers)
-            return torch.cat([g.reshape(-1) for g in grads])
+            return flat.flatten(list(grads))

@@ -351,7 +351,7 @@ class LocalTrainer:
             loss, grads = first[0], first[1]
             members[0].losses.append(float(loss.detach()))
             with torch.no_grad():
-                return torch.cat([g.reshape(-1) for g in grads]).unsqueeze(0)
+                return self.flat.flatten(grads).unsqueeze(0)
         if group.stacked:
             try:
                 loss_fn = engine.shared_loss(members[0].task, group.rule)

@@ -166,6 +166,11 @@ class FlatModel:
         under channels-last, else as stored."""
         return p.permute(0, 2, 3, 1) if self.channels_last and p.dim() == 4 else p
 
+    def flatten(self, tensors: list[torch.Tensor]) -> torch.Tensor:
+        """Per-parameter tensors (gradients of layers ``d..L``) as one vector in the flat
+        order of their region (channels-last conv weights included)."""
+        return torch.cat([self._ordered(t).reshape(-1) for t in tensors])
+
     @property
     def num_layers(self) -> int:
         return self.model.num_layers
