@@ -58,12 +58,14 @@ def test_each_server_step_follows_its_recurrence(rule):
         options = {"server_lr": 0.1, "beta1": 0.9, "beta2": 0.99, "tau": 1e-3}
         algorithm, beta1, beta2, tau, lr = _algorithm(rule, options), 0.9, 0.99, 1e-3, 0.1
     state = algorithm.init_state(None)
+    optimizer, server_state = algorithm.preset_server_optimizer(), {}  # the run's server step
     params = torch.zeros(6, dtype=torch.float64)
     for d in deltas:
         # two clients whose mean update is d (uniform weights)
         updates = [ClientUpdate(c, Coverage(1), 1, 10, 0.0, torch.tensor(d + s, dtype=torch.float64))
                    for c, s in ((0, 0.3), (1, -0.3))]  # fmt: skip
-        params, _ = algorithm.aggregate(params, torch.zeros(0), updates, state, None, None)
+        proposed, _ = algorithm.aggregate(params, torch.zeros(0), updates, state, None, None)
+        params = optimizer.step(params, proposed, server_state)
     assert np.allclose(
         params.numpy(), _reference(rule, deltas, lr, beta1, beta2, tau), rtol=1e-10, atol=1e-12
     )
@@ -159,6 +161,27 @@ def test_fedavg_with_the_adam_server_step_is_fedadam(tmp_path):
     theirs = RunLoop(_server_config(algorithm=rule), tmp_path / "rule").run()
     for a, b in zip(mine.metrics, theirs.metrics, strict=True):
         assert a["test_loss"] == pytest.approx(b["test_loss"], rel=1e-4)
+
+
+@pytest.mark.parametrize("rule", ["fedavgm", "fedadagrad", "fedyogi", "fedadam"])
+def test_the_server_optimizer_rules_are_presets_of_fedavg_that_stream(tmp_path, rule):
+    """fedadam is fedavg with [server] optimizer = "adam" (server_lr its lr): one route for
+    the step, the same run bit for bit, and FedAvg's streamed sum (no list of updates)."""
+    from fedhet.engine.loop import RunLoop
+    from fedhet.errors import ConfigError
+
+    kind = {"fedavgm": "momentum", "fedadagrad": "adagrad", "fedyogi": "yogi", "fedadam": "adam"}[rule]
+    options = {"server_lr": 0.3, "momentum": 0.8} if kind == "momentum" else {"server_lr": 0.05, "tau": 1e-3}
+    step = {("lr" if k == "server_lr" else k): v for k, v in options.items()}
+    preset = RunLoop(_server_config(algorithm={"name": rule, **options}), tmp_path / "preset")
+    preset_result = preset.run()
+    plain = RunLoop(_server_config(algorithm={"name": "fedavg"}, server={"optimizer": kind, **step}),
+                    tmp_path / "plain").run()  # fmt: skip
+    assert preset.world.algorithm.streams and preset.world.server_optimizer.name == kind
+    assert preset_result.metrics == plain.metrics
+    both = _server_config(algorithm={"name": rule, **options}, server={"optimizer": "adam"})
+    with pytest.raises(ConfigError, match=f"algorithm.name = '{rule}' is FedAvg with the '{kind}' server"):
+        RunLoop(both, tmp_path / "both").run()
 
 
 @pytest.mark.parametrize("algorithm", [{"name": "salf"}, {"name": "fedbuff", "buffer_size": 2}])

@@ -247,5 +247,20 @@ def build_world(config: Config, client_side: bool = False, dataset: Dataset | No
         worker=worker,
         layer_multiply_adds=layer_multiply_adds,
         device=device,
-        server_optimizer=config.server.entry("optimizer").cls.build(config.server.options("optimizer"), None),
+        server_optimizer=server_optimizer(config, algorithm),
     )
+
+
+def server_optimizer(config: Config, algorithm):
+    """The server step of the run: ``[server]``'s optimizer, or the one the rule is a preset
+    for (FedAdam: FedAvg with the adam step); both at once is refused in one line."""
+    chosen = config.server.entry("optimizer").cls.build(config.server.options("optimizer"), None)
+    preset = algorithm.preset_server_optimizer()
+    if preset is None:
+        return chosen
+    if not chosen.is_identity:
+        raise ConfigError(
+            f"algorithm.name = {config.algorithm.name!r} is FedAvg with the {preset.name!r} server "
+            f"optimizer; [server] optimizer = {config.server.optimizer!r} would step twice: set one of them"
+        )
+    return preset

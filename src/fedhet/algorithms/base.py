@@ -357,6 +357,12 @@ class Algorithm:
         ||w_t - w^(k)|| between them (AMSFL Sec. 3.2)."""
 
     # -- server: aggregation -------------------------------------------------------------
+    def preset_server_optimizer(self) -> Any:
+        """The server optimizer this rule is a preset for (FedAdam: FedAvg with ``[server]
+        optimizer = "adam"``), built from its options; None (the default): the run's
+        ``[server]`` section decides."""
+        return None
+
     def aggregator(
         self,
         params: torch.Tensor,

@@ -50,7 +50,13 @@ class FedAvg(Algorithm):
         def weight(update):
             return float(update.num_samples) if samples else 1.0
 
-        return WeightedSumAggregator(params, buffers, weight, expected or 1.0, self.options.server_lr)
+        return WeightedSumAggregator(params, buffers, weight, expected or 1.0, self.proposal_lr)
+
+    @property
+    def proposal_lr(self) -> float:
+        """eta_s of the rule's own proposal w_t + eta_s sum_u a_u Delta_u (a server-optimizer
+        preset proposes at 1 and steps with its optimizer's rate)."""
+        return self.options.server_lr
 
     def client_weights(self, full: list) -> list[float]:
         """a_u of eq. (3) over the clients that delivered: 1/U, or n_u / n (``weights``)."""
@@ -68,7 +74,7 @@ class FedAvg(Algorithm):
         new_params = params.clone()
         new_buffers = buffers.clone()
         for w, u in zip(weights, full, strict=True):
-            new_params.add_(u.delta, alpha=w * self.options.server_lr)
+            new_params.add_(u.delta, alpha=w * self.proposal_lr)
             if buffers.numel():
                 new_buffers.add_(u.delta_buffers, alpha=w)
         return new_params, new_buffers

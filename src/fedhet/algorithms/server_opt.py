@@ -16,16 +16,18 @@ x_{t+1} = x_t + eta m_t / (sqrt(v_t) + tau), with m_{-1} = 0 and v_{-1} = tau^2 
 v_{-1} >= tau^2; no bias correction, as in its Algorithm 2). eta is ``server_lr``; BatchNorm
 statistics are averaged as FedAvg's. A round in which no client delivered leaves the model
 and the moments as they are. The moments are server state: checkpointed, so a resumed run
-continues them. The steps are :mod:`fedhet.algorithms.server_optimizers`' (the plug-in kind
-that applies them to any rule's update, ``[server] optimizer``).
+continues them.
+
+Each is a *preset*: FedAvg's streamed average, proposed at rate 1, then the server
+optimizer of :mod:`fedhet.algorithms.server_optimizers` (``[server] optimizer``, the one
+route for a server step) built from the rule's options (``server_lr`` is its ``lr``).
+``algorithm.name = "fedadam"`` is ``"fedavg"`` with ``[server] optimizer = "adam"``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import ClassVar
-
-import torch
 
 from fedhet.algorithms.base import register
 from fedhet.algorithms.fedavg import FedAvg, FedAvgOptions
@@ -73,36 +75,19 @@ class AdaptiveOptions(FedAvgOptions):
 
 
 class ServerOptimizedFedAvg(FedAvg):
-    """FedAvg's average as the pseudo-gradient of a server step (:attr:`optimizer`, one of
-    :mod:`fedhet.algorithms.server_optimizers`, built from the rule's options)."""
+    """FedAvg's average as the pseudo-gradient of a server step: a preset of FedAvg and the
+    ``[server]`` optimizer :meth:`make_optimizer` builds from the rule's options (the run
+    applies it, as it would a ``[server] optimizer``)."""
 
-    def __init__(self, options, train):
-        super().__init__(options, train)
-        self.optimizer = self.make_optimizer(options)
+    @property
+    def proposal_lr(self) -> float:
+        return 1.0  # Delta_t as it is: server_lr is the optimizer's rate
 
     def make_optimizer(self, options) -> ServerOptimizer:
         raise NotImplementedError
 
-    def init_state(self, setting) -> dict:
-        return {"m": None, "v": None}
-
-    def aggregate(self, params, buffers, updates, state, context, layout):
-        """Delta_t from FedAvg's rule at server_lr 1 (eq. (3)), then the server step."""
-        full = [u for u in updates if u.coverage.is_full()]
-        if not full:
-            return params, buffers
-        weights = self.client_weights(full)
-        delta = torch.zeros_like(params)
-        new_buffers = buffers.clone()
-        for w, u in zip(weights, full, strict=True):
-            delta.add_(u.delta, alpha=w)
-            if buffers.numel():
-                new_buffers.add_(u.delta_buffers, alpha=w)
-        return params + self.step(delta, state), new_buffers
-
-    def step(self, delta: torch.Tensor, state: dict) -> torch.Tensor:
-        """x_{t+1} - x_t from Delta_t (the moments in ``state``)."""
-        return self.optimizer.direction(delta, state)
+    def preset_server_optimizer(self) -> ServerOptimizer:
+        return self.make_optimizer(self.options)
 
 
 @register

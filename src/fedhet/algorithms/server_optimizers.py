@@ -20,8 +20,8 @@ correction (the paper's Algorithm 2). The moments are the run's server state, ch
 exactly zero (nobody delivered) leaves the moments and the model as they are.
 
 With a rule's own ``server_lr`` the two compose: the rule's step is the proposal. FedAvgM,
-FedAdam, FedYogi and FedAdagrad as algorithms (``algorithms/server_opt.py``) are FedAvg
-with these steps.
+FedAdam, FedYogi and FedAdagrad as algorithm names (``algorithms/server_opt.py``) are presets:
+FedAvg with these steps, applied by the run as a ``[server]`` optimizer.
 """
 
 from __future__ import annotations
