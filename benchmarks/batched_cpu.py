@@ -20,6 +20,7 @@ batched per pair (above 1: batched is faster), reported as the median with its r
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import tomllib
@@ -44,6 +45,20 @@ name = "salf"
 """
 
 
+class PoolBlock(Block):
+    """A :class:`workers.Block` that records the pool each run's summary names."""
+
+    def __init__(self, make_config, scratch: Path):
+        super().__init__(make_config, scratch)
+        self.pools: set[str] = set()
+
+    def __call__(self) -> float:
+        seconds = super().__call__()
+        summary = json.loads((self.scratch / f"run-{Block.count}" / "summary.json").read_text())
+        self.pools.add(summary["pool"])
+        return seconds
+
+
 def table2_config(rounds: int, pool: str, model: str, data_dir: str):
     from fedhet.config import from_dict
 
@@ -57,12 +72,11 @@ def table2_config(rounds: int, pool: str, model: str, data_dir: str):
 def cifar_config(rounds: int, pool: str, data_dir: str):
     from pfl_research import fedhet_config
 
-    config = fedhet_config("cifar10", data_dir, rounds, 0, seed=1)
-    config.run.threads = 1
-    config.run.workers = 1
-    config.run.pool = pool
-    config.run.validate()
-    return config
+    from fedhet.config import from_dict
+
+    document = fedhet_config("cifar10", data_dir, rounds, 0, seed=1).to_dict()
+    document["run"].update(threads=1, workers=1, pool=pool)
+    return from_dict(document)
 
 
 def main() -> int:
@@ -83,17 +97,20 @@ def main() -> int:
         for model in ("mlp", "cnn2"):
             if args.workload not in (f"table2-{model}", "all"):
                 continue
-            one = Block(lambda m=model: table2_config(args.rounds, "in-process", m, args.data_dir), scratch)
-            many = Block(lambda m=model: table2_config(args.rounds, "batched", m, args.data_dir), scratch)
+            one = PoolBlock(
+                lambda m=model: table2_config(args.rounds, "in-process", m, args.data_dir), scratch
+            )
+            many = PoolBlock(lambda m=model: table2_config(args.rounds, "batched", m, args.data_dir), scratch)
             figures = alternate(one, many, args.pairs)
+            assert many.pools == {"batched"} and one.pools == {"in-process"}
             label = f"table2 {model} (30 clients, batch 16, 1 step): one at a time / batched, s/round"
             print(describe_ratio(label, figures))
         if args.workload in ("cifar-shape", "all"):
             from pfl_research import synthetic_cifar
 
             data_dir = str(synthetic_cifar(scratch / "cifar"))
-            one = Block(lambda: cifar_config(args.cifar_rounds, "in-process", data_dir), scratch)
-            many = Block(lambda: cifar_config(args.cifar_rounds, "batched", data_dir), scratch)
+            one = PoolBlock(lambda: cifar_config(args.cifar_rounds, "in-process", data_dir), scratch)
+            many = PoolBlock(lambda: cifar_config(args.cifar_rounds, "batched", data_dir), scratch)
             figures = alternate(one, many, args.pairs)
             print(
                 describe_ratio(

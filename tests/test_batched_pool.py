@@ -52,10 +52,10 @@ def _run(tmp_path, pool: str, algorithm: dict, **kwargs):
     return loop, result
 
 
-def _same_run(tmp_path, algorithm: dict, atol: float = 1e-5, **kwargs):
+def _same_run(tmp_path, algorithm: dict, atol: float = 1e-5, stacked: str = "auto", **kwargs):
     """The batched pool's run against the in-process pool's: metrics and final model."""
     one, one_result = _run(tmp_path, "in-process", algorithm, **kwargs)
-    many, many_result = _run(tmp_path, "batched", algorithm, **kwargs)
+    many, many_result = _run(tmp_path, "batched", algorithm, stacked=stacked, **kwargs)
     for a, b in zip(one_result.metrics, many_result.metrics, strict=True):
         assert a["participants"] == b["participants"] and a["mean_depth"] == b["mean_depth"]
         assert a["train_loss"] == pytest.approx(b["train_loss"], abs=atol)
@@ -76,10 +76,22 @@ CASES = {
         {"train": {"momentum": 0.5, "keep_momentum": True, "weight_decay": 0.01}},
     ),
     "fedavg, adam": ({"name": "fedavg"}, {"train": {"optimizer": "adam", "lr": 0.01}}),
-    "salf on cnn2 (convolutions)": ({"name": "salf"}, {"model": {"name": "cnn2"}}),
-    "salf on cnn2, channels-last weights, momentum": (
+    "salf on cnn2 (convolutions, computed one after another on the CPU)": (
         {"name": "salf"},
-        {"model": {"name": "cnn2"}, "memory_format": "channels_last", "train": {"momentum": 0.5}},
+        {"model": {"name": "cnn2"}},
+    ),
+    "salf on cnn2, stacked (vmap's grouped convolutions)": (
+        {"name": "salf"},
+        {"model": {"name": "cnn2"}, "stacked": "always"},
+    ),
+    "salf on cnn2, channels-last weights (row by row: vmap cannot batch them), momentum": (
+        {"name": "salf"},
+        {
+            "model": {"name": "cnn2"},
+            "memory_format": "channels_last",
+            "train": {"momentum": 0.5},
+            "stacked": "always",
+        },
     ),
 }
 
@@ -94,6 +106,9 @@ def test_the_batched_pool_gives_the_one_at_a_time_run(tmp_path, case):
         kwargs = {**kwargs, "data": {"dataset": "mnist", "data_dir": str(folder), "num_clients": 8}}
     _one, many = _same_run(tmp_path, algorithm, **kwargs)
     assert many.pool.tasks_batched > 0 and many.pool.tasks_alone == 0
+    stacked = many.world.worker.gradients.unsupported is None  # vmap cannot batch channels-last inputs
+    forced = kwargs.get("stacked") == "always" and "memory_format" not in kwargs
+    assert stacked == (forced or "model" not in kwargs)
 
 
 def test_salf_clients_of_different_depths_train_in_one_group(tmp_path):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -313,9 +314,9 @@ class RunConfig(PluginSection):
         in_range(
             "run.client_eval_fraction", self.client_eval_fraction, 0.0, 1.0, low_open=True, high_open=True
         )
-        for target in self.targets:
-            if isinstance(target, bool) or not isinstance(target, int | float) or not 0 < target <= 1:
-                raise ConfigError(f"run.targets: {target!r} is not an accuracy in (0, 1]")
+        for target in self.targets:  # values of the task's score: accuracies, RMSEs (checked with the task)
+            if isinstance(target, bool) or not isinstance(target, int | float) or not 0 < target < math.inf:
+                raise ConfigError(f"run.targets: {target!r} is not a value of a score (> 0)")
 
     def _check_track(self) -> None:
         """``run.track``: tracker callbacks by name (``"mlflow"``) or as a table with their

@@ -68,12 +68,10 @@ def progress_printer(config, label: str, every: float = 5.0):
 
 
 def _score(row: dict) -> tuple[str, float] | None:
-    """The row's test accuracy, or (tasks without one) its RMSE: (name, value)."""
-    if row.get("test_accuracy") is not None:
-        return ("accuracy", row["test_accuracy"])
-    if row.get("test_rmse") is not None:
-        return ("rmse", row["test_rmse"])
-    return None
+    """The row's score, (name, value): its first test column after the loss (a row holds
+    its task's columns only: accuracy, a regression's RMSE, ...), else the loss."""
+    tests = [(k.removeprefix("test_"), v) for k, v in row.items() if k.startswith("test_") and v is not None]
+    return next((t for t in tests if t[0] != "loss"), tests[0] if tests else None)
 
 
 def summary_table(summaries: list[dict], title: str) -> None:
@@ -84,9 +82,13 @@ def summary_table(summaries: list[dict], title: str) -> None:
     targets = sorted(
         {t for s in summaries if isinstance(s.get("targets"), dict) for t in s["targets"]}, key=_as_number
     )
-    rmse = any(s.get("final_test_rmse") is not None for s in summaries)  # a regression's score
-    columns = ["run", "algorithm", "rounds", "sim_time", "final acc", "best acc"]
-    columns += ["final rmse", "best rmse"] if rmse else []
+    from fedhet.data.task import Score
+
+    scores = list(dict.fromkeys(Score.from_summary(s).metric for s in summaries))  # each run's task's
+    short = {"accuracy": "acc"}
+    columns = ["run", "algorithm", "rounds", "sim_time"]
+    for metric in scores:
+        columns += [f"final {short.get(metric, metric)}", f"best {short.get(metric, metric)}"]
     columns += [f"time to {t}" for t in targets] + ["wall s"]
     for col in columns:
         table.add_column(col, justify="left" if col in ("run", "algorithm") else "right")
@@ -100,9 +102,11 @@ def summary_table(summaries: list[dict], title: str) -> None:
             str(s.get("algorithm", "-")),
             str(s.get("rounds", "-")),
             fmt(s.get("sim_time"), ".4g"),
-            fmt(s.get("final_test_accuracy"), ".4f"),
-            fmt(s.get("best_test_accuracy"), ".4f"),
-            *([fmt(s.get("final_test_rmse"), ".4g"), fmt(s.get("best_test_rmse"), ".4g")] if rmse else []),
+            *[
+                fmt(s.get(f"{end}_test_{metric}"), ".4f" if metric == "accuracy" else ".4g")
+                for metric in scores
+                for end in ("final", "best")
+            ],  # fmt: skip
             *[reached(s["targets"].get(t) if isinstance(s.get("targets"), dict) else None) for t in targets],
             fmt(s.get("wall_time"), ".1f"),
         )

@@ -31,21 +31,23 @@ METRIC_COLUMNS = (
     "mean_steps",
     "lr",
     "train_loss",
-    "test_loss",
-    "test_accuracy",
     "faults",
 )
 
 
 def metric_columns(rows: list[dict]) -> tuple[str, ...]:
-    """metrics.csv's columns: the standard ones, then every column an algorithm or a callback
-    added, in the order they first appear."""
+    """metrics.csv's columns: the standard ones with the task's test columns (``test_loss``,
+    ``test_accuracy``; a regression's ``test_rmse``) before ``faults``, then every column an
+    algorithm or a callback added, in the order they first appear."""
+    tests: dict[str, None] = {}
     extra: dict[str, None] = {}
     for row in rows:
         for key in row:
-            if key not in METRIC_COLUMNS:
+            if key.startswith("test_"):
+                tests.setdefault(key, None)
+            elif key not in METRIC_COLUMNS:
                 extra.setdefault(key, None)
-    return METRIC_COLUMNS + tuple(extra)
+    return METRIC_COLUMNS[:-1] + tuple(tests) + METRIC_COLUMNS[-1:] + tuple(extra)
 
 
 def _cell(value: Any) -> str:

@@ -191,6 +191,7 @@ def build_world(config: Config, client_side: bool = False, dataset: Dataset | No
     dataset = split_validation(
         dataset, config.data.validation_fraction, seeding.stream(config.run.seed, "validation")
     )
+    check_targets(config, dataset.task)
     parts, train_labels = build_partition(config, dataset)
     parts, holdout = hold_out(
         parts, config.run.client_eval_fraction if config.run.client_eval else 0.0, config.run.seed
@@ -249,6 +250,19 @@ def build_world(config: Config, client_side: bool = False, dataset: Dataset | No
         device=device,
         server_optimizer=server_optimizer(config, algorithm),
     )
+
+
+def check_targets(config: Config, task) -> None:
+    """``run.targets`` are values of the task's score: an accuracy in (0, 1] for a
+    classification; refused in one line naming the task otherwise."""
+    if task.score != "accuracy":
+        return
+    for target in config.run.targets:
+        if not 0 < target <= 1:
+            raise ConfigError(
+                f"run.targets: {target!r} is not an accuracy in (0, 1] (the dataset's task is {task.name}; "
+                "a target is a value of its score)"
+            )
 
 
 def server_optimizer(config: Config, algorithm):

@@ -17,13 +17,36 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedhet.data.task import Score
 from fedhet.studies.stats import difference_p_value, estimate, holm
 
 CSV_COLUMNS = (
-    "scenario", "method", "status", "rank", "mean_accuracy", "ci95", "seeds", "accuracy_by_seed",
-    "time_to_target", "target_reached", "p_vs_best", "p_holm", "worse_than_best", "validation_value",
-    "tuned", "lr_only", "reason", "caveats", "fedhet",
-)  # fmt: skip
+    "scenario",
+    "method",
+    "status",
+    "rank",
+    "mean_accuracy",
+    "ci95",
+    "seeds",
+    "accuracy_by_seed",
+    "time_to_target",
+    "target_reached",
+    "p_vs_best",
+    "p_holm",
+    "worse_than_best",
+    "validation_value",
+    "tuned",
+    "lr_only",
+    "reason",
+    "caveats",
+    "fedhet",
+)  # fmt: skip  (a classification's; another score names its own: mean_rmse, rmse_by_seed)
+
+
+def csv_columns(score: Score) -> tuple[str, ...]:
+    """leaderboard.csv's columns for the suite's score."""
+    rename = {"mean_accuracy": f"mean_{score.metric}", "accuracy_by_seed": f"{score.metric}_by_seed"}
+    return tuple(rename.get(column, column) for column in CSV_COLUMNS)
 
 
 @dataclass
@@ -37,7 +60,7 @@ class Entry:
     lr_only: bool = False
     params: dict[str, Any] = field(default_factory=dict)
     validation: float | None = None
-    accuracy: dict[int, float] = field(default_factory=dict)  # seed -> final test accuracy
+    scores: dict[int, float] = field(default_factory=dict)  # seed -> final test score
     times: dict[int, float | None] = field(default_factory=dict)  # seed -> time to target
     folders: dict[int, str] = field(default_factory=dict)
     caveats: list[str] = field(default_factory=list)  # settings under which it is another rule
@@ -77,51 +100,66 @@ class Leaderboard:
     scenarios: dict[str, list[Entry]]
     overall: list[Overall]
     alpha: float
+    score: Score = field(default_factory=Score)  # what ranks the methods (the task's score)
+
+
+def results_score(rows: list[dict]) -> Score:
+    """The score the seed runs report (their task's; accuracy when none finished)."""
+    for row in rows:
+        for result in row["seeds"].values():
+            if "score_metric" in result:
+                return Score(result["score_metric"], bool(result["higher_is_better"]))
+    return Score()
 
 
 def build(rows: list[dict], alpha: float = 0.05) -> Leaderboard:
-    """The leaderboard of a bench's results (:meth:`fedhet.bench.runner.Bench.results`)."""
+    """The leaderboard of a bench's results (:meth:`fedhet.bench.runner.Bench.results`),
+    ranked by the task's score in its direction (an accuracy up, an RMSE down)."""
+    score = results_score(rows)
     scenarios: dict[str, list[Entry]] = {}
     for row in rows:
         entry = Entry(row["scenario"], row["method"], row["status"], row["reason"], row["lr_only"],
                       dict(row["params"]), row["validation"])  # fmt: skip
         for seed, result in sorted(row["seeds"].items()):
-            if "failed" in result or result.get("accuracy") is None:
-                entry.reason = entry.reason or f"seed {seed}: {result.get('failed', 'no accuracy')}"
+            value = result.get("score", result.get("accuracy"))  # "accuracy": results written before
+            if "failed" in result or value is None:
+                entry.reason = entry.reason or f"seed {seed}: {result.get('failed', f'no {score.metric}')}"
                 continue
-            entry.accuracy[int(seed)] = float(result["accuracy"])
+            entry.scores[int(seed)] = float(value)
             entry.times[int(seed)] = result.get("time_to_target")
             entry.folders[int(seed)] = result.get("folder", "")
             entry.caveats += [c for c in result.get("caveats", []) if c not in entry.caveats]
             if result.get("fedhet") and result["fedhet"] not in entry.builds:
                 entry.builds.append(result["fedhet"])
-        if entry.status == "ok" and not entry.accuracy:
+        if entry.status == "ok" and not entry.scores:
             entry.status, entry.reason = "failed", entry.reason or "no seed finished"
         scenarios.setdefault(entry.scenario, []).append(entry)
     for entries in scenarios.values():
-        rank_scenario(entries, alpha)
-    return Leaderboard(scenarios, overall(scenarios), alpha)
+        rank_scenario(entries, alpha, score)
+    return Leaderboard(scenarios, overall(scenarios), alpha, score)
 
 
-def rank_scenario(entries: list[Entry], alpha: float) -> None:
-    """Means, 95% t-intervals and ranks (higher accuracy first; ties share the lower rank,
+def rank_scenario(entries: list[Entry], alpha: float, score: Score | None = None) -> None:
+    """Means, 95% t-intervals and ranks (the best score first: the highest accuracy, the
+    lowest RMSE; ties share the lower rank,
     and the mean-rank uses their average); the best method (rank 1, the first listed among
     ties) against each other by a paired t-test over common seeds, Holm-corrected."""
     from scipy.stats import rankdata
 
     ranked = [e for e in entries if e.status == "ok"]
     for entry in ranked:
-        est = estimate(list(entry.accuracy.values()), "ci95")
+        est = estimate(list(entry.scores.values()), "ci95")
         entry.mean, entry.ci95 = est.mean, (est.spread if est.n > 1 else None)
     if not ranked:
         return
-    means = [-(e.mean or 0.0) for e in ranked]
+    sign = -1.0 if (score or Score()).higher_is_better else 1.0
+    means = [sign * (e.mean or 0.0) for e in ranked]
     for entry, low, average in zip(ranked, rankdata(means, "min"), rankdata(means, "average"), strict=True):
         entry.rank, entry.average_rank = int(low), float(average)
     best = next(e for e in ranked if e.rank == 1)
     best.best = True
     others = [e for e in ranked if e is not best]
-    raw = [difference_p_value(best.accuracy, e.accuracy) for e in others]
+    raw = [difference_p_value(best.scores, e.scores) for e in others]
     for entry, p, adjusted in zip(others, raw, holm(raw), strict=True):
         entry.p, entry.p_holm = p, adjusted
         entry.worse = None if adjusted is None else bool(adjusted < alpha)
@@ -159,15 +197,15 @@ def _values(params: dict) -> str:
 
 
 def csv_rows(board: Leaderboard) -> list[dict]:
-    rows = []
+    rows, metric = [], board.score.metric
     for entries in board.scenarios.values():
         for e in sorted(entries, key=_order):
             reached, seeds = e.reached
             rows.append({
                 "scenario": e.scenario, "method": e.method, "status": e.status,
-                "rank": "" if e.rank is None else e.rank, "mean_accuracy": _number(e.mean, 6),
-                "ci95": _number(e.ci95, 6), "seeds": len(e.accuracy),
-                "accuracy_by_seed": ";".join(f"{s}:{v:.6f}" for s, v in sorted(e.accuracy.items())),
+                "rank": "" if e.rank is None else e.rank, f"mean_{metric}": _number(e.mean, 6),
+                "ci95": _number(e.ci95, 6), "seeds": len(e.scores),
+                f"{metric}_by_seed": ";".join(f"{s}:{v:.6f}" for s, v in sorted(e.scores.items())),
                 "time_to_target": _number(e.time_to_target, 3),
                 "target_reached": f"{reached}/{seeds}" if seeds else "",
                 "p_vs_best": _number(e.p, 6), "p_holm": _number(e.p_holm, 6),
@@ -185,18 +223,20 @@ def _order(entry: Entry) -> tuple:
 
 def write_csv(board: Leaderboard, path: Path) -> Path:
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=CSV_COLUMNS, lineterminator="\n")
+    writer = csv.DictWriter(buffer, fieldnames=csv_columns(board.score), lineterminator="\n")
     writer.writeheader()
     writer.writerows(csv_rows(board))
     path.write_text(buffer.getvalue(), encoding="utf-8")
     return path
 
 
-def scenario_lines(entries: list[Entry], target: float | None, alpha: float) -> list[str]:
+def scenario_lines(
+    entries: list[Entry], target: float | None, alpha: float, metric: str = "accuracy"
+) -> list[str]:
     """One scenario's table in markdown."""
     target_head = f"time to {target:g} (reached)" if target is not None else "time to target"
     lines = [
-        f"| rank | method | test accuracy (95% CI, n seeds) | {target_head} | p vs best | p Holm | "
+        f"| rank | method | test {metric} (95% CI, n seeds) | {target_head} | p vs best | p Holm | "
         "tuned (validation) |",
         "|---:|---|---|---|---:|---:|---|",
     ]
@@ -215,9 +255,9 @@ def scenario_lines(entries: list[Entry], target: float | None, alpha: float) -> 
         marker += " ⚠" if e.caveats else ""
         note = " (lr only)" if e.lr_only else ""
         tuned = f"{_values(e.params)}{note} ({_number(e.validation)})"
-        accuracy = f"{e.mean:.4f}{interval} (n={len(e.accuracy)})"
+        value = f"{e.mean:.4f}{interval} (n={len(e.scores)})"
         lines.append(
-            f"| {e.rank} | {e.method}{marker} | {accuracy} | {time} | {_p(e.p)} | {_p(e.p_holm)} | {tuned} |"
+            f"| {e.rank} | {e.method}{marker} | {value} | {time} | {_p(e.p)} | {_p(e.p_holm)} | {tuned} |"
         )
     caveats = [(e.method, c) for e in sorted(entries, key=_order) for c in e.caveats]
     if caveats:
@@ -232,9 +272,10 @@ def markdown(board: Leaderboard, header: dict) -> str:
         lines += [header["description"], ""]
     lines += [f"- {k}: {v}" for k, v in header["settings"].items()] + [""]
     lines += [
-        f"Test accuracy: mean over seeds with its 95% Student-t interval (n seeds). p vs best: a paired "
-        f"t-test against the scenario's best method over the seeds both ran; p Holm: Holm-corrected "
-        f"within the scenario; *worse*: Holm-corrected p < {board.alpha:g}. (lr only): the method "
+        f"Test {board.score.metric}: mean over seeds with its 95% Student-t interval (n seeds). "
+        "p vs best: a paired t-test against the scenario's best method over the seeds both ran; "
+        "p Holm: Holm-corrected within the scenario; "
+        f"*worse*: Holm-corrected p < {board.alpha:g}. (lr only): the method "
         "declares no hyperparameters of its own and was tuned on the learning rate alone. ⚠: under "
         "this scenario's settings the method is provably another, simpler rule (the caveat says which).",
         "",
@@ -249,13 +290,13 @@ def markdown(board: Leaderboard, header: dict) -> str:
     for name, entries in board.scenarios.items():
         description = header.get("scenarios", {}).get(name, "")
         lines += ["", f"## {name}", ""] + ([description, ""] if description else [])
-        lines += scenario_lines(entries, header.get("target"), board.alpha)
+        lines += scenario_lines(entries, header.get("target"), board.alpha, board.score.metric)
     return "\n".join(lines) + "\n"
 
 
-def _curves(entries: list[Entry]) -> dict[str, tuple[Any, Any]]:
-    """Per method, mean test accuracy over its seeds on a common simulated-time grid (each
-    seed's last evaluation at or before each time)."""
+def _curves(entries: list[Entry], column: str = "test_accuracy") -> dict[str, tuple[Any, Any]]:
+    """Per method, the mean test score (``column``) over its seeds on a common
+    simulated-time grid (each seed's last evaluation at or before each time)."""
     import numpy as np
 
     from fedhet.results import read_table
@@ -267,12 +308,10 @@ def _curves(entries: list[Entry]) -> dict[str, tuple[Any, Any]]:
             path = Path(folder) / "metrics.csv"
             if not path.is_file():
                 continue
-            rows = [r for r in read_table(path) if r.get("test_accuracy") not in ("", None)]
+            rows = [r for r in read_table(path) if r.get(column) not in ("", None)]
             if rows:
                 t = np.array([float(r["sim_time"]) for r in rows])
-                series.setdefault(e.method, []).append(
-                    (t, np.array([float(r["test_accuracy"]) for r in rows]))
-                )
+                series.setdefault(e.method, []).append((t, np.array([float(r[column]) for r in rows])))
                 horizon = max(horizon, float(t[-1]))
     grid = np.linspace(0.0, horizon or 1.0, 200)
     out = {}
@@ -302,11 +341,11 @@ def figures(board: Leaderboard, out: Path) -> list[Path]:
     for ax, name in zip(axes.flat, names, strict=False):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            for method, (grid, mean) in _curves(board.scenarios[name]).items():
+            for method, (grid, mean) in _curves(board.scenarios[name], board.score.column).items():
                 ax.plot(grid, mean, label=method, color=algorithm_color(method))
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("simulated time (s)")
-        ax.set_ylabel("test accuracy")
+        ax.set_ylabel(f"test {board.score.metric}")
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(names) :]:
         ax.axis("off")
@@ -334,7 +373,7 @@ def figures(board: Leaderboard, out: Path) -> list[Path]:
         for j in range(len(names)):
             text = "–" if math.isnan(matrix[i, j]) else f"{int(matrix[i, j])}"
             ax.text(j, i, text, ha="center", va="center", fontsize=8, color="white")
-    ax.set_title("rank per scenario (1 = best mean test accuracy)", fontsize=10)
+    ax.set_title(f"rank per scenario (1 = best mean test {board.score.metric})", fontsize=10)
     fig.tight_layout()
     ranks = out / "leaderboard-ranks.png"
     fig.savefig(ranks, dpi=90)
@@ -395,7 +434,8 @@ def write(board: Leaderboard, out: Path, header: dict, with_figures: bool = True
     images = figures(board, out) if with_figures else []
     if images:
         links = (
-            "![accuracy against simulated time](leaderboard-curves.png)\n\n![ranks](leaderboard-ranks.png)\n"
+            f"![{board.score.metric} against simulated time](leaderboard-curves.png)\n\n"
+            "![ranks](leaderboard-ranks.png)\n"
         )
         text = text.replace("\n## Across scenarios", f"\n{links}\n## Across scenarios", 1)
     paths[0].write_text(text, encoding="utf-8")

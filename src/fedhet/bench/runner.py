@@ -26,6 +26,7 @@ from typing import Any
 
 from fedhet.bench.study import StudyResult, open_study, run_study, status
 from fedhet.bench.suite import Method, Scenario, Suite
+from fedhet.data.task import Score
 from fedhet.errors import FedhetError
 
 log = logging.getLogger("fedhet")
@@ -368,7 +369,8 @@ def _short(value: Any) -> str:
 
 
 def _seed_result(run: SeedRun, target: float | None) -> dict:
-    """A seed run's numbers: final test accuracy, time to the target, its curve's folder."""
+    """A seed run's numbers: its task's final test score, time to the target, its curve's
+    folder."""
     summary = run.summary or {}
     if summary.get("failed") or not summary:
         return {"failed": summary.get("failed", "did not run")}
@@ -376,8 +378,11 @@ def _seed_result(run: SeedRun, target: float | None) -> dict:
     if target is not None:
         targets = summary.get("targets") or {}
         hit = targets.get(str(target)) or targets.get(f"{target:g}")
+    score = Score.from_summary(summary)
     return {
-        "accuracy": summary.get("final_test_accuracy"),
+        "score": summary.get(f"final_test_{score.metric}"),
+        "score_metric": score.metric,
+        "higher_is_better": score.higher_is_better,
         "time_to_target": None if not hit else float(hit["sim_time"]),
         "sim_time": summary.get("sim_time"),
         "caveats": list(summary.get("caveats") or []),

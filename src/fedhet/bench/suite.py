@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from fedhet.config import GRID_SECTIONS, SECTIONS, apply_overrides, check_name, from_dict, read_toml
+from fedhet.data.task import check_objective, objective_direction
 from fedhet.errors import ConfigError
 from fedhet.search_space import Param, declared_params, parse_param
 
@@ -58,7 +59,7 @@ SUITE_KEYS = {
     "max_failures", "threads", "sampler_seed",
 }  # fmt: skip
 SCENARIO_KEYS = {"description", "options", "skip"}
-OBJECTIVES = ("final_test_accuracy", "best_test_accuracy", "final_test_loss")
+OBJECTIVES = ("final_test_accuracy", "best_test_accuracy", "final_test_loss", "final_test_rmse")  # examples
 
 
 @dataclass
@@ -328,12 +329,17 @@ def _settings(suite: Suite, table: dict, trials: int | None, seeds: int | None) 
         raise ConfigError(f"{where}: suite.validation_fraction = {fraction!r}: in (0, 1)")
     suite.validation_fraction = float(fraction)
     suite.objective = table.get("objective", suite.objective)
-    if suite.objective not in OBJECTIVES:
-        raise ConfigError(f"{where}: suite.objective = {suite.objective!r}: one of {', '.join(OBJECTIVES)}")
-    suite.direction = "minimize" if suite.objective.endswith("loss") else "maximize"
+    check_objective(f"{where}: suite.objective", suite.objective, plain=())
+    suite.direction = objective_direction(suite.objective)
     target = table.get("target")
-    if target is not None and (not isinstance(target, int | float) or not 0 < target <= 1):
-        raise ConfigError(f"{where}: suite.target = {target!r}: an accuracy in (0, 1]")
+    bad = target is not None and (
+        isinstance(target, bool) or not isinstance(target, int | float) or not 0 < target < float("inf")
+    )
+    if bad or (target is not None and suite.direction == "maximize" and target > 1):
+        raise ConfigError(
+            f"{where}: suite.target = {target!r}: a value of the task's score to reach (an accuracy "
+            "in (0, 1], an RMSE > 0 to get below)"
+        )
     suite.target = None if target is None else float(target)
     alpha = table.get("alpha", 0.05)
     if not isinstance(alpha, float) or not 0 < alpha < 1:

@@ -125,6 +125,7 @@ class GroupGradients:
             offset += p.numel()
         self.buffer_pieces, self.other_buffers = self._buffer_names()
         self.per_client: set[type] = set()  # rules found to compute their loss per client
+        self.policy = "auto"  # stack groups: "auto" (where it pays), "always" (where vmap can), "never"
         self.unsupported: str | None = None
         self._checked = False
 
@@ -148,14 +149,25 @@ class GroupGradients:
     # -- which way ------------------------------------------------------------------------
     def stacks(self, rule, example: torch.Tensor) -> bool:
         """Whether a group of several clients of ``rule`` is computed stacked."""
-        if rule is not None and (rule.local_loss_per_client or type(rule) in self.per_client):
+        if self.policy == "never" or (
+            rule is not None and (rule.local_loss_per_client or type(rule) in self.per_client)
+        ):
             return False
         return self.model_reason(example) is None
 
     def model_reason(self, example: torch.Tensor) -> str | None:
-        """Why the model is computed row by row (None: it stacks), found once on one example."""
+        """Why the model is computed row by row (None: it stacks), found once on one example:
+        an operation ``vmap`` cannot batch, or convolutions on the CPU, where ``vmap``'s
+        grouped convolutions are slower than one client after another (4.5x on
+        pfl-research's CIFAR-10 shape, benchmarks/batched_cpu.py)."""
         if not self._checked:
             self._checked = True
+            kinds = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
+            convolutions = any(isinstance(m, kinds) for m in self.flat.model.modules())
+            if convolutions and self.flat.device.type == "cpu" and self.policy == "auto":
+                self.unsupported = "convolutions on the CPU: vmap's grouped convolutions are slower there"
+                log.info("clients' gradients are computed one at a time: %s", self.unsupported)
+                return self.unsupported
             try:
                 region = self.flat.params.detach().clone().unsqueeze(0)
                 buffers = self._buffer_rows(self.flat.buffers.detach().unsqueeze(0))

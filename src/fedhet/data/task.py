@@ -17,6 +17,7 @@ names in client_metrics.csv. A task plug-in (a dataset's own) subclasses :class:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -99,3 +100,101 @@ class Regression(Task):
 
     def metric_names(self) -> tuple[str, ...]:
         return ("loss", "rmse")
+
+
+def default_task() -> Task:
+    """The task of a dataset that names none, and of a trainer or evaluator built without
+    one: classification (cross-entropy; loss and accuracy). The one place that says so."""
+    return Classification()
+
+
+@dataclass(frozen=True)
+class Score:
+    """What says how good a model is: the metric ``metric`` of a task, better when higher
+    (``higher_is_better``) or lower. Decides a run's best round, its targets, the console,
+    plots, tables and the objectives of tune and bench."""
+
+    metric: str = "accuracy"
+    higher_is_better: bool = True
+
+    @classmethod
+    def of(cls, task: Task) -> Score:
+        return cls(task.score, bool(task.higher_is_better))
+
+    @classmethod
+    def from_summary(cls, summary: dict) -> Score:
+        """A run's score, as its summary.json records it (older runs: accuracy when they
+        have one, else a regression's RMSE)."""
+        saved = summary.get("score")
+        if isinstance(saved, dict) and "metric" in saved:
+            return cls(str(saved["metric"]), bool(saved.get("higher_is_better", True)))
+        if summary.get("final_test_accuracy") is None and summary.get("final_test_rmse") is not None:
+            return cls("rmse", False)
+        return cls()
+
+    @property
+    def column(self) -> str:
+        """Its metrics.csv column."""
+        return f"test_{self.metric}"
+
+    @property
+    def direction(self) -> str:
+        """Optuna's word for it."""
+        return "maximize" if self.higher_is_better else "minimize"
+
+    def reaches(self, value: float, target: float) -> bool:
+        """Whether ``value`` is at least as good as ``target``."""
+        return value >= target if self.higher_is_better else value <= target
+
+    def best(self, values):
+        """The best of ``values`` (None when empty)."""
+        values = list(values)
+        if not values:
+            return None
+        return max(values) if self.higher_is_better else min(values)
+
+    def to_dict(self) -> dict:
+        return {"metric": self.metric, "higher_is_better": self.higher_is_better}
+
+
+def objective_direction(objective: str) -> str:
+    """The natural direction of a summary number used as an objective: accuracies up,
+    losses, errors, times and round counts down (``final_test_<m>``, ``best_test_<m>``,
+    ``sim_time``, ``rounds``, ``time_to:X``)."""
+    metric = objective.removeprefix("final_test_").removeprefix("best_test_")
+    return "maximize" if metric in HIGHER_IS_BETTER else "minimize"
+
+
+HIGHER_IS_BETTER = ("accuracy",)  # the built-in tasks' metrics that grow as a model improves
+
+
+def check_objective(key: str, objective: str, plain: tuple[str, ...] = ("sim_time", "rounds")) -> None:
+    """A summary number to judge runs by: ``final_test_<metric>`` or ``best_test_<metric>``
+    of the task's metrics (accuracy, loss, a regression's rmse, ...), or one of ``plain``;
+    refused in one line naming ``key`` otherwise. Whether the run's task has the metric is
+    known once a run has its summary (:func:`objective_of`)."""
+    import re
+
+    from fedhet.errors import ConfigError
+
+    if objective in plain or re.fullmatch(r"(final|best)_test_[a-z][a-z0-9_]*", str(objective)):
+        return
+    raise ConfigError(
+        f"{key} = {objective!r}: final_test_<metric> or best_test_<metric> (metric: accuracy, loss, "
+        f"rmse, ... of the dataset's task){', or ' + ', '.join(plain) if plain else ''}"
+    )
+
+
+def objective_of(summary: dict, objective: str) -> float | None:
+    """The objective's value in a run's summary; one line naming the task's metrics when
+    the run's task has no such number (final_test_accuracy on a regression)."""
+    from fedhet.errors import FedhetError
+
+    if objective not in summary and objective.startswith(("final_test_", "best_test_")):
+        have = sorted(k for k in summary if k.startswith("final_test_"))
+        raise FedhetError(
+            f"objective {objective!r}: the run's task ({summary.get('task', '?')}) reports "
+            f"{', '.join(have) or 'no test metric'} (and best_test_...)"
+        )
+    value = summary.get(objective)
+    return None if value is None else float(value)

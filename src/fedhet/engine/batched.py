@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from fedhet import seeding
-from fedhet.checks import at_least, resumable
+from fedhet.checks import at_least, one_of, resumable
 from fedhet.client.group import Member
 from fedhet.engine.client_errors import client_failed
 from fedhet.engine.pool import InProcessPool, PoolContext
@@ -31,12 +31,17 @@ from fedhet.registry import register
 class BatchedOptions:
     """``clients_per_batch``: the most clients trained together (0: all of a round's tasks
     that share a batch size and width); lower it when their stacked models and batches do
-    not fit the device's memory."""
+    not fit the device's memory. ``stacked``: a group's gradients in one ``vmap`` over its
+    clients ("auto": where it pays, so not for convolutions on the CPU; "always": wherever
+    ``vmap`` can; "never": one client after another, the group sharing the optimizer's and
+    the postprocessors' steps)."""
 
     clients_per_batch: int = resumable(0)
+    stacked: str = resumable("auto")
 
     def validate(self) -> None:
         at_least("run.clients_per_batch", self.clients_per_batch, 0)
+        one_of("run.stacked", self.stacked, ("auto", "always", "never"))
 
 
 class BatchedPool(InProcessPool):
@@ -50,12 +55,15 @@ class BatchedPool(InProcessPool):
         pool = cls(None, ctx.client_order, ctx.config.run.on_client_error)
         pool.seed = ctx.config.run.seed
         pool.clients_per_batch = options.clients_per_batch
+        pool.stacked = options.stacked
         return pool
 
     clients_per_batch = 0
+    stacked = "auto"
 
     def attach(self, world) -> None:
         super().attach(world)
+        world.worker.gradients.policy = self.stacked
         self.tasks_batched = 0  # tasks trained in groups (of one too), and alone, so far
         self.tasks_alone = 0
 

@@ -166,8 +166,9 @@ class RoundDriver:
         # depths reached: sampled by the model, or (wall-clock) delivered by the clients
         depths = np.array([u.depth for u in delivered]) if system.wall_clock else outcomes.depth[asked]
         faults = len(take_faults(env.pool))
+        names = world.dataset.task.metric_names()
         row = metrics_row(
-            t + 1, state.sim_time, duration, plan.deadline, plan.lr, delivered, depths, skipped, faults
+            t + 1, state.sim_time, duration, plan.deadline, plan.lr, delivered, depths, skipped, faults, names
         )
         return {**row, **hooks.metrics(hooks.call("round_metrics", algorithm.round_metrics, state.algorithm))}
 
@@ -279,7 +280,8 @@ class EventDriver:
         updates = [u for u, _ in entries]
         faults = len(take_faults(env.pool))
         lr = algorithm.lr_at(t)
-        row = metrics_row(t + 1, state.sim_time, duration, None, lr, updates, np.array([]), faults=faults)
+        names = world.dataset.task.metric_names()
+        row = metrics_row(t + 1, state.sim_time, duration, None, lr, updates, np.array([]), 0, faults, names)
         return {**row, **hooks.metrics(hooks.call("round_metrics", algorithm.round_metrics, state.algorithm))}
 
 

@@ -10,7 +10,7 @@ import torch
 from fedhet import seeding
 from fedhet.client import evaluate
 from fedhet.client.evaluate import batch_sums, combine
-from fedhet.data.task import Classification, Task
+from fedhet.data.task import Score, Task, default_task
 from fedhet.models.batchnorm import static_batchnorm_buffers
 from fedhet.models.layers import FlatModel
 
@@ -42,7 +42,7 @@ class Evaluator:
         self.statistics_from = statistics_from
         self.statistics_examples = statistics_examples
         self.seed = seed
-        self.task = task or Classification()
+        self.task = task or default_task()
 
     def refresh_buffers(self, params: torch.Tensor, buffers: torch.Tensor, round_number: int) -> torch.Tensor:
         """The buffers to evaluate (and keep) ``params`` with: recomputed BatchNorm statistics
@@ -87,14 +87,18 @@ class Evaluator:
         return rows
 
 
-def target_times(metrics: list[dict], targets: list[float]) -> dict[str, dict | None]:
-    """For each target accuracy, the first evaluated round reaching it and its simulated time
-    (``None`` if never reached)."""
+def target_times(
+    metrics: list[dict], targets: list[float], score: Score | None = None
+) -> dict[str, dict | None]:
+    """For each target value of the task's score (an accuracy to reach, an RMSE to get
+    below), the first evaluated round reaching it and its simulated time (``None`` if never
+    reached)."""
+    score = score or Score()
     out: dict[str, dict | None] = {}
     for target in targets:
-        hit = next(
-            (r for r in metrics if r.get("test_accuracy") is not None and r["test_accuracy"] >= target), None
-        )
+        column = score.column
+        reached = (r for r in metrics if r.get(column) is not None and score.reaches(r[column], target))
+        hit = next(reached, None)
         out[f"{target:g}"] = (
             None if hit is None else {"round": int(hit["round"]), "sim_time": hit["sim_time"]}
         )

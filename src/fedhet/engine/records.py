@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from fedhet.build import fedhet_build
+from fedhet.data.task import HIGHER_IS_BETTER, Score
 from fedhet.engine.evaluation import target_times
 from fedhet.messages import ClientUpdate, UpdateSummary
 
@@ -21,11 +22,13 @@ def metrics_row(
     depths: np.ndarray,
     skipped: int = 0,
     faults: int = 0,
+    metric_names: Sequence[str] = ("loss", "accuracy"),
 ) -> dict:
     """A metrics.csv row (test columns filled by the evaluator when due). ``depths``: the
     sampled depths of the asked, present clients; ``skipped``: clients whose non-finite
     update was left out (``run.on_non_finite = "skip-client"``); ``faults``: clients whose
-    update was not delivered (a dead worker, a lost node, a client error skipped)."""
+    update was not delivered (a dead worker, a lost node, a client error skipped);
+    ``metric_names``: the task's, one ``test_<metric>`` column each."""
     trained = [u.loss for u in updates if u.steps > 0]
     return {
         "round": round_number,
@@ -38,19 +41,20 @@ def metrics_row(
         "mean_steps": float(np.mean([u.steps for u in updates])) if updates else None,
         "lr": lr,
         "train_loss": float(np.mean(trained)) if trained else None,
-        "test_loss": None,
-        "test_accuracy": None,
+        **{f"test_{name}": None for name in metric_names},
         "faults": faults,
     }
 
 
 def run_summary(config, world, state, notes: list[str]) -> dict:
-    """summary.json: the run's identity, length, clock and accuracy."""
+    """summary.json: the run's identity, length, clock and the task's metrics: the final
+    and best value of each (best in its score's direction), the best round by the score."""
     task = world.dataset.task
+    score = Score.of(task)
     evaluated = [r for r in state.metrics if r.get("test_loss") is not None]
-    scored = [r for r in evaluated if r.get("test_accuracy") is not None]
-    best = max(scored, key=lambda r: r["test_accuracy"], default=None)
-    final = evaluated[-1] if evaluated else None
+    scored = [r for r in evaluated if r.get(score.column) is not None]
+    best = score.best(r[score.column] for r in scored)
+    best_row = next((r for r in scored if r[score.column] == best), None)
     return {
         "name": config.run.name,
         "algorithm": config.algorithm_name,
@@ -70,40 +74,38 @@ def run_summary(config, world, state, notes: list[str]) -> dict:
         "sim_time": state.sim_time,
         "wall_time": state.wall_time,
         "task": task.name,
-        "final_test_accuracy": final.get("test_accuracy") if final else None,
-        "final_test_loss": final["test_loss"] if final else None,
+        "score": score.to_dict(),
+        "final_test_accuracy": None,  # present for every task (None without accuracy), as before
+        "best_test_accuracy": None,
         **_task_metrics(task, evaluated),
-        "best_test_accuracy": best["test_accuracy"] if best else None,
-        "best_round": int(best["round"]) if best else None,
+        "best_round": int(best_row["round"]) if best_row else None,
         "time_budget": config.run.time_budget or None,
         "stopped_by": state.stopped_by or ("rounds" if state.round >= config.run.rounds else None),
         "finished": state.round >= config.run.rounds or state.stopped_by == "time_budget",
         "mean_round_time": state.sim_time / state.round if state.round else None,
         "empty_rounds": sum(1 for r in state.metrics if not r.get("participants")),
-        "targets": target_times(state.metrics, config.run.targets),
-        "final_client_accuracy": _final_client_accuracy(state.client_metrics),
+        "targets": target_times(state.metrics, config.run.targets, score),
+        f"final_client_{score.metric}": final_client_scores(state.client_metrics, score),
         "notes": notes,
         "fedhet": fedhet_build(),
     }
 
 
 def _task_metrics(task, evaluated: list[dict]) -> dict:
-    """``final_test_<m>`` and ``best_test_<m>`` for the task's metrics beyond loss and
-    accuracy (a regression's RMSE), best in the direction of the task's score."""
-    out = {}
-    pick = max if task.higher_is_better else min
+    """``final_test_<m>`` and ``best_test_<m>`` for each of the task's metrics; best in the
+    score's direction for the score, lowest for a loss or error, highest for an accuracy."""
+    score, out = Score.of(task), {}
     for name in task.metric_names():
-        if name in ("loss", "accuracy"):
-            continue
         values = [r[f"test_{name}"] for r in evaluated if r.get(f"test_{name}") is not None]
+        higher = score.higher_is_better if name == score.metric else name in HIGHER_IS_BETTER
         out[f"final_test_{name}"] = values[-1] if values else None
-        out[f"best_test_{name}"] = pick(values) if values else None
+        out[f"best_test_{name}"] = Score(name, higher).best(values)
     return out
 
 
-def _final_client_accuracy(rows: list[dict]) -> dict[str, float] | None:
-    """Each client's accuracy at the last evaluation (``None`` without run.client_eval)."""
+def final_client_scores(rows: list[dict], score: Score) -> dict[str, float | None] | None:
+    """Each client's score at the last evaluation (``None`` without run.client_eval)."""
     if not rows:
         return None
     last = max(r["round"] for r in rows)
-    return {str(r["client"]): r["accuracy"] for r in rows if r["round"] == last}
+    return {str(r["client"]): r.get(score.metric) for r in rows if r["round"] == last}

@@ -123,7 +123,7 @@ def plot_runs(
     written = []
 
     tables = {run.path: run.read_metrics() for run in runs}
-    column = score_column([row for rows in tables.values() for row in rows])
+    column = score_column(runs, [row for rows in tables.values() for row in rows])
     evaluated = {path: [r for r in rows if r.get(column) is not None] for path, rows in tables.items()}
     if not any(evaluated.values()):
         names = ", ".join(str(run.metrics_path) for run in runs[:3]) + (" ..." if len(runs) > 3 else "")
@@ -158,12 +158,21 @@ def plot_runs(
     return written
 
 
-def score_column(rows: list[dict]) -> str:
-    """The metrics column that scores a model: ``test_accuracy``, or for a task without
-    accuracy (a regression) ``test_rmse``."""
-    if any(r.get("test_accuracy") is not None for r in rows):
-        return "test_accuracy"
-    return "test_rmse" if any(r.get("test_rmse") is not None for r in rows) else "test_accuracy"
+def score_column(runs, rows: list[dict]) -> str:
+    """The metrics column that scores a model: the task's score as the runs' summaries
+    record it (``test_accuracy``, a regression's ``test_rmse``); for runs still going, the
+    first test column after the loss that holds a value."""
+    from fedhet.data.task import Score
+
+    for run in runs:
+        try:
+            summary = run.read_summary()
+        except Exception:  # noqa: BLE001  (no summary yet, or an unreadable one: the rows decide)
+            continue
+        if summary:
+            return Score.from_summary(summary).column
+    filled = [k for row in rows for k, v in row.items() if k.startswith("test_") and v is not None]
+    return next((k for k in filled if k != "test_loss"), "test_accuracy")
 
 
 def _save(plt, fig, ax, xlabel: str, ylabel: str, title: str, out_prefix: Path, kind: str) -> Path:

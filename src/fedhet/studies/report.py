@@ -138,7 +138,7 @@ def _band_figure(runs: list[RunDirectory]) -> bytes | None:
     column = "test_accuracy"
     for label, group in groups.items():
         tables = [run.read_metrics() for run in group]
-        column = score_column([row for rows in tables for row in rows])
+        column = score_column(group, [row for rows in tables for row in rows])
         by_round: dict[int, list[float]] = {}
         for rows in tables:
             for row in rows:
@@ -327,7 +327,7 @@ def _accuracy_figure(runs: list[RunDirectory], x: str) -> bytes | None:
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
     drawn = False
     tables = {run.path: run.read_metrics() for run in runs}
-    column = score_column([row for rows in tables.values() for row in rows])
+    column = score_column(runs, [row for rows in tables.values() for row in rows])
     for run in runs:
         rows = [r for r in tables[run.path] if r.get(column) is not None]
         if rows:

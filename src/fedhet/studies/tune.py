@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from fedhet.config import apply_overrides, from_dict, read_toml
+from fedhet.data.task import check_objective, objective_direction, objective_of
 from fedhet.errors import ConfigError, FedhetError
 from fedhet.search_space import Param, parse_param
 
@@ -59,6 +60,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fedhet")
 
+# examples; any final_test_<metric> / best_test_<metric> of the task is an objective
 SUMMARY_VALUES = ("final_test_accuracy", "best_test_accuracy", "final_test_loss", "sim_time", "rounds")
 PRUNED_FILE = "pruned.json"
 
@@ -129,7 +131,7 @@ def load_space(path: str | Path) -> SearchSpace:
     space = SearchSpace(path=str(path))
     objective = raw.get("objective", {})
     space.objective = objective.get("value", space.objective)
-    space.direction = objective.get("direction", "maximize")
+    space.direction = objective.get("direction", objective_direction(str(space.objective)))
     if space.direction not in ("maximize", "minimize"):
         raise ConfigError(f"{path}: objective.direction = {space.direction!r}: maximize or minimize")
     if space.objective.startswith("time_to:"):
@@ -137,13 +139,13 @@ def load_space(path: str | Path) -> SearchSpace:
             target = space.target
         except ValueError:
             raise ConfigError(f"{path}: objective.value = {space.objective!r}: time_to:ACCURACY") from None
-        if target is None or not 0 < target <= 1:
-            raise ConfigError(f"{path}: objective.value = {space.objective!r}: an accuracy in (0, 1]")
-    elif space.objective not in SUMMARY_VALUES:
-        raise ConfigError(
-            f"{path}: objective.value = {space.objective!r}: one of {', '.join(SUMMARY_VALUES)} "
-            "or time_to:ACC"
-        )
+        if target is None or not math.isfinite(target) or target <= 0:
+            raise ConfigError(
+                f"{path}: objective.value = {space.objective!r}: a value of the task's score to reach "
+                "(an accuracy in (0, 1], an RMSE to get below)"
+            )
+    else:
+        check_objective(f"{path}: objective.value", space.objective)
     sampler = raw.get("sampler", {})
     space.sampler, space.seed = sampler.get("name", "tpe"), sampler.get("seed")
     if space.sampler not in ("tpe", "random"):
@@ -168,14 +170,14 @@ def load_space(path: str | Path) -> SearchSpace:
 
 def objective_value(summary: dict, space: SearchSpace) -> float:
     """The number a trial is judged by, from its run's summary (``time_to``: the simulated
-    time the test accuracy first reached the target; infinity when it never did)."""
+    time the task's score first reached the target; infinity when it never did)."""
     if space.target is not None:
         hit = (summary.get("targets") or {}).get(str(space.target)) or (summary.get("targets") or {}).get(
             f"{space.target:g}"
         )
         return float(hit["sim_time"]) if hit else math.inf
-    value = summary.get(space.objective)
-    return math.nan if value is None else float(value)
+    value = objective_of(summary, space.objective)
+    return math.nan if value is None else value
 
 
 class TrialPruning:
@@ -190,7 +192,8 @@ class TrialPruning:
         self.pruned: str | None = None
 
     def after_round(self, state, row: dict):
-        key = "test_loss" if self.space.objective == "final_test_loss" else "test_accuracy"
+        # the objective's metric, round by round (final_test_rmse: test_rmse)
+        key = "test_" + self.space.objective.removeprefix("final_test_").removeprefix("best_test_")
         value = row.get(key)
         if value is None or self.space.target is not None or self.space.pruner == "none":
             return None
