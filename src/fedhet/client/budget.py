@@ -13,7 +13,8 @@ import time
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
+
+from fedhet.data.task import default_task
 
 
 @dataclass
@@ -103,7 +104,7 @@ def timed_first_step(
         inputs.append(inp)
         outputs.append(out)
         h = out
-    loss = (loss_of or F.cross_entropy)(h, y)  # the task's loss (fedhet.data.task)
+    loss = (loss_of or default_task().loss)(h, y)  # the task's loss (fedhet.data.task)
     grad_out = torch.autograd.grad(loss, outputs[-1])[0]
     per_layer: dict[int, tuple] = {}
     estimate = 2.0 * forward_times[-1] + clock.layer_delay

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from fedhet.data.task import Classification, Task
+from fedhet.data.task import Task, default_task
 from fedhet.models.layers import FlatModel
 
 EVAL_BATCH = 256
@@ -27,7 +27,7 @@ def batch_sums(
     """The task's sums (:meth:`~fedhet.data.task.Task.batch_sums`) of the model ``(params,
     buffers)`` on each batch of ``(x, y)`` from example ``start`` (a multiple of
     ``batch_size``) to ``stop``, in order."""
-    task = task or Classification()
+    task = task or default_task()
     stop = len(y) if stop is None else stop
     flat.load(params, buffers)
     model = flat.model
@@ -41,7 +41,7 @@ def batch_sums(
 
 def combine(batches: list[dict[str, float]], count: int, task: Task | None = None) -> dict[str, float]:
     """The task's metrics of ``count`` examples from their per-batch sums, added up in order."""
-    task = task or Classification()
+    task = task or default_task()
     sums: dict[str, float] = {}
     for found in batches:
         for key, value in found.items():

@@ -42,7 +42,7 @@ from fedhet.client.state import (
     check_serialisable,
     component_names,
 )
-from fedhet.data.task import Classification, Task
+from fedhet.data.task import Task, default_task
 from fedhet.errors import FedhetError
 from fedhet.messages import ClientTask, ClientUpdate, Coverage
 from fedhet.models.layers import FlatModel
@@ -99,7 +99,7 @@ class LocalTrainer:
         objective: Task | None = None,
     ):
         self.flat = flat
-        self.objective = objective or Classification()  # the dataset's task: its training loss
+        self.objective = objective or default_task()  # the dataset's task: its training loss
         self.optimizer = optimizer or SGD()
         self.postprocessors = list(postprocessors or [])
         self.namespaces = component_names([step.name for step in self.postprocessors])

@@ -59,7 +59,7 @@ import torch
 
 from fedhet.client import ClientStates
 from fedhet.client.evaluate import shards
-from fedhet.data.task import Classification
+from fedhet.data.task import default_task
 from fedhet.engine.client_errors import FaultLog, client_failed
 from fedhet.engine.evaluation import test_metrics
 from fedhet.engine.pool import WorkerDied
@@ -319,7 +319,7 @@ class ProcessPool:
         self._weight: dict[int, int] = {}  # job -> its share of its worker's load (evaluations)
         self._restarts = 0
         self._start_message: tuple = ()
-        self.test_count, self.task = 0, Classification()  # the test set's size and task (attach)
+        self.test_count, self.task = 0, default_task()  # the test set's size and task (attach)
         self._running: np.ndarray = np.zeros(0, np.int64)  # per worker, the job under way
         try:
             for _ in range(workers):

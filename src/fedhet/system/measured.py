@@ -29,9 +29,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from fedhet.checks import in_range
+from fedhet.data.task import default_task
 from fedhet.errors import ConfigError
 from fedhet.registry import register
 from fedhet.system.base import SystemContext, SystemModel
@@ -48,7 +48,7 @@ def measure_layer_times(model, x: torch.Tensor, y: torch.Tensor, repeats: int = 
     from fedhet.models.exits import require_sequential
 
     require_sequential(model, "system.model = 'measured'")
-    loss_of = loss_of or F.cross_entropy
+    loss_of = loss_of or default_task().loss
     blocks = model.blocks
     forward = np.zeros((repeats, len(blocks)))
     backward = np.zeros((repeats, len(blocks)))
