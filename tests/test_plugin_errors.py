@@ -152,3 +152,61 @@ def test_a_system_model_plugin_that_fails_is_named_too(tmp_path):
     with pytest.raises(FedhetError, match=expected):
         run(from_dict(document), tmp_path / "r")
     assert json.loads((tmp_path / "r" / "summary.json").read_text())["stopped_by"] == "plugin_error"
+
+
+# -- every server-side hook is guarded: a test rule raises from the hook named in RAISES -----
+
+RAISES = {"hook": ""}
+
+
+def _raise_from(hook: str):
+    def call(self, *args, **kwargs):
+        if RAISES["hook"] == hook:
+            raise RuntimeError(f"broken {hook}")
+        return getattr(super(type(self), self), hook)(*args, **kwargs)
+
+    return call
+
+
+# (lr_at is a helper the rule's own plan and start_task call: a failure there names them)
+ROUND_HOOKS = (
+    "init_state",
+    "plan",
+    "aggregate",
+    "round_metrics",
+    "warnings",
+    "caveats",
+    "reports",
+    "state_dict",
+)
+EVENT_HOOKS = ("concurrency", "choose", "start_task", "buffer_size", "apply_buffer", "state_dict")
+
+
+def _rule_raising(base: type, hooks: tuple[str, ...]) -> type:
+    return type(f"Raising{base.__name__}", (base,), {hook: _raise_from(hook) for hook in hooks})
+
+
+from fedhet.algorithms.fedbuff import FedBuff  # noqa: E402
+
+RaisingFedAvg = _rule_raising(FedAvg, ROUND_HOOKS)
+RaisingFedBuff = _rule_raising(FedBuff, EVENT_HOOKS)
+
+
+@pytest.mark.parametrize(
+    "rule, hook",
+    [("test_plugin_errors:RaisingFedAvg", h) for h in ROUND_HOOKS]
+    + [("test_plugin_errors:RaisingFedBuff", h) for h in EVENT_HOOKS],
+)
+def test_every_server_side_hook_that_raises_is_one_line_naming_it(tmp_path, rule, hook):
+    document = {**BASE, "algorithm": {"name": rule}}
+    document["run"] = {**BASE["run"], "rounds": 2}
+    if "FedBuff" in rule:
+        document["algorithm"]["buffer_size"] = 2
+    RAISES["hook"] = hook
+    try:
+        with pytest.raises(FedhetError) as failed:
+            run(from_dict(document), tmp_path / "r")
+    finally:
+        RAISES["hook"] = ""
+    line = str(failed.value)
+    assert "\n" not in line and f"algorithm '{rule}'.{hook} (" in line and f"broken {hook}" in line

@@ -228,7 +228,14 @@ class Reports(Callback):
         self.world, self.run_dir = world, run_dir
 
     def write(self, state) -> None:
-        reports = {**self.world.system.reports(), **self.world.algorithm.reports(state.algorithm)}
+        from fedhet.engine.plugin_errors import guarded, plugin_label
+
+        world = self.world
+        system = guarded(plugin_label("system model", world.config.system.model), "reports", state.round,
+                         world.system.reports)  # fmt: skip
+        own = guarded(plugin_label("algorithm", world.config.algorithm_name), "reports", state.round,
+                      world.algorithm.reports, state.algorithm)  # fmt: skip
+        reports = {**system, **own}
         with self.run_dir.writing(state.round):
             for name, document in reports.items():
                 self.run_dir.write_json(f"{name}.json", document)

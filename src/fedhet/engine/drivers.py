@@ -191,9 +191,10 @@ class EventDriver:
         current model."""
         world, config = env.world, env.config
         engine, algorithm = state.engine, cast("AsyncAlgorithm", world.algorithm)
+        hooks = Hooks(config.algorithm_name, version + 1)
         busy = {entry["client"] for entry in engine["in_flight"]}
         idle = [c for c in range(world.num_clients) if c not in busy]
-        free = algorithm.concurrency(world.num_clients) - len(busy)
+        free = hooks.call("concurrency", algorithm.concurrency, world.num_clients) - len(busy)
         if free <= 0 or not idle:
             return
         rng = seeding.round_stream(config.run.seed, "dispatch", engine["dispatches"])
@@ -202,8 +203,10 @@ class EventDriver:
         steps = np.full(world.num_clients, config.train.local_steps)
         full_upload = upload_bytes(world, np.ones(world.num_clients, dtype=int))
         full_download = download_bytes(world)
-        chosen = [int(c) for c in algorithm.choose(idle, free, rng)]
-        tasks = [algorithm.start_task(c, engine["starts"][c], version) for c in chosen]
+        chosen = [int(c) for c in hooks.call("choose", algorithm.choose, idle, free, rng)]
+        tasks = [
+            hooks.call("start_task", algorithm.start_task, c, engine["starts"][c], version) for c in chosen
+        ]
         # the chosen clients train at once (in parallel where the pool has workers)
         updates = {u.client: u for u in env.pool.run(tasks, state.params, state.buffers)}
         for client in chosen:
@@ -234,7 +237,7 @@ class EventDriver:
         world, clock = env.world, env.clock
         engine = self._engine_state(state, world.num_clients)
         algorithm = cast("AsyncAlgorithm", world.algorithm)
-        k = algorithm.buffer_size()
+        k = Hooks(env.config.algorithm_name, t + 1).call("buffer_size", algorithm.buffer_size)
         self._start_clients(env, state, state.engine.get("now", state.sim_time), t)
         while True:
             if not engine["in_flight"]:
@@ -279,7 +282,7 @@ class EventDriver:
         state.sim_time = clock.advance(duration)
         updates = [u for u, _ in entries]
         faults = len(take_faults(env.pool))
-        lr = algorithm.lr_at(t)
+        lr = hooks.call("lr_at", algorithm.lr_at, t)
         names = world.dataset.task.metric_names()
         row = metrics_row(t + 1, state.sim_time, duration, None, lr, updates, np.array([]), 0, faults, names)
         return {**row, **hooks.metrics(hooks.call("round_metrics", algorithm.round_metrics, state.algorithm))}

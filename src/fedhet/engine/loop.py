@@ -162,7 +162,8 @@ class RunLoop:
         evaluation.finish_interrupted(state)
         self.clock = VirtualClock(state.sim_time, config.run.time_budget)
         notify(callbacks, "on_start", state)
-        for note in world.algorithm.warnings(state.algorithm):
+        label = plugin_label("algorithm", config.algorithm_name)
+        for note in guarded(label, "warnings", state.round, world.algorithm.warnings, state.algorithm):
             log.warning("%s: %s", config.run.name, note)
         self.caveats = run_caveats(config, world, state.algorithm)
         for caveat in self.caveats:
@@ -275,7 +276,8 @@ class RunLoop:
     def _finish(self, world: World, callbacks: list, fault) -> RunResult:
         """The summary, written when the run ended; the last hooks."""
         config, state, run_dir = self.config, self.state, self.run_dir
-        notes = world.algorithm.warnings(state.algorithm)
+        label = plugin_label("algorithm", config.algorithm_name)
+        notes = guarded(label, "warnings", state.round, world.algorithm.warnings, state.algorithm)
         summary = run_summary(config, world, state, notes)
         summary["engine"] = self.engine  # the engine that ran, whatever the configuration says
         summary["pool"] = getattr(self.pool, "name", type(self.pool).__name__)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedhet.checks import counted
+from fedhet.engine.plugin_errors import Hooks
 from fedhet.errors import FedhetError
 from fedhet.system import Workload
 
@@ -76,14 +77,17 @@ def first_round(config, world, algorithm_state: dict):
         return None
     if overrides(type(algorithm), "client_task"):
         return None  # the rule decides who delivers what (sub-models, late updates): not priceable here
-    plan = algorithm.plan(0, algorithm_state, system, config.round_deadline)
+    hooks = Hooks(config.algorithm_name, 0)
+    plan = hooks.plan(hooks.call("plan", algorithm.plan, 0, algorithm_state, system, config.round_deadline),
+                      world.num_clients)  # fmt: skip
     work = plan.workload()
     asked = np.array([a.asked for a in plan.assignments], dtype=bool)
     from fedhet.engine.drivers import download_bytes, upload_bytes
 
     work.upload_bytes = upload_bytes(world, work.depth)
     work.download_bytes = download_bytes(world)
-    marginals = system.marginals(work)
+    model = Hooks(config.system.model, 0, "system model")
+    marginals = model.marginals(model.call("marginals", system.marginals, work))
     delivering = delivery_probability(algorithm.partial_work, marginals, work, world.flat.num_layers)
     return plan, work, asked, marginals, delivering
 
@@ -93,7 +97,7 @@ def run_caveats(config, world, algorithm_state: dict) -> list[str]:
     which it is another rule) and, priced with the first round's plan, most clients never
     able to deliver an update (fixed stragglers under a rule that keeps only finished work)."""
     algorithm = world.algorithm
-    found = list(algorithm.caveats())
+    found = list(Hooks(config.algorithm_name, 0).call("caveats", algorithm.caveats))
     first = first_round(config, world, algorithm_state)
     if first is None:
         return found

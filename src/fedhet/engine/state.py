@@ -67,6 +67,18 @@ def resumable_run_keys() -> set[str]:
     return keys
 
 
+def _hook(algorithm: Any, config_dict: dict, hook: str, round_number: int, *args: Any) -> Any:
+    """The algorithm's checkpoint hook ``hook``, guarded: a plug-in's exception is one line
+    naming it as the configuration does."""
+    from fedhet.engine.plugin_errors import guarded, plugin_label
+
+    name = config_dict.get("algorithm", {}).get("name") or getattr(
+        algorithm, "name", type(algorithm).__name__
+    )
+    label = plugin_label("algorithm", name)
+    return guarded(label, hook, round_number, getattr(algorithm, hook), *args)
+
+
 def differences(saved: dict, current: dict) -> list[str]:
     """The dotted keys whose values differ between two comparable configurations."""
     out = []
@@ -132,7 +144,9 @@ def to_checkpoint(state: RunState, config_dict: dict, algorithm: Any, work_dir: 
         "wall_time": state.wall_time,
         "params": state.params,
         "buffers": state.buffers,
-        "algorithm": packed(algorithm.state_dict(state.algorithm, work_dir)),
+        "algorithm": packed(
+            _hook(algorithm, config_dict, "state_dict", state.round, state.algorithm, work_dir)
+        ),
         "client_states": state.clients.state_dict(),
         "metrics": packed(state.metrics),
         "client_metrics": packed(state.client_metrics),
@@ -227,7 +241,9 @@ def from_checkpoint(
         round=saved["round"],
         sim_time=saved["sim_time"],
         wall_time=saved["wall_time"],
-        algorithm=algorithm.load_state_dict(saved["algorithm"], Path(where).parent),
+        algorithm=_hook(
+            algorithm, config_dict, "load_state_dict", saved["round"], saved["algorithm"], Path(where).parent
+        ),
         clients=clients,
         metrics=saved["metrics"],
         client_metrics=saved["client_metrics"],
