@@ -139,11 +139,8 @@ def load_space(path: str | Path) -> SearchSpace:
             target = space.target
         except ValueError:
             raise ConfigError(f"{path}: objective.value = {space.objective!r}: time_to:ACCURACY") from None
-        if target is None or not math.isfinite(target) or target <= 0:
-            raise ConfigError(
-                f"{path}: objective.value = {space.objective!r}: a value of the task's score to reach "
-                "(an accuracy in (0, 1], an RMSE to get below)"
-            )
+        if target is None or not 0 < target <= 1:
+            raise ConfigError(f"{path}: objective.value = {space.objective!r}: an accuracy in (0, 1]")
     else:
         check_objective(f"{path}: objective.value", space.objective)
     sampler = raw.get("sampler", {})
