@@ -144,6 +144,11 @@ class FlatModel:
         device = next(model.parameters()).device if param_chunks else torch.device("cpu")
         self.params = torch.cat(param_chunks).clone() if param_chunks else torch.zeros(0)
         self.buffers = torch.cat(buffer_chunks).clone() if buffer_chunks else torch.zeros(0, device=device)
+        self._point_into_flat(buffer_owners)
+
+    def _point_into_flat(self, buffer_owners: list) -> None:
+        """Make every parameter and float buffer of the model a view of its region of the
+        flat vectors (conv weights under channels-last: a permuted view)."""
         with torch.no_grad():
             off = 0
             for params in self.layer_params:
