@@ -226,8 +226,6 @@ def _listed_plugin(kind: str, key: str, item: Any):
     return entry, typed_options(entry.cls.Options, values, key, f"{KIND_LABELS[kind]} {entry.name}")
 
 
-
-
 @dataclass
 class RunConfig(PluginSection):
     """``[run]``: the run's name, seed, length, evaluation, threads and processes, and the

@@ -174,6 +174,8 @@ class FlatModel:
     def flatten(self, tensors: list[torch.Tensor]) -> torch.Tensor:
         """Per-parameter tensors (gradients of layers ``d..L``) as one vector in the flat
         order of their region (channels-last conv weights included)."""
+        if not self.channels_last:
+            return torch.cat([t.reshape(-1) for t in tensors])
         return torch.cat([self._ordered(t).reshape(-1) for t in tensors])
 
     @property
