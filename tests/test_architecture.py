@@ -154,6 +154,33 @@ def test_no_function_of_the_run_loop_the_trainer_or_the_cli_parser_is_longer_tha
     assert long == []
 
 
+# the functions of src/fedhet allowed past 50 lines, each with its reason (at most five)
+LONG_FUNCTIONS = {
+    "algorithms/deadline_planner.py:_solve_from": "ADEL-FL's constrained solve (Algorithm 1): one iteration's "
+    "steps share their locals; split, each piece would take and return all of them",
+    "algorithms/adelfl.py:init_state": "ADEL-FL's offline plan, equation by equation, in the paper's order",
+    "data/nslkdd.py:load_nslkdd": "the NSL-KDD file format read column by column, with its one-line errors",
+    "studies/spec.py:load_experiment": "the experiment file's sections checked in the order the file reads",
+    "studies/report.py:_tune_page": "one HTML page template, read top to bottom",
+}
+
+
+def test_every_function_of_the_package_is_at_most_50_lines_but_a_stated_few():
+    """Pieces with one job each, across src/fedhet; the allowlist is short and says why."""
+    import fedhet
+
+    assert len(LONG_FUNCTIONS) <= 5
+    root = Path(fedhet.__file__).parent
+    long = {}
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = node.end_lineno - node.lineno + 1
+                if length > 50:
+                    long[f"{path.relative_to(root).as_posix()}:{node.name}"] = length
+    assert set(long) <= set(LONG_FUNCTIONS), {k: v for k, v in long.items() if k not in LONG_FUNCTIONS}
+
+
 def test_a_misspelt_plugin_name_or_path_says_what_was_meant():
     from fedhet.registry import resolve
 

@@ -66,11 +66,50 @@ def _exit_status(summaries: list[dict]) -> int:
     return 1 if any(s.get("stopped_by") in STOPPED for s in summaries) else 0
 
 
+def _cell_printer(console, total: int, quiet: bool):
+    """The per-cell line of ``fedhet reproduce``: its final score (the task's), or failed."""
+    from fedhet.data.task import Score
+
+    done = {"n": 0}
+
+    def on_cell(cell, summary):
+        done["n"] += 1
+        if quiet:
+            return
+        if summary.get("failed"):
+            console.print(f"[{done['n']}/{total}] {cell.name}: failed", highlight=False)
+            return
+        key = f"final_test_{Score.from_summary(summary).metric}"
+        value = summary.get(key)
+        why = STOPPED.get(summary.get("stopped_by"))
+        stopped = f" (stopped: {why})" if why else ""
+        shown = value if value is None else round(value, 4)
+        console.print(f"[{done['n']}/{total}] {cell.name}: {key} {shown}{stopped}", highlight=False)
+
+    return on_cell
+
+
+def _write_grid_files(experiment, summaries: dict, out: Path, fmt: str) -> str:
+    """A grid's table (table.md and the format asked for), summaries.json, cells.csv; the
+    table in ``fmt``."""
+    from fedhet.results import dumps
+    from fedhet.studies.grid import report_table
+    from fedhet.studies.tables import TABLE_FORMATS, cells_csv
+
+    out.mkdir(parents=True, exist_ok=True)
+    for kind in {"md", fmt}:  # table.md always, and the format asked for
+        table = report_table(experiment, summaries, fmt=kind)
+        (out / TABLE_FORMATS[kind]).write_text(table, encoding="utf-8")
+    (out / "summaries.json").write_text(dumps(summaries, indent=2, sort_keys=True))
+    (out / "cells.csv").write_text(cells_csv(experiment, summaries), encoding="utf-8")
+    return report_table(experiment, summaries, fmt=fmt)
+
+
 def cmd_reproduce(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from fedhet.results import dumps, make_folder, write_run_order
-    from fedhet.studies.grid import check_reference, load_experiment, report_table, run_experiment
+    from fedhet.results import make_folder, write_run_order
+    from fedhet.studies.grid import check_reference, load_experiment, run_experiment
 
     console = Console(stderr=True)
     experiment = load_experiment(args.experiment, args.set)
@@ -89,34 +128,9 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     make_folder(out, "output folder")
     write_run_order(out, [cell.name for cell in experiment.cells])
     console.print(f"{experiment.name}: {len(experiment.cells)} cells -> {out}", highlight=False)
-    done = {"n": 0}
-
-    def on_cell(cell, summary):
-        done["n"] += 1
-        if args.quiet:
-            return
-        if summary.get("failed"):
-            console.print(f"[{done['n']}/{len(experiment.cells)}] {cell.name}: failed", highlight=False)
-            return
-        acc = summary.get("final_test_accuracy")
-        why = STOPPED.get(summary.get("stopped_by"))
-        stopped = f" (stopped: {why})" if why else ""
-        console.print(
-            f"[{done['n']}/{len(experiment.cells)}] {cell.name}: final_test_accuracy "
-            f"{acc if acc is None else round(acc, 4)}{stopped}",
-            highlight=False,
-        )
-
+    on_cell = _cell_printer(console, len(experiment.cells), args.quiet)
     summaries = run_experiment(experiment, out, jobs=args.jobs, on_cell=on_cell, ray=args.ray)
-    from fedhet.studies.tables import TABLE_FORMATS, cells_csv
-
-    out.mkdir(parents=True, exist_ok=True)
-    for fmt in {"md", args.format}:  # table.md always, and the format asked for
-        (out / TABLE_FORMATS[fmt]).write_text(report_table(experiment, summaries, fmt=fmt), encoding="utf-8")
-    table = report_table(experiment, summaries, fmt=args.format)
-    (out / "summaries.json").write_text(dumps(summaries, indent=2, sort_keys=True))
-    (out / "cells.csv").write_text(cells_csv(experiment, summaries), encoding="utf-8")
-    print(table)
+    print(_write_grid_files(experiment, summaries, out, args.format))
     failed = [name for name, summary in summaries.items() if summary.get("failed")]
     if failed:
         print(

@@ -226,11 +226,6 @@ def _listed_plugin(kind: str, key: str, item: Any):
     return entry, typed_options(entry.cls.Options, values, key, f"{KIND_LABELS[kind]} {entry.name}")
 
 
-# run.track: the trackers (fedhet.tracking's callbacks) and the package each needs
-TRACKERS = ("mlflow", "tensorboard")
-PACKAGES = {"mlflow": "mlflow", "tensorboard": "tensorboard"}
-
-
 @dataclass
 class RunConfig(PluginSection):
     """``[run]``: the run's name, seed, length, evaluation, threads and processes, and the
@@ -325,11 +320,18 @@ class RunConfig(PluginSection):
 
         if not isinstance(self.track, list):
             raise ConfigError(f'run.track = {self.track!r}: expected a list, e.g. ["mlflow", "tensorboard"]')
+        from fedhet.registry import builtins, resolve
+
         names = [item.get("name") if isinstance(item, dict) else item for item in self.track]
         for name in names:
-            if name not in TRACKERS:
-                raise ConfigError(f"run.track: {name!r} is not a tracker (known: {', '.join(TRACKERS)})")
-            if importlib.util.find_spec(PACKAGES[name]) is None:
+            try:  # a tracker is any callback plug-in: a built-in's name, an entry point, a module path
+                cls = resolve("callback", name, "run.track").cls
+            except ConfigError:
+                trackers = builtins("callback").items()
+                known = ", ".join(n for n, e in trackers if getattr(e.cls, "package", None))
+                raise ConfigError(f"run.track: {name!r} is not a tracker (known: {known})") from None
+            package = getattr(cls, "package", None)  # declared by the tracker: what it imports
+            if package and importlib.util.find_spec(package) is None:
                 raise ConfigError(f"run.track: {name!r} needs its package: pip install 'fedhet[track]'")
         if len(set(names)) < len(names):
             raise ConfigError(f"run.track = {self.track!r}: a tracker listed twice")

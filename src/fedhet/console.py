@@ -10,47 +10,48 @@ def progress_printer(config, label: str, every: float = 5.0):
     """A per-round callback: a live progress bar on a terminal; otherwise (CI logs, files)
     one plain line at each evaluation, at the last round, and at least every ``every``
     seconds of wall time. With a time budget, progress is simulated time spent of it."""
-    total_rounds, budget = config.run.rounds, config.run.time_budget
     from rich.console import Console
 
     console = Console(stderr=True)
     if console.is_terminal:
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-        )
+        return _live_printer(console, label, config.run.rounds, config.run.time_budget)
+    return _plain_printer(console, label, config.run.rounds, config.run.time_budget, every)
 
-        progress = Progress(
-            TextColumn(f"[bold]{label}[/]"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(),
-            console=console,
-            transient=True,
-        )
-        task = progress.add_task(label, total=budget or total_rounds, info="")
-        state: dict[str, tuple[str, float] | None] = {"acc": None}
 
-        def on_round(row: dict) -> None:
-            if not progress.live.is_started:
-                progress.start()
-            score = _score(row)
-            if score is not None:
-                state["acc"] = score
-            acc = "" if state["acc"] is None else f" {state['acc'][0]} {state['acc'][1]:.3f}"
-            done = row["sim_time"] if budget else row["round"]
-            progress.update(
-                task, completed=done, info=f"round {int(row['round'])} sim {row['sim_time']:.4g}s{acc}"
-            )
-            if row["round"] >= total_rounds:
-                progress.stop()
+def _live_printer(console, label: str, total_rounds: int, budget: float):
+    """A rich progress bar: rounds (or simulated time of the budget), the last score."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        return on_round
+    progress = Progress(
+        TextColumn(f"[bold]{label}[/]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    )
+    task = progress.add_task(label, total=budget or total_rounds, info="")
+    state: dict[str, tuple[str, float] | None] = {"acc": None}
 
+    def on_round(row: dict) -> None:
+        if not progress.live.is_started:
+            progress.start()
+        score = _score(row)
+        if score is not None:
+            state["acc"] = score
+        acc = "" if state["acc"] is None else f" {state['acc'][0]} {state['acc'][1]:.3f}"
+        done = row["sim_time"] if budget else row["round"]
+        info = f"round {int(row['round'])} sim {row['sim_time']:.4g}s{acc}"
+        progress.update(task, completed=done, info=info)
+        if row["round"] >= total_rounds:
+            progress.stop()
+
+    return on_round
+
+
+def _plain_printer(console, label: str, total_rounds: int, budget: float, every: float):
+    """One plain line at each evaluation, the last round, and every ``every`` seconds."""
     last = {"time": time.monotonic()}
 
     def on_round_plain(row: dict) -> None:

@@ -49,9 +49,11 @@ TENSORBOARD_FOLDER = "tensorboard"
 
 
 class Tracker(Callback):
-    """A callback whose failures are one warning line: the tracker stops, the run goes on."""
+    """A callback whose failures are one warning line: the tracker stops, the run goes on.
+    ``package``: the package it imports (``run.track`` refuses it in one line when missing)."""
 
     enabled = True
+    package: str | None = None
 
     def _safely(self, state, method, *args) -> None:
         if not self.enabled:
@@ -141,6 +143,7 @@ class MLflowTracking(Tracker):
     """One MLflow run per fedhet run (see the module's docstring)."""
 
     name = "mlflow"
+    package = "mlflow"
     Options = MLflowOptions
 
     @classmethod
@@ -241,6 +244,7 @@ class TensorBoardTracking(Tracker):
     """Event files in the run folder (see the module's docstring)."""
 
     name = "tensorboard"
+    package = "tensorboard"
 
     def __init__(self):
         self.writers: dict = {}

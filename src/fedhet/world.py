@@ -193,6 +193,51 @@ def build_world(config: Config, client_side: bool = False, dataset: Dataset | No
     )
     check_targets(config, dataset.task)
     parts, train_labels = build_partition(config, dataset)
+    parts, holdout = client_holdout(config, parts)
+    device = resolve_device(config.run.device, config.run.workers)
+    make_deterministic(device)
+    torch.manual_seed(seeding.torch_seed(config.run.seed, "init"))
+    model = config.model.entry("name").cls.build(
+        config.model.options("name"), ModelContext(dataset.input_shape, dataset.num_classes)
+    )
+    algorithm_entry = resolve("algorithm", config.algorithm_name, "algorithm.name")
+    channels_last = check_memory_format(config, algorithm_entry.cls)
+    layer_multiply_adds = tuple(multiply_adds(model, dataset.input_shape))  # on the CPU, before moving
+    flat = FlatModel(model.to(device), channels_last=channels_last)
+    if device.type != "cpu":  # the data's tensors beside the model (a CPU run keeps them as they are)
+        dataset = on_device(dataset, device)
+        train_labels = train_labels.to(device)
+    step_flops = training_step_flops(layer_multiply_adds, config.train.batch_size)
+    if not client_side:
+        choose_threads(config.run.threads, step_flops)
+
+    system = None if client_side else _system(config, flat, dataset, train_labels, len(parts))
+    t = config.train
+    algorithm = algorithm_entry.cls.build(config.algorithm.options, AlgorithmContext(t))
+    worker = build_trainer(config, flat, dataset.task)
+    return World(
+        config=config, dataset=dataset, train_labels=train_labels, client_indices=parts,
+        client_holdout=holdout, flat=flat, initial_params=flat.params.detach().clone(),
+        initial_buffers=flat.buffers.detach().clone(), system=system, algorithm=algorithm,
+        worker=worker, layer_multiply_adds=layer_multiply_adds, device=device,
+        server_optimizer=server_optimizer(config, algorithm),
+    )  # fmt: skip
+
+
+def _system(config: Config, flat: FlatModel, dataset: Dataset, train_labels, num_clients: int):
+    """The run's system model; ``measured`` calibrates itself on this host's model and data."""
+
+    def measure():
+        from fedhet.system.measured import calibrate
+
+        return calibrate(config, flat, dataset.x_train, train_labels, loss_of=dataset.task.loss)
+
+    return build_system(config, num_clients, flat.num_layers, measure)
+
+
+def client_holdout(config: Config, parts: list) -> tuple[list, list]:
+    """Each client's training indices and held-out indices (``run.client_eval``); refused in
+    one line when the fraction holds out nothing anywhere."""
     parts, holdout = hold_out(
         parts, config.run.client_eval_fraction if config.run.client_eval else 0.0, config.run.seed
     )
@@ -203,53 +248,19 @@ def build_world(config: Config, client_side: bool = False, dataset: Dataset | No
             f"client (clients hold {min(sizes)}-{max(sizes)} examples; a client keeps at least one to "
             "train on); raise it or set run.client_eval = false"
         )
-    device = resolve_device(config.run.device, config.run.workers)
-    make_deterministic(device)
-    torch.manual_seed(seeding.torch_seed(config.run.seed, "init"))
-    model = config.model.entry("name").cls.build(
-        config.model.options("name"), ModelContext(dataset.input_shape, dataset.num_classes)
-    )
-    algorithm_entry = resolve("algorithm", config.algorithm_name, "algorithm.name")
+    return parts, holdout
+
+
+def check_memory_format(config: Config, algorithm_cls: type) -> bool:
+    """Whether conv weights are channels-last; refused for rules whose masks assume the
+    contiguous order."""
     channels_last = config.run.memory_format == "channels_last"
-    if channels_last and not algorithm_entry.cls.supports_channels_last:
+    if channels_last and not algorithm_cls.supports_channels_last:
         raise ConfigError(
             f"run.memory_format = 'channels_last' with {config.algorithm_name}: its sub-model masks "
             "assume the contiguous weight order; use run.memory_format = 'contiguous'"
         )
-    layer_multiply_adds = tuple(multiply_adds(model, dataset.input_shape))  # on the CPU, before moving
-    flat = FlatModel(model.to(device), channels_last=channels_last)
-    if device.type != "cpu":  # the data's tensors beside the model (a CPU run keeps them as they are)
-        dataset = on_device(dataset, device)
-        train_labels = train_labels.to(device)
-    step_flops = training_step_flops(layer_multiply_adds, config.train.batch_size)
-    if not client_side:
-        choose_threads(config.run.threads, step_flops)
-
-    def measure():
-        from fedhet.system.measured import calibrate
-
-        return calibrate(config, flat, dataset.x_train, train_labels, loss_of=dataset.task.loss)
-
-    system = None if client_side else build_system(config, len(parts), flat.num_layers, measure)
-    t = config.train
-    algorithm = algorithm_entry.cls.build(config.algorithm.options, AlgorithmContext(t))
-    worker = build_trainer(config, flat, dataset.task)
-    return World(
-        config=config,
-        dataset=dataset,
-        train_labels=train_labels,
-        client_indices=parts,
-        client_holdout=holdout,
-        flat=flat,
-        initial_params=flat.params.detach().clone(),
-        initial_buffers=flat.buffers.detach().clone(),
-        system=system,
-        algorithm=algorithm,
-        worker=worker,
-        layer_multiply_adds=layer_multiply_adds,
-        device=device,
-        server_optimizer=server_optimizer(config, algorithm),
-    )
+    return channels_last
 
 
 def check_targets(config: Config, task) -> None:

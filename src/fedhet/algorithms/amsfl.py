@@ -429,6 +429,23 @@ class AMSFL(FedAvg):
         estimator.sums = state["cost_sums"]
         return estimator.costs()
 
+    def _steps(self, state, num_clients: int, step_cost, comm_cost, lr: float, alpha: float, beta: float):
+        """Each client's local steps by ``allocation`` (AMSFL Algorithm 1, its sqrt rules, or
+        before the first estimates ``train.local_steps`` where the budget allows)."""
+        o = self.options
+        if o.allocation == "sqrt":
+            return sqrt_steps(state["weights"], step_cost, comm_cost, o.round_budget, o.max_steps)
+        if o.allocation == "gda-sqrt":
+            return gda_sqrt_steps(state["weights"], step_cost, comm_cost, o.round_budget,
+                                  state["client_estimates"], lr, o.mu, o.max_steps)  # fmt: skip
+        if state["estimates"] is None:
+            spare = o.round_budget - comm_cost.sum()
+            affordable = int(spare / max(step_cost.sum(), 1e-300) + 1e-9)
+            return np.full(num_clients, max(1, min(self.train.local_steps, affordable, o.max_steps)))
+        return greedy_steps(
+            state["weights"], step_cost, comm_cost, o.round_budget, alpha, beta, o.allocation, o.max_steps
+        )
+
     def plan(self, round_index: int, state: dict, system, deadline) -> RoundPlan:
         """AMSFL Algorithm 1 with alpha, beta from the last GDA estimates (``sqrt`` needs
         none). Until the first estimates arrive the greedy rules run ``train.local_steps`` on
@@ -441,27 +458,7 @@ class AMSFL(FedAvg):
         if est is not None:
             alpha = 2.0 * lr * np.sqrt(o.mu) * est["round_grad"]  # AMSFL Sec. 3.4
             beta = lr**2 * est["smoothness"] ** 2 * est["grad_bound"] ** 2 / 2.0
-        if o.allocation == "sqrt":
-            steps = sqrt_steps(state["weights"], step_cost, comm_cost, o.round_budget, o.max_steps)
-        elif o.allocation == "gda-sqrt":
-            steps = gda_sqrt_steps(
-                state["weights"],
-                step_cost,
-                comm_cost,
-                o.round_budget,
-                state["client_estimates"],
-                lr,
-                o.mu,
-                o.max_steps,
-            )
-        elif est is None:
-            spare = o.round_budget - comm_cost.sum()
-            affordable = int(spare / max(step_cost.sum(), 1e-300) + 1e-9)
-            steps = np.full(system.num_clients, max(1, min(self.train.local_steps, affordable, o.max_steps)))
-        else:
-            steps = greedy_steps(
-                state["weights"], step_cost, comm_cost, o.round_budget, alpha, beta, o.allocation, o.max_steps
-            )
+        steps = self._steps(state, system.num_clients, step_cost, comm_cost, lr, alpha, beta)
         record = {
             "round": round_index + 1,
             "steps": steps.tolist(),

@@ -37,7 +37,7 @@ they never import an engine, the local trainer or the data.
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -532,12 +532,28 @@ def _check_hook_signatures(cls: type, label: str) -> None:
             )
 
 
-ALGORITHMS: dict[str, type[Algorithm]] = {}
+class _BuiltinAlgorithms(Mapping):
+    """The built-in algorithms by name, read from the registry (the one place that keeps
+    them): ``ALGORITHMS["salf"]`` is the class."""
+
+    def _classes(self) -> dict[str, type[Algorithm]]:
+        return {name: entry.cls for name, entry in registry.builtins("algorithm").items()}
+
+    def __getitem__(self, name: str) -> type[Algorithm]:
+        return self._classes()[name]
+
+    def __iter__(self):
+        return iter(self._classes())
+
+    def __len__(self) -> int:
+        return len(self._classes())
+
+
+ALGORITHMS: Mapping[str, type[Algorithm]] = _BuiltinAlgorithms()
 
 
 def register(cls: type[Algorithm]) -> type[Algorithm]:
     """Class decorator adding a built-in algorithm to the registry under ``cls.name``."""
-    ALGORITHMS[cls.name] = cls
     return registry.register("algorithm")(cls)
 
 

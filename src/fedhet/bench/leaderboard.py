@@ -326,14 +326,20 @@ def _curves(entries: list[Entry], column: str = "test_accuracy") -> dict[str, tu
 
 
 def figures(board: Leaderboard, out: Path) -> list[Path]:
-    """Accuracy against simulated time per scenario, and the rank heat-map, as PNGs."""
-    import warnings
-
-    import numpy as np
-
-    from fedhet.studies.plots import _pyplot, algorithm_color
+    """The score against simulated time per scenario, and the rank heat-map, as PNGs."""
+    from fedhet.studies.plots import _pyplot
 
     plt = _pyplot()
+    return [_curves_figure(plt, board, out / "leaderboard-curves.png"),
+            _ranks_figure(plt, board, out / "leaderboard-ranks.png")]  # fmt: skip
+
+
+def _curves_figure(plt, board: Leaderboard, path: Path) -> Path:
+    """Each scenario's mean test score of every method against simulated time."""
+    import warnings
+
+    from fedhet.studies.plots import algorithm_color
+
     names = list(board.scenarios)
     cols = min(3, len(names))
     rows = math.ceil(len(names) / cols)
@@ -356,10 +362,16 @@ def figures(board: Leaderboard, out: Path) -> list[Path]:
     handles, labels = list(legend.values()), list(legend)
     fig.legend(handles, labels, loc="lower center", ncol=min(6, len(labels) or 1), fontsize=8)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
-    curves = out / "leaderboard-curves.png"
-    fig.savefig(curves, dpi=90)
+    fig.savefig(path, dpi=90)
     plt.close(fig)
-    methods = [o.method for o in board.overall]
+    return path
+
+
+def _ranks_figure(plt, board: Leaderboard, path: Path) -> Path:
+    """The heat-map of every method's rank in every scenario."""
+    import numpy as np
+
+    names, methods = list(board.scenarios), [o.method for o in board.overall]
     matrix = np.full((len(methods), len(names)), np.nan)
     for j, name in enumerate(names):
         for e in board.scenarios[name]:
@@ -375,10 +387,9 @@ def figures(board: Leaderboard, out: Path) -> list[Path]:
             ax.text(j, i, text, ha="center", va="center", fontsize=8, color="white")
     ax.set_title(f"rank per scenario (1 = best mean test {board.score.metric})", fontsize=10)
     fig.tight_layout()
-    ranks = out / "leaderboard-ranks.png"
-    fig.savefig(ranks, dpi=90)
+    fig.savefig(path, dpi=90)
     plt.close(fig)
-    return [curves, ranks]
+    return path
 
 
 def html_page(markdown_text: str, images: list[Path]) -> str:

@@ -144,6 +144,8 @@ def run_study(suite: Suite, scenario: Scenario, method: Method, storage: str, ou
     import optuna
     from optuna.trial import TrialState
 
+    from fedhet.studies.tune import failure_reason
+
     study = open_study(suite, scenario, method, storage)
     requeue_interrupted(study)
     if study.user_attrs.get("stopped"):  # run again: it may have been fixed
@@ -163,10 +165,7 @@ def run_study(suite: Suite, scenario: Scenario, method: Method, storage: str, ou
             failures = 0
             continue
         except Exception as exc:  # noqa: BLE001  (the trial fails with its reason; K in a row stop)
-            reason = getattr(exc, "line", None) or (
-                str(exc) if isinstance(exc, FedhetError) else f"{type(exc).__name__}: {exc}"
-            )
-            reason = (reason.strip().splitlines() or [type(exc).__name__])[0][:300]
+            reason = failure_reason(exc)
             trial.set_user_attr("error", reason)
             study.tell(trial, state=TrialState.FAIL)
             if isinstance(exc, ConfigError) and status(study, suite.trials).counted == 0:

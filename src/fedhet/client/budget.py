@@ -74,6 +74,26 @@ class WallClockBudget:
         return self.fits_another_step()
 
 
+def _timed_forward(blocks, x: torch.Tensor, depth: int, clock: WallClockBudget):
+    """The forward pass block by block from layer ``depth``, each block's input detached (so
+    that each layer's backward is its own call), each block timed: (inputs, outputs, the
+    forward times spent on the clock)."""
+    with torch.no_grad():
+        for block in blocks[: depth - 1]:
+            x = block(x)
+    inputs, outputs, forward_times = [], [], []
+    h = x.detach()
+    for index, block in enumerate(blocks[depth - 1 :]):
+        start = time.perf_counter()
+        inp = h.detach().requires_grad_(index > 0)
+        out = block(inp)
+        forward_times.append(clock.spend(time.perf_counter() - start, 0))
+        inputs.append(inp)
+        outputs.append(out)
+        h = out
+    return inputs, outputs, forward_times
+
+
 def timed_first_step(
     model, x: torch.Tensor, y: torch.Tensor, depth: int, clock: WallClockBudget, loss_of=None
 ):
@@ -91,20 +111,8 @@ def timed_first_step(
     require_sequential(model, "the wall-clock system model")
     blocks = model.blocks
     num_layers = len(blocks)
-    with torch.no_grad():
-        for block in blocks[: depth - 1]:
-            x = block(x)
-    inputs, outputs, forward_times = [], [], []
-    h = x.detach()
-    for index, block in enumerate(blocks[depth - 1 :]):
-        start = time.perf_counter()
-        inp = h.detach().requires_grad_(index > 0)
-        out = block(inp)
-        forward_times.append(clock.spend(time.perf_counter() - start, 0))
-        inputs.append(inp)
-        outputs.append(out)
-        h = out
-    loss = (loss_of or default_task().loss)(h, y)  # the task's loss (fedhet.data.task)
+    inputs, outputs, forward_times = _timed_forward(blocks, x, depth, clock)
+    loss = (loss_of or default_task().loss)(outputs[-1], y)  # the task's loss (fedhet.data.task)
     grad_out = torch.autograd.grad(loss, outputs[-1])[0]
     per_layer: dict[int, tuple] = {}
     estimate = 2.0 * forward_times[-1] + clock.layer_delay

@@ -69,11 +69,7 @@ class _Group:
     on_error: OnError | None
     kept: dict
     first: tuple | None = None  # a wall-clock task's timed first step: (loss, grads, x, y)
-
-    @property
-    def shared(self) -> bool:
-        """A group of one, trained in the working model's own storage."""
-        return self.rows.data_ptr() == self.view.flat.params.data_ptr()
+    shared: bool = False  # a group of one, trained in the working model's own storage
 
     def fail(self, member: Member, exc: BaseException) -> None:
         """A client's hook raised: stop the run (``on_error`` raises), or leave the client
@@ -262,8 +258,9 @@ class LocalTrainer:
                 for m in members} if snapshot else {}  # fmt: skip
         stacked = len(members) > 1 and self.gradients.stacks(rule, lead.data.x)
         group = _Group(
-            members, params, buffers, rows, buffer_rows, view, rule, stacked, on_error, kept, first
-        )
+            members, params, buffers, rows, buffer_rows, view, rule, stacked, on_error, kept, first,
+            shared=len(members) == 1,
+        )  # fmt: skip
         self.optimizer.begin(
             [Namespace(m.state, OPTIMIZER) for m in members], flat.params.numel(), flat.device
         )
@@ -305,8 +302,7 @@ class LocalTrainer:
             for member in members[:active]:
                 if first is None:
                     member.budget.step_done(self.flat.num_layers + 1 - depth)
-            with torch.no_grad():
-                group.view.restrict_rows(grads)
+            group.view.restrict_rows(grads)  # plain tensors: no graph to keep out of
             if track:
                 self._observe(group, grads, x, y, own=step == 0 and group.first is None)
             with torch.no_grad():

@@ -303,7 +303,11 @@ class Natural(Partitioner):
         return [np.flatnonzero(users == user) for user in chosen]
 
 
-PARTITIONERS = ("iid", "dirichlet", "shards", "label-swap", "natural", "quantity-skew")
+# the built-in partitioners' names, as registered above (the registry is the one list)
+PARTITIONERS = tuple(
+    obj.name for obj in list(globals().values())
+    if isinstance(obj, type) and issubclass(obj, Partitioner) and obj is not Partitioner
+)  # fmt: skip
 
 
 def partition_indices(

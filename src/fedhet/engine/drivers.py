@@ -96,9 +96,40 @@ class RoundDriver:
     name = "round"
 
     def step(self, env: StepEnvironment, state, t: int):
+        """One synchronous round: plan, sample the outcomes, send the tasks, aggregate what
+        arrives as it arrives, the server step; its metrics row (None: the round does not fit
+        the time budget; a :class:`NonFinite` fault)."""
+        config, world = env.config, env.world
+        hooks = Hooks(config.algorithm_name, t + 1)  # the rule's hooks, named when they fail
+        model = Hooks(config.system.model, t + 1, "system model")  # the system model's, likewise
+        context, asked = self._sample(env, state, t, hooks, model)
+        plan, outcomes = context.plan, context.outcomes
+        duration = round_duration(plan.deadline, outcomes.finish_time[asked])
+        if not env.clock.fits(duration):
+            return None
+        tasks = self._tasks(world, state, context, asked, hooks)
+        received = self._aggregate(env, state, t, tasks, context, hooks, model)
+        if isinstance(received, NonFinite):
+            return received
+        delivered, skipped = received
+        # depths reached: sampled by the model, or (wall-clock) delivered by the clients
+        wall_clock = world.server_system.wall_clock
+        depths = np.array([u.depth for u in delivered]) if wall_clock else outcomes.depth[asked]
+        state.sim_time = env.clock.advance(duration)
+        faults = len(take_faults(env.pool))
+        names = world.dataset.task.metric_names()
+        row = metrics_row(
+            t + 1, state.sim_time, duration, plan.deadline, plan.lr, delivered, depths, skipped, faults, names
+        )
+        algorithm = world.algorithm
+        return {**row, **hooks.metrics(hooks.call("round_metrics", algorithm.round_metrics, state.algorithm))}
+
+    @staticmethod
+    def _sample(env: StepEnvironment, state, t: int, hooks: Hooks, model: Hooks):
+        """The rule's plan, the system model's outcomes and marginals for it: the round's
+        context, and who was asked and is present."""
         config, world = env.config, env.world
         algorithm, system = world.algorithm, world.server_system
-        hooks = Hooks(config.algorithm_name, t + 1)  # the rule's hooks, named when they fail
         plan = hooks.plan(
             hooks.call("plan", algorithm.plan, t, state.algorithm, system, config.round_deadline),
             world.num_clients,
@@ -107,40 +138,37 @@ class RoundDriver:
         work.start_time = state.sim_time
         work.upload_bytes = upload_bytes(world, work.depth)
         work.download_bytes = download_bytes(world)
-        model = Hooks(config.system.model, t + 1, "system model")  # the system model's, likewise
         stream = seeding.round_stream(config.run.seed, "system", t)
         outcomes = model.outcomes(model.call("sample", system.sample, work, stream), world.num_clients)
-        context = RoundContext(
-            plan,
-            outcomes,
-            model.marginals(model.call("marginals", system.marginals, work)),
-            world.num_clients,
-            world.flat.num_layers,
-            client_sizes=world.client_sizes,
-        )
-        asked = np.array([a.asked for a in plan.assignments]) & outcomes.participates
-        duration = round_duration(plan.deadline, outcomes.finish_time[asked])
-        if not env.clock.fits(duration):
-            return None
+        marginals = model.marginals(model.call("marginals", system.marginals, work))
+        context = RoundContext(plan, outcomes, marginals, world.num_clients, world.flat.num_layers,
+                               client_sizes=world.client_sizes)  # fmt: skip
+        return context, np.array([a.asked for a in plan.assignments]) & outcomes.participates
+
+    @staticmethod
+    def _tasks(world, state, context: RoundContext, asked, hooks: Hooks) -> list:
+        """The tasks of the asked, present clients (the rule may send none to some)."""
+        algorithm = world.algorithm
         tasks = [
             task
             for c in np.flatnonzero(asked)  # the others get no task (Algorithm.client_task)
             if (task := hooks.call("client_task", algorithm.client_task, context, int(c), state.algorithm))
         ]
-        if system.wall_clock and plan.deadline is not None:  # clients cut their own work
+        deadline = context.plan.deadline
+        if world.server_system.wall_clock and deadline is not None:  # clients cut their own work
             for task in tasks:
-                task.time_limit = plan.deadline
-        layout = world.flat.layout
-        aggregator = hooks.call(
-            "aggregator",
-            algorithm.aggregator,
-            state.params,
-            state.buffers,
-            tasks,
-            state.algorithm,
-            context,
-            layout,
-        )
+                task.time_limit = deadline
+        return tasks
+
+    @staticmethod
+    def _aggregate(env: StepEnvironment, state, t: int, tasks, context, hooks: Hooks, model: Hooks):
+        """The updates fed to the rule's aggregator as they arrive, its result after the
+        server step as the new model: (the delivered updates' summaries, how many were
+        skipped as non-finite), or a :class:`NonFinite` fault."""
+        config, world = env.config, env.world
+        system = world.server_system
+        aggregator = hooks.call("aggregator", world.algorithm.aggregator, state.params, state.buffers, tasks,
+                                state.algorithm, context, world.flat.layout)  # fmt: skip
         rule = "aggregate" if isinstance(aggregator, ListAggregator) else "streaming_aggregator"
         delivered: list[UpdateSummary] = []
         skipped = 0
@@ -162,15 +190,7 @@ class RoundDriver:
         if what := params_fault(params, buffers):
             return NonFinite(t + 1, None, what)
         state.params, state.buffers = params, buffers
-        state.sim_time = env.clock.advance(duration)
-        # depths reached: sampled by the model, or (wall-clock) delivered by the clients
-        depths = np.array([u.depth for u in delivered]) if system.wall_clock else outcomes.depth[asked]
-        faults = len(take_faults(env.pool))
-        names = world.dataset.task.metric_names()
-        row = metrics_row(
-            t + 1, state.sim_time, duration, plan.deadline, plan.lr, delivered, depths, skipped, faults, names
-        )
-        return {**row, **hooks.metrics(hooks.call("round_metrics", algorithm.round_metrics, state.algorithm))}
+        return delivered, skipped
 
 
 class EventDriver:
@@ -233,17 +253,17 @@ class EventDriver:
             if algorithm.keeps_sent_models:  # one reference per version in flight
                 engine.setdefault("sent", {}).setdefault(str(version), (state.params, state.buffers))
 
-    def step(self, env: StepEnvironment, state, t: int):
-        world, clock = env.world, env.clock
-        engine = self._engine_state(state, world.num_clients)
-        algorithm = cast("AsyncAlgorithm", world.algorithm)
+    def _arrivals(self, env: StepEnvironment, state, t: int) -> list | None:
+        """The next ``buffer_size`` arrivals, (update, staleness) each, starting idle clients
+        as arrivals free them; None when the next arrival falls beyond the time budget."""
+        engine, algorithm = state.engine, cast("AsyncAlgorithm", env.world.algorithm)
         k = Hooks(env.config.algorithm_name, t + 1).call("buffer_size", algorithm.buffer_size)
-        self._start_clients(env, state, state.engine.get("now", state.sim_time), t)
+        self._start_clients(env, state, engine.get("now", state.sim_time), t)
         while True:
             if not engine["in_flight"]:
                 raise FedhetError(f"{algorithm.name}: no client could be started (all absent or failed)")
             arrival = min(engine["in_flight"], key=lambda e: (e["time"], e["client"]))
-            if not clock.fits(arrival["time"] - state.sim_time):
+            if not env.clock.fits(arrival["time"] - state.sim_time):
                 return None
             engine["in_flight"].remove(arrival)
             engine["now"] = arrival["time"]
@@ -254,6 +274,18 @@ class EventDriver:
                 # idle clients start once every arrival of this instant is in
                 self._start_clients(env, state, engine["now"], t)
         entries, engine["buffer"] = engine["buffer"], []
+        return entries
+
+    def step(self, env: StepEnvironment, state, t: int):
+        """One server step: the arrivals up to the buffer's size in simulated-time order,
+        applied by the rule, then the server step; its metrics row (None: the next arrival
+        falls beyond the time budget; a :class:`NonFinite` fault)."""
+        world, clock = env.world, env.clock
+        engine = self._engine_state(state, world.num_clients)
+        algorithm = cast("AsyncAlgorithm", world.algorithm)
+        entries = self._arrivals(env, state, t)
+        if entries is None:
+            return None
         for update, _ in entries:
             if what := update_fault(update):
                 return NonFinite(t + 1, update.client, what)

@@ -231,6 +231,7 @@ class FlowerPool:
 
     name = "flower"
     Options = NoOptions
+    engine = "flower"  # the pool of the flower engine, which builds it over its Grid
 
     @classmethod
     def build(cls, options, ctx=None):

@@ -76,7 +76,16 @@ class Engine:
 
     def check(self, config: Config) -> None:
         """Raise a one-line :class:`~fedhet.errors.ConfigError` for a configuration this
-        engine cannot run as configured (never run it elsewhere instead)."""
+        engine cannot run as configured (never run it elsewhere instead): by default, a pool
+        that declares another engine (a pool's ``engine``; None: any engine's)."""
+        pool = config.run.plugins["pool"][0].cls
+        drives = getattr(pool, "engine", "embedded")  # a pool that declares none: the embedded engine's
+        if drives is not None and drives != self.name:
+            raise ConfigError(self.pool_refusal(config.run.pool, drives))
+
+    def pool_refusal(self, pool: str, engine: str) -> str:
+        """The one line refusing ``run.pool = pool``, a pool of ``engine``."""
+        return f"run.pool = {pool!r}: a pool of the {engine} engine (run.engine = {engine!r})"
 
     def run(self, config: Config, out_dir: str | Path, launch: Launch) -> RunResult:
         raise NotImplementedError
@@ -90,11 +99,10 @@ class EmbeddedEngine(Engine):
     name = "embedded"
     runs_workers = True
 
-    def check(self, config: Config) -> None:
-        if config.run.pool == "flower":
-            raise ConfigError(
-                "run.pool = 'flower': Flower's pool runs on the flower engine (run.engine = 'flower')"
-            )
+    def pool_refusal(self, pool: str, engine: str) -> str:
+        if engine == "flower":
+            return "run.pool = 'flower': Flower's pool runs on the flower engine (run.engine = 'flower')"
+        return super().pool_refusal(pool, engine)
 
     def run(self, config: Config, out_dir: str | Path, launch: Launch) -> RunResult:
         loop = RunLoop(
@@ -148,12 +156,14 @@ class FlowerEngine(Engine):
     def check(self, config: Config) -> None:
         from fedhet.engine.flower import require_flower
 
-        if config.run.pool not in ("auto", "flower"):
-            raise ConfigError(
-                f"run.pool = {config.run.pool!r}: the flower engine sends each task to the client's "
-                "node (its own pool); leave run.pool unset"
-            )
+        super().check(config)
         require_flower()
+
+    def pool_refusal(self, pool: str, engine: str) -> str:
+        return (
+            f"run.pool = {pool!r}: the flower engine sends each task to the client's node (its own "
+            "pool); leave run.pool unset"
+        )
 
     def run(self, config: Config, out_dir: str | Path, launch: Launch) -> RunResult:
         from fedhet.engine.flower import run_simulation

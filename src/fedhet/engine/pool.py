@@ -168,6 +168,7 @@ class InProcessPool:
 
     name = "in-process"
     Options = NoOptions
+    engine: str | None = "embedded"  # the engine that drives this pool (None: any engine's)
     side: WorkerSide | None  # set by attach() when built from a configuration
     seed: int
 
@@ -246,6 +247,7 @@ class AutoPool:
 
     name = "auto"
     Options = NoOptions
+    engine: str | None = None  # whichever engine runs: each places its clients itself
 
     @classmethod
     def build(cls, options, ctx: PoolContext):

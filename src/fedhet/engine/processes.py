@@ -127,7 +127,6 @@ def serve(fd: int) -> None:
     blocks = []
     try:
         from fedhet.config import from_dict
-        from fedhet.engine.client_errors import client_error_detail
         from fedhet.engine.evaluation import make_evaluator
         from fedhet.engine.pool import WorkerSide
         from fedhet.world import build_world
@@ -153,6 +152,14 @@ def serve(fd: int) -> None:
         with contextlib.suppress(OSError):
             _send(conn, ("failed", -1, _describe(exc)))
         return
+    _answer(conn, side, evaluator, models, running)
+
+
+def _answer(conn, side, evaluator, models: list, running) -> None:
+    """A worker's loop: answer each message (tasks with their clients' states, or shards of
+    the test set to evaluate) until "stop" or until the run is gone."""
+    from fedhet.engine.client_errors import client_error_detail
+
     (params, buffers), (eval_params, eval_buffers) = models
     while True:
         try:

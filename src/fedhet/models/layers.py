@@ -144,6 +144,11 @@ class FlatModel:
         device = next(model.parameters()).device if param_chunks else torch.device("cpu")
         self.params = torch.cat(param_chunks).clone() if param_chunks else torch.zeros(0)
         self.buffers = torch.cat(buffer_chunks).clone() if buffer_chunks else torch.zeros(0, device=device)
+        self._point_into_flat(buffer_owners)
+
+    def _point_into_flat(self, buffer_owners: list) -> None:
+        """Make every parameter and float buffer of the model a view of its region of the
+        flat vectors (conv weights under channels-last: a permuted view)."""
         with torch.no_grad():
             off = 0
             for params in self.layer_params:
@@ -169,6 +174,8 @@ class FlatModel:
     def flatten(self, tensors: list[torch.Tensor]) -> torch.Tensor:
         """Per-parameter tensors (gradients of layers ``d..L``) as one vector in the flat
         order of their region (channels-last conv weights included)."""
+        if not self.channels_last:
+            return torch.cat([t.reshape(-1) for t in tensors])
         return torch.cat([self._ordered(t).reshape(-1) for t in tensors])
 
     @property

@@ -180,37 +180,41 @@ def _launch(experiment, todo, fresh, out_dir, summaries, jobs, on_cell, ray, lau
             if on_cell:
                 on_cell(cell, summaries[cell.name])
     else:
-        from fedhet.threads import free_cores
-
-        budget = max(1, free_cores() // workers)  # the jobs' threads do not fight each other
-        _preload_datasets(todo)
-        with ProcessPoolExecutor(
-            max_workers=workers, initializer=watch_parent, initargs=(os.getpid(),)
-        ) as pool:
-            futures = {
-                pool.submit(
-                    _run_cell, c.config, str(out_dir / c.name), budget, c.name in fresh, None, launch.resume
-                ): c
-                for c in todo
-            }
-            for future in as_completed(futures):
-                cell = futures[future]
-                try:
-                    summaries[cell.name] = future.result()
-                except FedhetError as exc:
-                    if not launch.keep_going:
-                        raise FedhetError(f"cell {cell.name}: {exc}") from None
-                    summaries[cell.name] = failed_cell(cell, exc)
-                except BrokenProcessPool:
-                    done = sum(1 for f in futures if f.done() and not f.exception())
-                    raise FedhetError(
-                        f"cell {cell.name}: a grid worker process died (killed, or out of memory); "
-                        f"{done} of {len(todo)} cells finished and are kept: run the same command again "
-                        "to resume the rest"
-                    ) from None
-                if on_cell:
-                    on_cell(cell, summaries[cell.name])
+        _in_processes(todo, out_dir, fresh, summaries, workers, on_cell, launch)
     return summaries
+
+
+def _in_processes(todo, out_dir, fresh, summaries: dict, workers: int, on_cell, launch) -> None:
+    """The cells ``todo`` in ``workers`` processes sharing the free cores; a cell's error
+    fails it (``keep_going``) or stops the grid; a dead worker stops it in one line."""
+    from fedhet.threads import free_cores
+
+    budget = max(1, free_cores() // workers)  # the jobs' threads do not fight each other
+    _preload_datasets(todo)
+    with ProcessPoolExecutor(max_workers=workers, initializer=watch_parent, initargs=(os.getpid(),)) as pool:
+        futures = {
+            pool.submit(
+                _run_cell, c.config, str(out_dir / c.name), budget, c.name in fresh, None, launch.resume
+            ): c
+            for c in todo
+        }
+        for future in as_completed(futures):
+            cell = futures[future]
+            try:
+                summaries[cell.name] = future.result()
+            except FedhetError as exc:
+                if not launch.keep_going:
+                    raise FedhetError(f"cell {cell.name}: {exc}") from None
+                summaries[cell.name] = failed_cell(cell, exc)
+            except BrokenProcessPool:
+                done = sum(1 for f in futures if f.done() and not f.exception())
+                raise FedhetError(
+                    f"cell {cell.name}: a grid worker process died (killed, or out of memory); "
+                    f"{done} of {len(todo)} cells finished and are kept: run the same command again "
+                    "to resume the rest"
+                ) from None
+            if on_cell:
+                on_cell(cell, summaries[cell.name])
 
 
 def _cell_here(cell: Cell, out_dir: Path, fresh: bool, group: str, launch: CellLaunch) -> dict:

@@ -52,17 +52,7 @@ def describe_plan(config: Config, depth_fraction: float | None = None, out: str 
     if not plan:
         lines.append(_deadline_line(config, world, algorithm_state, batch))
     if plan:
-        deadlines = plan["deadlines"]
-        lines.append(f"{config.algorithm_name} plan: {plan['status']} after {plan['iterations']} iterations")
-        lines.append(
-            f"  objective {plan['objective']:.6g} (equal deadlines {plan['equal_deadlines_objective']:.6g}); "
-            f"batch scale m = {plan['batch_scale']:.4g}; batch sizes {min(plan['batch_sizes'])}.."
-            f"{max(plan['batch_sizes'])}"
-        )
-        lines.append(
-            f"  deadlines: first {deadlines[0]:.4g}, middle {deadlines[len(deadlines) // 2]:.4g}, "
-            f"last {deadlines[-1]:.4g}; total {plan['total_time']:.6g} of {plan['time_budget']:.6g}"
-        )
+        lines += _plan_lines(config.algorithm_name, plan)
         if out:
             Path(out).write_text(dumps(plan, indent=2))
             lines.append(f"  written to {out}")
@@ -73,6 +63,19 @@ def describe_plan(config: Config, depth_fraction: float | None = None, out: str 
             f"{config.algorithm_name}: no planner; system {system.name} has no time law to calibrate"
         )
     return lines
+
+
+def _plan_lines(name: str, plan: dict) -> list[str]:
+    """A planner's report (ADEL-FL's deadlines and batch sizes) in three lines."""
+    deadlines = plan["deadlines"]
+    return [
+        f"{name} plan: {plan['status']} after {plan['iterations']} iterations",
+        f"  objective {plan['objective']:.6g} (equal deadlines {plan['equal_deadlines_objective']:.6g}); "
+        f"batch scale m = {plan['batch_scale']:.4g}; batch sizes {min(plan['batch_sizes'])}.."
+        f"{max(plan['batch_sizes'])}",
+        f"  deadlines: first {deadlines[0]:.4g}, middle {deadlines[len(deadlines) // 2]:.4g}, "
+        f"last {deadlines[-1]:.4g}; total {plan['total_time']:.6g} of {plan['time_budget']:.6g}",
+    ]
 
 
 def _deadline_line(config: Config, world, algorithm_state: dict, batch: np.ndarray) -> str:

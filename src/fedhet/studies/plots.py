@@ -143,19 +143,22 @@ def plot_runs(
     ylabel = "test RMSE" if name == "rmse" else f"test {name}"
     written.append(_save(plt, fig, ax, xlabel, ylabel, title, out_prefix, name))
 
-    with_deadlines = [(run, run.read_metrics()) for run in runs] if deadlines else []
-    with_deadlines = [(run, rows) for run, rows in with_deadlines if any(r.get("deadline") for r in rows)]
-    if with_deadlines:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for run, rows in with_deadlines:
-            ax.plot(
-                [r["round"] for r in rows],
-                [r["deadline"] for r in rows],
-                label=labels[run.path],
-                **styles[run.path],
-            )
-        written.append(_save(plt, fig, ax, "round", "deadline [s]", title, out_prefix, "deadlines"))
+    if deadlines:
+        written += _deadline_figure(plt, runs, labels, styles, title, out_prefix)
     return written
+
+
+def _deadline_figure(plt, runs, labels, styles, title: str, out_prefix: Path) -> list[Path]:
+    """``<out_prefix>-deadlines.png``, the deadline per round, when some run has one."""
+    with_deadlines = [(run, run.read_metrics()) for run in runs]
+    with_deadlines = [(run, rows) for run, rows in with_deadlines if any(r.get("deadline") for r in rows)]
+    if not with_deadlines:
+        return []
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for run, rows in with_deadlines:
+        ax.plot([r["round"] for r in rows], [r["deadline"] for r in rows], label=labels[run.path],
+                **styles[run.path])  # fmt: skip
+    return [_save(plt, fig, ax, "round", "deadline [s]", title, out_prefix, "deadlines")]
 
 
 def score_column(runs, rows: list[dict]) -> str:

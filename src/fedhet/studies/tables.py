@@ -51,6 +51,11 @@ def report_table(experiment: Experiment, summaries: dict[str, dict], digits: int
             cells.append(text)
         body.append(cells)
     seeds = max((len(v) for by_col in rows.values() for v in by_col.values()), default=0)
+    return _render(head, body, _table_notes(experiment, seeds, bool(caveated), tests), fmt)
+
+
+def _table_notes(experiment: Experiment, seeds: int, caveated: bool, tests: int) -> list[str]:
+    """What the table's intervals, ⚠ and ↑/↓ marks mean."""
     notes = []
     if seeds > 1:
         what = "sample standard deviation" if experiment.interval == "std" else "95% confidence interval (t)"
@@ -68,7 +73,7 @@ def report_table(experiment: Experiment, summaries: dict[str, dict], digits: int
             f"↑/↓: significantly above/below the {experiment.reference!r} column of the same row "
             f"(two-sided paired t-test over seeds, p < {experiment.alpha:g}, {how})"
         )
-    return _render(head, body, notes, fmt)
+    return notes
 
 
 def _reference_marks(experiment: Experiment, rows: dict, col_order: list[str]) -> tuple[dict, int]:

@@ -340,6 +340,15 @@ def _trial_line(study_name: str, trial, state: str, reason: str = "") -> str:
     return f"{study_name}: trial {trial.number}: {what} ({params})"
 
 
+def failure_reason(exc: BaseException) -> str:
+    """Why a trial failed, in one line: a plug-in's own line, a fedhet error's message, or
+    the exception's type and text (tune's and bench's trials alike)."""
+    reason = getattr(exc, "line", None) or (
+        str(exc) if isinstance(exc, FedhetError) else f"{type(exc).__name__}: {exc}"
+    )
+    return (reason.strip().splitlines() or [type(exc).__name__])[0][:300]
+
+
 def _worker(storage: str, study_name: str, space: SearchSpace, raw: dict, algorithm: str | None,
             out: str, trials: int, core_budget: int | None, worker: int = 0, max_failures: int = 3,
             on_trial: Callable[[str, bool], None] | None = None) -> None:  # fmt: skip
@@ -366,10 +375,7 @@ def _worker(storage: str, study_name: str, space: SearchSpace, raw: dict, algori
         except optuna.TrialPruned:
             raise
         except Exception as exc:  # noqa: BLE001  (the trial fails with its reason; K in a row stop)
-            reason = getattr(exc, "line", None) or (  # a plug-in's failure: its own line
-                str(exc) if isinstance(exc, FedhetError) else f"{type(exc).__name__}: {exc}"
-            )
-            reason = (reason.strip().splitlines() or [type(exc).__name__])[0][:300]
+            reason = failure_reason(exc)
             trial.set_user_attr("error", reason)
             raise TrialFailed(reason) from None
 
@@ -451,14 +457,12 @@ def tune(
 
     if max_failures < 1:
         raise FedhetError(f"--max-failures {max_failures}: must be >= 1")
-    space = load_space(space_path)
-    studies = _studies(config_path, overrides or [])
+    space, studies = load_space(space_path), _studies(config_path, overrides or [])
     out = Path(out)
     make_folder(out, "tune folder")
-    storage_url = _storage_url(out, storage)
-    base_name = Path(config_path).stem
+    storage_url, base_name = _storage_url(out, storage), Path(config_path).stem
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    results = []
+    results: list[dict] = []
     check_space(space, studies)
     _check_engines(studies, jobs)
     _check_validation(studies, config_path, allow_test_set)

@@ -57,6 +57,29 @@ class AvailabilityTrace:
         return "\n".join(lines) + "\n"
 
 
+def _spans(line: str, where: str) -> list[tuple[float, float]]:
+    """One client's line: its online intervals ``start-end`` in order ("" or "-": none);
+    refused in one line naming ``where`` (file:line) when malformed or overlapping."""
+    spans = []
+    for item in line.split() if line not in ("", "-") else []:
+        start, sep, end = item.partition("-")
+        try:
+            a, b = float(start), float(end)
+        except ValueError:
+            raise DataError(f"{where}: {item!r} is not an interval start-end") from None
+        if not sep or not (np.isfinite(a) and np.isfinite(b)) or a < 0 or b <= a:
+            raise DataError(f"{where}: {item!r} is not an interval with 0 <= start < end")
+        spans.append((a, b))
+    spans = sorted(spans)
+    for (a0, b0), (a1, b1) in zip(spans, spans[1:], strict=False):
+        if a1 < b0:
+            raise DataError(
+                f"{where}: intervals {a0:g}-{b0:g} and {a1:g}-{b1:g} overlap (the share of "
+                "time online would count twice)"
+            )
+    return spans
+
+
 def read_trace(path: str | Path, num_clients: int) -> AvailabilityTrace:
     """Parse a trace file; one-line errors name the file and line."""
     path = Path(path)
@@ -76,27 +99,9 @@ def read_trace(path: str | Path, num_clients: int) -> AvailabilityTrace:
                 if not period > 0 or not np.isfinite(period):
                     raise DataError(f"{path}:{number}: period must be a positive number")
             continue
-        spans = []
         if line == "*":
             always.append(len(rows))
-        elif line not in ("", "-"):
-            for item in line.split():
-                start, sep, end = item.partition("-")
-                try:
-                    a, b = float(start), float(end)
-                except ValueError:
-                    raise DataError(f"{path}:{number}: {item!r} is not an interval start-end") from None
-                if not sep or not (np.isfinite(a) and np.isfinite(b)) or a < 0 or b <= a:
-                    raise DataError(f"{path}:{number}: {item!r} is not an interval with 0 <= start < end")
-                spans.append((a, b))
-        spans = sorted(spans)
-        for (a0, b0), (a1, b1) in zip(spans, spans[1:], strict=False):
-            if a1 < b0:
-                raise DataError(
-                    f"{path}:{number}: intervals {a0:g}-{b0:g} and {a1:g}-{b1:g} overlap (the share of "
-                    "time online would count twice)"
-                )
-        rows.append(spans)
+        rows.append(_spans(line if line != "*" else "", f"{path}:{number}"))
         lines.append(number)
     if len(rows) != num_clients:
         raise DataError(f"{path}: {len(rows)} clients in the trace, the run has {num_clients}")
