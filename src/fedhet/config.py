@@ -325,7 +325,7 @@ class RunConfig(PluginSection):
         names = [item.get("name") if isinstance(item, dict) else item for item in self.track]
         for name in names:
             try:  # a tracker is any callback plug-in: a built-in's name, an entry point, a module path
-                cls = resolve("callback", name, "run.track").cls
+                cls = resolve("callback", str(name), "run.track").cls
             except ConfigError:
                 trackers = builtins("callback").items()
                 known = ", ".join(n for n, e in trackers if getattr(e.cls, "package", None))

@@ -251,7 +251,7 @@ def client_holdout(config: Config, parts: list) -> tuple[list, list]:
     return parts, holdout
 
 
-def check_memory_format(config: Config, algorithm_cls: type) -> bool:
+def check_memory_format(config: Config, algorithm_cls: type[Algorithm]) -> bool:
     """Whether conv weights are channels-last; refused for rules whose masks assume the
     contiguous order."""
     channels_last = config.run.memory_format == "channels_last"
