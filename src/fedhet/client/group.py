@@ -242,8 +242,11 @@ class GroupGradients:
     def on_working_model(self, member: Member, x, y, depth: int, rule) -> tuple[torch.Tensor, float]:
         """(the flat gradient over layers ``depth..L``, the loss) of the working model as
         loaded, truncated back-propagation asking autograd for the reached parameters only."""
-        own = Namespace(member.state, ALGORITHM)
-        loss = self.loss(self.flat.model, member.task, own, member.rng, x, y, depth, rule)
+        if rule is not None and rule.customises_loss:
+            own = Namespace(member.state, ALGORITHM)
+            loss = rule.local_loss(member.task, own, self.flat.model, x, y, depth, self.task_loss, member.rng)
+        else:
+            loss = self.task_loss(self.flat.model(x, depth), y)
         grads = gradients(loss, self.flat.parameters_from_depth(depth))
         with torch.no_grad():
             return self.flat.flatten(grads), float(loss.detach())

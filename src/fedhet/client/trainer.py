@@ -71,6 +71,8 @@ class _Group:
     first: tuple | None = None  # a wall-clock task's timed first step: (loss, grads, x, y)
     shared: bool = False  # a group of one, trained in the working model's own storage
 
+    def __post_init__(self) -> None:
+        self.regions = self.rows[:, self.view.param_slice]  # the covered columns of every row
     def fail(self, member: Member, exc: BaseException) -> None:
         """A client's hook raised: stop the run (``on_error`` raises), or leave the client
         out with the state it had."""
@@ -242,7 +244,8 @@ class LocalTrainer:
         if depth > flat.num_layers or lead.task.local_steps <= 0:
             lead.task = replace(lead.task, coverage=Coverage(depth, lead.task.coverage.width))
             return None
-        members.sort(key=lambda m: -m.task.local_steps)  # stable: the working clients first
+        if len(members) > 1:
+            members.sort(key=lambda m: -m.task.local_steps)  # stable: the working clients first
         if first is None:
             flat.load(params, buffers)
         flat.model.train()
@@ -297,7 +300,7 @@ class LocalTrainer:
             active = len(members) if first is not None else self._working(members)
             if not active:
                 break
-            x, y = self._batches(members[:active]) if first is None else (first[2], first[3])
+            x, y = self._batches(members[:active]) if first is None else ([first[2]], [first[3]])
             grads = self._gradients(group, active, x, y, first)
             for member in members[:active]:
                 if first is None:
@@ -308,7 +311,8 @@ class LocalTrainer:
             with torch.no_grad():
                 self._correct(group, grads)
                 region = group.view.param_slice
-                self.optimizer.step(group.rows[:active, region], grads, members[0].task.lr, region)
+                regions = group.regions if active == len(members) else group.regions[:active]
+                self.optimizer.step(regions, grads, members[0].task.lr, region)
 
     @staticmethod
     def _working(members: list[Member]) -> int:
@@ -323,12 +327,13 @@ class LocalTrainer:
         return count
 
     @staticmethod
-    def _batches(members: list[Member]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each working client's next batch from its own data and stream, stacked."""
+    def _batches(members: list[Member]) -> tuple[torch.Tensor | list, torch.Tensor | list]:
+        """Each working client's next batch from its own data and stream, stacked (one
+        client: in a list, indexed the same way)."""
         if len(members) == 1:
             m = members[0]
             x, y = m.data.batch(m.rng, m.task.batch_size)
-            return x.unsqueeze(0), y.unsqueeze(0)
+            return [x], [y]
         chosen = [m.data.draw(m.rng, m.task.batch_size) for m in members]
         source = members[0].data
         if all(m.data.x is source.x for m in members):  # one dataset: one gather
