@@ -15,6 +15,7 @@ batched per pair (above 1: batched is faster), reported as the median with its r
 
     python benchmarks/batched_cpu.py --data-dir /usr/share/datasets/fashion-mnist
     python benchmarks/batched_cpu.py --workload cifar-shape --pairs 5
+    python benchmarks/batched_cpu.py --workload table2-cnn2 --stacked always   # vmap's grouped convolutions
 """
 
 from __future__ import annotations
@@ -59,11 +60,13 @@ class PoolBlock(Block):
         return seconds
 
 
-def table2_config(rounds: int, pool: str, model: str, data_dir: str):
+def table2_config(rounds: int, pool: str, model: str, data_dir: str, stacked: str = ""):
     from fedhet.config import from_dict
 
     text = TABLE2.format(rounds=rounds, pool=pool, table2=TABLE2_CNN)
     document = tomllib.loads(text)
+    if stacked and pool == "batched":
+        document["run"]["stacked"] = stacked
     document["model"] = {"name": "cnn2"} if model == "cnn2" else {"name": "mlp", "hidden": [100]}
     document["data"]["data_dir"] = data_dir
     return from_dict(document)
@@ -90,6 +93,9 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=21)
     parser.add_argument("--cifar-rounds", type=int, default=6)
+    parser.add_argument(
+        "--stacked", default="", help="run.stacked of the batched side (default: its default)"
+    )
     args = parser.parse_args()
     print(machine_header("one torch thread per run, in this process"))
     with tempfile.TemporaryDirectory(prefix="fedhet-bench-") as tmp:
@@ -100,7 +106,9 @@ def main() -> int:
             one = PoolBlock(
                 lambda m=model: table2_config(args.rounds, "in-process", m, args.data_dir), scratch
             )
-            many = PoolBlock(lambda m=model: table2_config(args.rounds, "batched", m, args.data_dir), scratch)
+            many = PoolBlock(
+                lambda m=model: table2_config(args.rounds, "batched", m, args.data_dir, args.stacked), scratch
+            )
             figures = alternate(one, many, args.pairs)
             assert many.pools == {"batched"} and one.pools == {"in-process"}
             label = f"table2 {model} (30 clients, batch 16, 1 step): one at a time / batched, s/round"

@@ -72,7 +72,11 @@ class _Group:
     shared: bool = False  # a group of one, trained in the working model's own storage
 
     def __post_init__(self) -> None:
-        self.regions = self.rows[:, self.view.param_slice]  # the covered columns of every row
+        pslice, bslice = self.view.param_slice, self.view.buffer_slice
+        self.regions = self.rows[:, pslice]  # the covered columns of every row, and what was sent
+        self.sent_region = self.params[pslice]
+        self.buffer_regions, self.sent_buffers = self.buffer_rows[:, bslice], self.buffers[bslice]
+
     def fail(self, member: Member, exc: BaseException) -> None:
         """A client's hook raised: stop the run (``on_error`` raises), or leave the client
         out with the state it had."""
@@ -248,7 +252,8 @@ class LocalTrainer:
             members.sort(key=lambda m: -m.task.local_steps)  # stable: the working clients first
         if first is None:
             flat.load(params, buffers)
-        flat.model.train()
+        if not flat.model.training:  # train()/eval() are set on the whole model, never on a part
+            flat.model.train()
         scale = rule is None or rule.scales_sub_models
         view = CoverageView(flat, depth, lead.task.coverage.width, self.masks, scale=scale)
         view.enter()  # a sub-model's mask on the working model, the scaler hooks on
@@ -441,14 +446,12 @@ class LocalTrainer:
     def _close(self, group: _Group, i: int, finish: bool) -> ClientUpdate:
         """Client ``i``'s update from its row: the delta over its covered elements, the
         rule's ``finish_local_work``, the optimizer's kept state, the postprocessors."""
-        member, view, params = group.members[i], group.view, group.params
-        task, row = member.task, group.rows[i]
+        member, view, params, task = group.members[i], group.view, group.params, group.members[i].task
         with torch.no_grad():
-            delta = row[view.param_slice] - params[view.param_slice]
+            delta = group.regions[i] - group.sent_region
             if view.mask is not None:
                 delta.mul_(view.mask)  # elements outside the sub-model are not the client's
-            bslice = view.buffer_slice
-            delta_buffers = group.buffer_rows[i, bslice] - group.buffers[bslice]
+            delta_buffers = group.buffer_regions[i] - group.sent_buffers
         update = ClientUpdate(
             client=task.client,
             coverage=Coverage(view.depth, task.coverage.width) if group.first else task.coverage,
@@ -462,7 +465,7 @@ class LocalTrainer:
         if group.rule is not None:
             with torch.no_grad():
                 own = Namespace(member.state, ALGORITHM)
-                group.rule.finish_local_work(task, update, own, view.param_slice, row, params)
+                group.rule.finish_local_work(task, update, own, view.param_slice, group.rows[i], params)
         return self.finish(task, update, member.state, member.rng, group.rule) if finish else update
 
     def _warm_up(self, x: torch.Tensor, y: torch.Tensor) -> None:
