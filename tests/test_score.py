@@ -161,3 +161,21 @@ def test_a_regression_bench_ranks_the_lowest_rmse_first(tmp_path):
         assert means == sorted(means) and means[0] > 1.0  # lowest RMSE first, in the target's units
     page = (out / "leaderboard.md").read_text()
     assert "test rmse (95% CI, n seeds)" in page
+
+
+def test_fjords_self_distillation_follows_the_task():
+    """FjORD's distillation term is the task's: a classification's soft cross-entropy (as
+    before), a regression's squared error to the teacher's predictions, not a softmax of a
+    single output (identically zero)."""
+    import torch
+
+    from fedhet.data.task import Classification, Regression
+
+    student, teacher = torch.tensor([[0.2], [1.5]]), torch.tensor([[1.0], [0.5]])
+    assert float(Regression().distillation(student, teacher)) == pytest.approx((0.8**2 + 1.0**2) / 2)
+    logits = torch.tensor([[0.2, 1.0], [1.5, -0.3]])
+    expected = torch.nn.functional.cross_entropy(logits, logits.flip(1).softmax(dim=1))
+    assert torch.equal(Classification().distillation(logits, logits.flip(1)), expected)
+    # a one-output model: the old softmax term was identically zero, the task's is not
+    assert float(torch.nn.functional.cross_entropy(student, teacher.softmax(dim=1))) == 0.0
+    assert float(Regression().distillation(student, teacher)) > 0

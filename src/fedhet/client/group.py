@@ -115,7 +115,7 @@ class GroupGradients:
 
     def __init__(self, flat: FlatModel, task_loss):
         self.flat = flat
-        self.task_loss = task_loss  # the dataset's task's training loss
+        self.task_loss = task_loss  # the dataset's task, called as its training loss (fedhet.data.task)
         self.caller = _Call(flat.model)
         names = {id(p): name for name, p in flat.model.named_parameters()}
         self.pieces: list[tuple[str, int, int, torch.nn.Parameter]] = []

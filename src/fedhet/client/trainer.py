@@ -106,7 +106,7 @@ class LocalTrainer:
         self.postprocessors = list(postprocessors or [])
         self.namespaces = component_names([step.name for step in self.postprocessors])
         self.masks = WidthMasks(flat)
-        self.gradients = GroupGradients(flat, self.objective.loss)
+        self.gradients = GroupGradients(flat, self.objective)  # the task: its loss, by call
         self.slowdown = 1.0  # wall-clock tasks: this device runs `slowdown` times slower
         self.layer_delay = 0.0  # wall-clock tasks: extra seconds per layer back-propagated
         self._warm = False

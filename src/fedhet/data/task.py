@@ -38,6 +38,15 @@ class Task:
         """The mean training loss of a batch."""
         raise NotImplementedError
 
+    def __call__(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The task is its training loss (what a rule's ``local_loss`` gets as ``loss``)."""
+        return self.loss(output, target)
+
+    def distillation(self, student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+        """The loss of ``student``'s outputs matching a (detached) ``teacher``'s on the same
+        batch: self-distillation (FjORD)."""
+        raise NotImplementedError(f"the {self.name} task defines no distillation loss")
+
     def batch_sums(self, output: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
         """Sums over one evaluation batch, added up over the batches (see :meth:`metrics`)."""
         raise NotImplementedError
@@ -61,6 +70,10 @@ class Classification(Task):
 
     def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(output, target)
+
+    def distillation(self, student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy of the student with the teacher's softmax (FjORD Sec. 3.3)."""
+        return F.cross_entropy(student, teacher.softmax(dim=1))
 
     def batch_sums(self, output: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
         return {
@@ -90,6 +103,10 @@ class Regression(Task):
 
     def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return F.mse_loss(output.reshape(target.shape), target)
+
+    def distillation(self, student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+        """Mean squared error to the teacher's predictions."""
+        return F.mse_loss(student, teacher)
 
     def batch_sums(self, output: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
         return {"squared": float(((output.reshape(target.shape) - target) ** 2).sum())}
