@@ -29,21 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import TABLE2_CNN, alternate, describe_ratio, machine_header  # noqa: E402
-from workers import Block  # noqa: E402
-
-TABLE2 = """
-[run]
-name = "table2"
-seed = 1
-rounds = {rounds}
-eval_every = 1
-threads = 1
-pool = "{pool}"
-{table2}straggler_ratio = 0.5
-
-[algorithm]
-name = "salf"
-"""
+from workers import TABLE2, Block  # noqa: E402
 
 
 class PoolBlock(Block):
@@ -63,8 +49,10 @@ class PoolBlock(Block):
 def table2_config(rounds: int, pool: str, model: str, data_dir: str, stacked: str = ""):
     from fedhet.config import from_dict
 
-    text = TABLE2.format(rounds=rounds, pool=pool, table2=TABLE2_CNN)
-    document = tomllib.loads(text)
+    text = TABLE2.format(rounds=rounds, workers=1, eval_every=1, table2=TABLE2_CNN)
+    document = tomllib.loads(text)  # workers.py's Table II setting, here one thread in this process
+    document["run"].update(threads=1, pool=pool)
+    document["system"]["straggler_ratio"] = 0.5
     if stacked and pool == "batched":
         document["run"]["stacked"] = stacked
     document["model"] = {"name": "cnn2"} if model == "cnn2" else {"name": "mlp", "hidden": [100]}

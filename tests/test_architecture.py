@@ -161,7 +161,6 @@ LONG_FUNCTIONS = {
     "algorithms/adelfl.py:init_state": "ADEL-FL's offline plan, equation by equation, in the paper's order",
     "data/nslkdd.py:load_nslkdd": "the NSL-KDD file format read column by column, with its one-line errors",
     "studies/spec.py:load_experiment": "the experiment file's sections checked in the order the file reads",
-    "studies/report.py:_tune_page": "one HTML page template, read top to bottom",
 }
 
 

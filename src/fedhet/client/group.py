@@ -184,9 +184,12 @@ class GroupGradients:
         return self.unsupported
 
     def loss(self, model, task, state, rng, x, y, depth: int, rule) -> torch.Tensor:
-        """The loss one local step differentiates: the rule's local loss, or the task's."""
+        """The loss one local step differentiates: the rule's local loss (``state``: the
+        client's state, seen as the rule's part of it; a stacked group's stand-in as it is),
+        or the task's."""
         if rule is not None and rule.customises_loss:
-            return rule.local_loss(task, state, model, x, y, depth, self.task_loss, rng)
+            own = state if isinstance(state, _SharedState) else Namespace(state, ALGORITHM)
+            return rule.local_loss(task, own, model, x, y, depth, self.task_loss, rng)
         return self.task_loss(model(x, depth), y)
 
     # -- stacked ------------------------------------------------------------------------
@@ -242,11 +245,7 @@ class GroupGradients:
     def on_working_model(self, member: Member, x, y, depth: int, rule) -> tuple[torch.Tensor, float]:
         """(the flat gradient over layers ``depth..L``, the loss) of the working model as
         loaded, truncated back-propagation asking autograd for the reached parameters only."""
-        if rule is not None and rule.customises_loss:
-            own = Namespace(member.state, ALGORITHM)
-            loss = rule.local_loss(member.task, own, self.flat.model, x, y, depth, self.task_loss, member.rng)
-        else:
-            loss = self.task_loss(self.flat.model(x, depth), y)
+        loss = self.loss(self.flat.model, member.task, member.state, member.rng, x, y, depth, rule)
         grads = gradients(loss, self.flat.parameters_from_depth(depth))
         with torch.no_grad():
             return self.flat.flatten(grads), float(loss.detach())

@@ -246,33 +246,12 @@ def _tune_page(path: Path) -> str:
                 f"value {_format(entry['value'])}; runnable configuration "
                 f"<code>{html.escape(entry['best_toml'])}</code></p>"
             )
-        head = "".join(f"<th>{html.escape(c)}</th>" for c in ["trial", "state", "value", *keys, "why"])
-        rows = [
-            "<tr>" + "".join(f"<td>{_format(v)}</td>" for v in [t.number, t.state.name, t.value,
-                                                                *[t.params.get(k) for k in keys]])
-            + f"<td>{html.escape(str(t.user_attrs.get('error', '')))}</td></tr>"
-            for t in trials
-        ]  # fmt: skip
-        parts.append(f"<table><tr>{head}</tr>{''.join(rows)}</table>")
+        parts.append(_trials_table(trials, keys))
         plt = _pyplot()
         parts.append('<div class="figures">')
         finished = [t for t in trials if t.state.name == "COMPLETE" and t.value is not None]
         if finished:
-            fig, ax = plt.subplots(figsize=(5.5, 3.6))
-            ax.plot([t.number for t in finished], [t.value for t in finished], "o", label="trial")
-            best: list[float] = []
-            for t in finished:
-                value = float(t.value or 0.0)  # finished trials have values
-                better = not best or (
-                    value > best[-1] if study.direction.name == "MAXIMIZE" else value < best[-1]
-                )
-                best.append(value if better else best[-1])
-            ax.plot([t.number for t in finished], best, "-", label="best so far")
-            ax.set_xlabel("trial")
-            ax.set_ylabel("objective")
-            ax.legend(fontsize=8)
-            ax.grid(alpha=0.3)
-            parts.append(_figure(_png(fig), "optimisation history"))
+            parts.append(_history_figure(plt, study, finished))
         if len(finished) >= 2 and keys:
             importances = optuna.importance.get_param_importances(study)
             fig, ax = plt.subplots(figsize=(5.5, 0.6 + 0.4 * len(importances)))
@@ -282,6 +261,35 @@ def _tune_page(path: Path) -> str:
             parts.append(_figure(_png(fig), "parameter importances"))
         parts.append("</div>")
     return "\n".join(parts)
+
+
+def _trials_table(trials: list, keys: list[str]) -> str:
+    """A study's trials as an HTML table: number, state, value, parameters, why it failed."""
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in ["trial", "state", "value", *keys, "why"])
+    rows = [
+        "<tr>" + "".join(f"<td>{_format(v)}</td>" for v in [t.number, t.state.name, t.value,
+                                                            *[t.params.get(k) for k in keys]])
+        + f"<td>{html.escape(str(t.user_attrs.get('error', '')))}</td></tr>"
+        for t in trials
+    ]  # fmt: skip
+    return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
+
+
+def _history_figure(plt, study, finished: list) -> str:
+    """The finished trials' values and the best so far (in the study's direction)."""
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    ax.plot([t.number for t in finished], [t.value for t in finished], "o", label="trial")
+    best: list[float] = []
+    for t in finished:
+        value = float(t.value or 0.0)  # finished trials have values
+        better = not best or (value > best[-1] if study.direction.name == "MAXIMIZE" else value < best[-1])
+        best.append(value if better else best[-1])
+    ax.plot([t.number for t in finished], best, "-", label="best so far")
+    ax.set_xlabel("trial")
+    ax.set_ylabel("objective")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _figure(_png(fig), "optimisation history")
 
 
 def _read_json(path: Path) -> dict | None:
