@@ -180,6 +180,36 @@ def test_every_function_of_the_package_is_at_most_50_lines_but_a_stated_few():
     assert set(long) <= set(LONG_FUNCTIONS), {k: v for k, v in long.items() if k not in LONG_FUNCTIONS}
 
 
+# what only the one executor and the one trial runner may call (src/fedhet/studies/)
+ONE_ROUTE = {
+    "ProcessPoolExecutor(": "studies/executor.py",
+    "ray.remote(": "studies/executor.py",
+    ".remote(": "studies/executor.py",
+    "create_study(": "studies/trials.py",
+    ".ask()": "studies/trials.py",
+    ".tell(": "studies/trials.py",
+    "._storage": None,  # Optuna's private storage: nobody
+}
+
+
+def test_reproduce_tune_and_bench_share_one_executor_and_one_trial_runner():
+    """Worker processes, Ray tasks and Optuna's trial loop are started in one module each;
+    no module reaches into Optuna's private storage."""
+    import fedhet
+
+    root = Path(fedhet.__file__).parent
+    offenders = []
+    for path in sorted(root.rglob("*.py")):
+        where = path.relative_to(root).as_posix()
+        if where.startswith("engine/"):  # the run's own pools (workers, Flower) are not studies
+            continue
+        text = path.read_text()
+        for call, home in ONE_ROUTE.items():
+            if call in text and where != home:
+                offenders.append(f"{where}: {call}")
+    assert offenders == []
+
+
 def test_a_misspelt_plugin_name_or_path_says_what_was_meant():
     from fedhet.registry import resolve
 

@@ -187,6 +187,21 @@ def test_parallel_jobs_share_the_study_and_run_exactly_the_trials_asked(tmp_path
     assert len({tuple(sorted(t.params.items())) for t in counted}) == 4  # the two workers' points differ
 
 
+def test_trial_workers_run_as_tasks_of_a_local_ray_through_the_one_executor(tmp_path):
+    """``--ray``: the trial workers are Ray tasks sharing the SQLite study; exactly the
+    trials asked are counted, each a run folder, and the best trial is written."""
+    pytest.importorskip("ray", reason="--ray needs the flower extra (it brings ray)")
+    config, space = _files(tmp_path)
+    out = tmp_path / "out"
+    args = ["tune", config, "--space", space, "--trials", "3", "--jobs", "2", "--ray", "--out", str(out)]
+    assert main([*args, "--quiet"]) == 0
+    states = _states(_study(out))
+    counted = states.get("COMPLETE", []) + states.get("PRUNED", [])
+    assert len(counted) == 3
+    assert all((out / "c" / f"trial-{t.number}" / "config.toml").exists() for t in counted)
+    assert (out / "c" / "best.toml").exists()
+
+
 def test_a_compare_gives_one_study_per_algorithm_with_its_own_keys(tmp_path):
     config = {k: v for k, v in CONFIG.items() if k != "algorithm"}
     config["compare"] = {"algorithms": ["salf", "fedprox"]}

@@ -298,7 +298,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
         results = tune(args.config, args.space, args.trials, out, args.jobs, args.storage, args.set,
                        max_failures=args.max_failures, allow_test_set=args.allow_test_set,
-                       on_trial=on_trial)  # fmt: skip
+                       on_trial=on_trial, ray=args.ray)  # fmt: skip
     for result in results:
         print(
             f"{result['study']}: {result['finished']} trials finished, {result['pruned']} pruned, "
@@ -524,6 +524,8 @@ def _add_tune_and_list(sub) -> None:
     p.add_argument("--trials", type=int, required=True, help="finished or pruned trials per study")
     p.add_argument("--jobs", type=int, default=1, help="processes running trials at once")
     p.add_argument("--storage", help="an Optuna storage URL (default: SQLite <out>/study.db)")
+    p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
+                   help="trial workers as Ray tasks: a local Ray, or the cluster at ADDRESS")  # fmt: skip
     p.add_argument("--out", help="the tune folder (default runs/tune-<config name>)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override a configuration value (repeatable)")  # fmt: skip

@@ -15,7 +15,6 @@ threads (one by default), whatever the parallelism, so its numbers do not depend
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
@@ -28,6 +27,7 @@ from fedhet.bench.study import StudyResult, open_study, run_study, status
 from fedhet.bench.suite import Method, Scenario, Suite
 from fedhet.data.task import Score
 from fedhet.errors import FedhetError
+from fedhet.studies.executor import Executor, task_error
 
 log = logging.getLogger("fedhet")
 
@@ -79,47 +79,6 @@ def _seed_task(raw: dict, folder: str, fresh: bool, group: str) -> dict:
 def _study_task(suite: Suite, scenario: Scenario, method: Method, storage: str, out: str) -> StudyResult:
     _quiet_runs()
     return run_study(suite, scenario, method, storage, out)
-
-
-class _Executor:
-    """Worker processes here (each ending when this process dies) or Ray tasks."""
-
-    def __init__(self, jobs: int, ray_address: str | None):
-        self.ray_address, self.started_ray = ray_address, False
-        if ray_address is None:
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor
-
-            from fedhet.studies.launcher import watch_parent
-
-            if multiprocessing.get_start_method(allow_none=False) == "fork":
-                import torch
-
-                torch.set_num_threads(1)  # a forking process must not hold OpenMP threads
-            self.pool = ProcessPoolExecutor(
-                max_workers=jobs, initializer=watch_parent, initargs=(os.getpid(),)
-            )
-            return
-        from fedhet.studies.launcher import start_ray
-
-        self.ray, self.started_ray = start_ray(ray_address, jobs)
-
-    def submit(self, function: Callable, *args: Any) -> Future:
-        if self.ray_address is None:
-            return self.pool.submit(function, *args)
-        return self.ray.remote(num_cpus=1)(function).remote(*args).future()
-
-    def close(self) -> None:
-        if self.ray_address is None:
-            self.pool.shutdown(wait=True, cancel_futures=True)
-        elif self.started_ray:
-            self.ray.shutdown()
-
-
-def _task_error(exc: BaseException) -> Exception:
-    """The fedhet error inside a task's failure (a Ray task wraps it)."""
-    cause = getattr(exc, "cause", None)
-    return cause if isinstance(cause, Exception) else exc  # type: ignore[return-value]
 
 
 class Bench:
@@ -175,16 +134,15 @@ class Bench:
     # -- running -------------------------------------------------------------------------
     def run(self) -> dict:
         """Run what is left; return the leaderboard's data (see :mod:`fedhet.bench.leaderboard`)."""
-        from fedhet.bench.study import requeue_interrupted
         from fedhet.results import RunLock, make_folder
-        from fedhet.studies.tune import _create_sqlite_whole
+        from fedhet.studies.trials import create_sqlite_whole, requeue_interrupted
 
         self._check_engines()
         make_folder(self.out, "bench folder")
         lock = RunLock(self.out / ".bench.lock")
         lock.acquire()
         try:
-            _create_sqlite_whole(self.out / DATABASE)
+            create_sqlite_whole(self.out / DATABASE)
             todo: list[tuple[Scenario, Method]] = []
             for scenario, method in self.suite.pairs():
                 study = open_study(self.suite, scenario, method, self.storage)
@@ -261,7 +219,7 @@ class Bench:
         waiting_seeds = [r for runs in self.seeds.values() for r in runs if r.summary is None]
         if not todo and not waiting_seeds:
             return
-        executor = _Executor(self.jobs, self.ray)
+        executor = Executor(self.jobs, self.ray, core_budget=0)  # runs use suite.threads
         pairs = {self.suite.study_name(s, m): (s, m) for s, m in self.suite.pairs()}
         try:
             for scenario, method in todo:
@@ -294,16 +252,16 @@ class Bench:
         finally:
             executor.close()
 
-    def _submit_seed(self, executor: _Executor, run: SeedRun) -> Future:
+    def _submit_seed(self, executor: Executor, run: SeedRun) -> Future:
         return executor.submit(_seed_task, run.raw, str(run.folder), run.fresh, self.group)
 
-    def _study_done(self, future: Future, name: str, pair, executor: _Executor, pending: dict) -> None:
+    def _study_done(self, future: Future, name: str, pair, executor: Executor, pending: dict) -> None:
         try:
             result: StudyResult = future.result()
         except BrokenProcessPool:
             raise
         except Exception as exc:  # noqa: BLE001  (one study's failure: the others go on)
-            error = _task_error(exc)
+            error = task_error(exc)
             if not isinstance(error, FedhetError):
                 raise
             self.study_errors[name] = str(error)
@@ -332,7 +290,7 @@ class Bench:
         except BrokenProcessPool:
             raise
         except Exception as exc:  # noqa: BLE001
-            error = _task_error(exc)
+            error = task_error(exc)
             if not isinstance(error, FedhetError):
                 raise
             run.summary = {"finished": False, "failed": str(error)}

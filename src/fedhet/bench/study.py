@@ -1,5 +1,6 @@
-"""One method tuned in one scenario: an Optuna study whose trials run in their order, each
-drawn by a sampler seeded with the trial's index, so that a study gives the same trials
+"""One method tuned in one scenario: an Optuna study run by the one trial runner
+(:mod:`fedhet.studies.trials`), whose trials run in their order, each drawn by a sampler
+seeded with the trial's index, so that a study gives the same trials
 however the bench is parallelised and however often it was interrupted.
 
 A trial's index is the number of trials before it that were not interrupted; a trial that
@@ -21,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from fedhet.bench.suite import Method, Scenario, Suite
-from fedhet.errors import ConfigError, FedhetError
-
-INTERRUPTED = "interrupted"
+from fedhet.config import from_dict
+from fedhet.errors import FedhetError
+from fedhet.studies.trials import interrupted
 
 
 @dataclass
@@ -45,7 +46,7 @@ class StudyResult:
 
 
 def _space(suite: Suite, method: Method):
-    from fedhet.studies.tune import SearchSpace
+    from fedhet.studies.trials import SearchSpace
 
     return SearchSpace(objective=suite.objective, direction=suite.direction, pruner=suite.pruner,  # type: ignore[arg-type]
                        startup_trials=suite.startup_trials, warmup_steps=suite.warmup_steps,
@@ -55,18 +56,10 @@ def _space(suite: Suite, method: Method):
 def open_study(suite: Suite, scenario: Scenario, method: Method, storage: str):
     """The study (created, or loaded to resume). Its first creation stores the settings it
     tunes; a later bench with other settings for it is refused in one line."""
-    import optuna
+    from fedhet.studies import trials
 
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
-    space = _space(suite, method)
-    pruner = (
-        optuna.pruners.MedianPruner(n_startup_trials=space.startup_trials, n_warmup_steps=space.warmup_steps)
-        if space.pruner == "median"
-        else optuna.pruners.NopPruner()
-    )
     name = suite.study_name(scenario, method)
-    study = optuna.create_study(study_name=name, storage=storage, direction=space.direction, pruner=pruner,
-                                load_if_exists=True)  # fmt: skip
+    study = trials.open_study(name, storage, _space(suite, method))
     settings = json.loads(json.dumps(_settings(suite, scenario, method), default=str))
     stored = study.user_attrs.get("settings")
     if stored is None:
@@ -100,29 +93,17 @@ def _first_difference(a: Any, b: Any, where: str = "") -> str:
     return f"{where}: {a!r} then, {b!r} now"
 
 
-def requeue_interrupted(study) -> None:
-    """Trials a kill left RUNNING: marked failed and interrupted, their values queued again."""
-    from optuna.trial import TrialState
-
-    storage = study._storage
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        storage.set_trial_user_attr(trial._trial_id, INTERRUPTED, True)
-        storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
-        if trial.params:
-            study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
-
-
 def status(study, trials: int) -> StudyResult:
     """The study as it stands (read from its storage)."""
     from optuna.trial import TrialState
 
     result = StudyResult(study.study_name, stopped=study.user_attrs.get("stopped", ""),
                          not_applicable=study.user_attrs.get("not_applicable", ""))  # fmt: skip
-    finite = []
+    finite, killed = [], interrupted(study)
     for trial in study.get_trials(deepcopy=False):
         if trial.state in (TrialState.COMPLETE, TrialState.PRUNED):
             result.counted += 1
-        elif trial.state == TrialState.FAIL and not trial.user_attrs.get(INTERRUPTED):
+        elif trial.state == TrialState.FAIL and trial.number not in killed:
             result.failed += 1
         if trial.state == TrialState.COMPLETE and trial.value is not None and math.isfinite(trial.value):
             finite.append(trial)
@@ -135,73 +116,42 @@ def status(study, trials: int) -> StudyResult:
 
 def _index(study) -> int:
     """The next trial's index: trials so far, less those a kill interrupted."""
-    return sum(1 for t in study.get_trials(deepcopy=False) if not t.user_attrs.get(INTERRUPTED))
+    return len(study.get_trials(deepcopy=False)) - len(interrupted(study))
 
 
 def run_study(suite: Suite, scenario: Scenario, method: Method, storage: str, out: str) -> StudyResult:
-    """Run the study's remaining trials (in this process, one after another); return where
-    it stands. Each trial is a run folder ``<out>/<scenario>/<method>/trial-<n>``."""
+    """Run the study's remaining trials (in this process, one after another, each sampler
+    seeded by the trial's index); return where it stands. Each trial is a run folder
+    ``<out>/<scenario>/<method>/trial-<n>``."""
     import optuna
-    from optuna.trial import TrialState
 
-    from fedhet.studies.tune import failure_reason
+    from fedhet.studies.trials import requeue_interrupted, run_trial, run_trials
 
     study = open_study(suite, scenario, method, storage)
     requeue_interrupted(study)
     if study.user_attrs.get("stopped"):  # run again: it may have been fixed
         study.set_user_attr("stopped", "")
         study.set_user_attr("not_applicable", "")
-    space = _space(suite, method)
-    failures, reason = 0, ""
-    while status(study, suite.trials).counted < suite.trials:
-        index = _index(study)
-        study.sampler = optuna.samplers.TPESampler(seed=suite.sampler_seed * 100_003 + index,
-                                                   n_startup_trials=suite.random_trials)  # fmt: skip
-        trial = study.ask()
-        try:
-            value = _run_trial(trial, suite, scenario, method, space, Path(out))
-        except optuna.TrialPruned:
-            study.tell(trial, state=TrialState.PRUNED)
-            failures = 0
-            continue
-        except Exception as exc:  # noqa: BLE001  (the trial fails with its reason; K in a row stop)
-            reason = failure_reason(exc)
-            trial.set_user_attr("error", reason)
-            study.tell(trial, state=TrialState.FAIL)
-            if isinstance(exc, ConfigError) and status(study, suite.trials).counted == 0:
-                study.set_user_attr("not_applicable", reason)
-                study.set_user_attr("stopped", f"does not run in this scenario: {reason}")
-                break
-            failures += 1
-            if failures >= suite.max_failures:
-                study.set_user_attr("stopped", f"{failures} trials in a row failed; the last: {reason}")
-                break
-            continue
-        study.tell(trial, value)
-        failures = 0
+    space, group = _space(suite, method), f"bench-{suite.name}"
+
+    def make_run(values: dict, number: int):
+        name = f"{scenario.name}-{method.label}-trial-{number}"
+        return from_dict(suite.config(scenario, method, values, name)), Path(
+            out
+        ) / scenario.name / method.label / f"trial-{number}"
+
+    def sampler_for(study):
+        return optuna.samplers.TPESampler(seed=suite.sampler_seed * 100_003 + _index(study),
+                                          n_startup_trials=suite.random_trials)  # fmt: skip
+
+    remaining = suite.trials - status(study, suite.trials).counted
+    end = run_trials(study, remaining, lambda trial: run_trial(trial, method.params, space, make_run, group),
+                     suite.max_failures, sampler_for=sampler_for, config_error_stops=True)  # fmt: skip
+    if end.not_applicable:
+        study.set_user_attr("not_applicable", end.not_applicable)
+        study.set_user_attr("stopped", f"does not run in this scenario: {end.not_applicable}")
+    elif end.stopped(suite.max_failures):
+        study.set_user_attr(
+            "stopped", f"{end.failed_in_a_row} trials in a row failed; the last: {end.reason}"
+        )
     return status(study, suite.trials)
-
-
-def _run_trial(trial, suite: Suite, scenario: Scenario, method: Method, space, out: Path) -> float:
-    import optuna
-
-    from fedhet.config import from_dict
-    from fedhet.engine.launch import run
-    from fedhet.studies.tune import TrialPruning, objective_value
-
-    values = {p.key: p.suggest(trial) for p in method.params}
-    folder = out / scenario.name / method.label / f"trial-{trial.number}"
-    name = f"{scenario.name}-{method.label}-trial-{trial.number}"
-    config = from_dict(suite.config(scenario, method, values, name))
-    trial.set_user_attr("run_folder", str(folder))
-    pruning = TrialPruning(trial, space)
-    summary = run(config, folder, overwrite=True, group=f"bench-{suite.name}", callbacks=[pruning]).summary
-    if pruning.pruned:
-        raise optuna.TrialPruned(pruning.pruned)
-    if summary.get("stopped_by") == "non_finite":  # diverged: the worst outcome
-        trial.set_user_attr("diverged", True)
-        return 0.0 if suite.direction == "maximize" else math.inf
-    value = objective_value(summary, space)
-    if math.isnan(value):
-        raise FedhetError(f"the run has no {suite.objective} (no evaluation?)")
-    return value

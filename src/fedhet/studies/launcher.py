@@ -1,5 +1,6 @@
 """Running a grid's cells: in worker processes on this machine (each with its share of the
-cores) or on a Ray cluster; finished cells are skipped, half-finished ones resume. Every
+cores) or on a Ray cluster, through the one executor (:mod:`fedhet.studies.executor`);
+finished cells are skipped, half-finished ones resume. Every
 cell runs on the engine its configuration names (:func:`fedhet.engine.launch.run`); cells
 whose engine cannot share the machine (Flower's simulation starts its own Ray) run one
 at a time in this process, and a ``--ray`` grid with such a cell is refused before any
@@ -8,10 +9,7 @@ cell runs."""
 from __future__ import annotations
 
 import logging
-import os
-import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,19 +43,16 @@ class CellLaunch:
 def _run_cell(
     config: Config,
     out_dir: str,
-    core_budget: int | None = None,
     overwrite: bool = False,
     group: str | None = None,
     resume: bool = True,
     on_round: Callable | None = None,
 ) -> dict:
     """Run (or, with ``resume``, resume) one cell; ``overwrite`` starts it again. Threads:
-    ``run.threads`` (``"auto"`` or 0) within ``core_budget`` cores, a parallel grid's share
-    of the free cores (:func:`fedhet.threads.choose_threads`)."""
+    ``run.threads`` (``"auto"`` or 0) within the task's core budget (a parallel grid's share
+    of the free cores, :class:`~fedhet.studies.executor.Executor`)."""
     from fedhet.engine.launch import run
-    from fedhet.threads import set_core_budget
 
-    set_core_budget(core_budget)
     return run(
         config, out_dir, resume=resume and not overwrite, overwrite=overwrite, group=group, on_round=on_round
     ).summary
@@ -81,20 +76,6 @@ def settings_changed(cell: Cell, run_dir) -> tuple[list[str], bool]:
     now = tomllib.loads(cell.config.to_toml())
     changed = differences(comparable(stored), comparable(now))
     return changed, not changed and bool(differences(stored, now))
-
-
-def watch_parent(parent_pid: int, interval: float = 0.5) -> None:
-    """Run in each worker: end the worker as soon as the process that started it is gone
-    (killed by any signal, kill -9 included), so no orphan keeps writing into a cell."""
-    import threading
-
-    def watch() -> None:
-        while True:
-            if os.getppid() != parent_pid:
-                os._exit(1)
-            time.sleep(interval)
-
-    threading.Thread(target=watch, name="fedhet-parent-watch", daemon=True).start()
 
 
 def run_experiment(
@@ -163,58 +144,56 @@ def _launch(experiment, todo, fresh, out_dir, summaries, jobs, on_cell, ray, lau
                     command=launch.command)  # fmt: skip
     alone = [c for c in todo if not engine_for(c.config).placement.parallel]
     todo = [c for c in todo if c not in alone]
-    for cell in alone:  # one at a time, here: the engine uses the machine itself
+    workers = max(1, min(jobs or experiment.jobs, len(todo) or 1))
+    here = alone + (todo if ray is None and workers == 1 else [])
+    for cell in here:  # one at a time, here (an engine that uses the machine itself: always)
         summaries[cell.name] = _cell_here(cell, out_dir, cell.name in fresh, experiment.name, launch)
         if on_cell:
             on_cell(cell, summaries[cell.name])
-    workers = max(1, min(jobs or experiment.jobs, len(todo) or 1))
-    if ray is not None and todo:
-        summaries.update(
-            _run_on_ray(todo, out_dir, ray, jobs or experiment.jobs, on_cell, fresh, experiment.name, launch)
-        )
-    if ray is not None:
-        return summaries
-    if workers == 1:
-        for cell in todo:
-            summaries[cell.name] = _cell_here(cell, out_dir, cell.name in fresh, experiment.name, launch)
-            if on_cell:
-                on_cell(cell, summaries[cell.name])
-    else:
-        _in_processes(todo, out_dir, fresh, summaries, workers, on_cell, launch)
+    if todo and (ray is not None or workers > 1):
+        if ray is None:
+            _preload_datasets(todo)
+        from fedhet.studies.executor import Executor
+
+        with Executor(workers if ray is None else jobs or experiment.jobs, ray) as executor:
+            _in_executor(todo, out_dir, fresh, summaries, executor, on_cell, launch, experiment.name)
     return summaries
 
 
-def _in_processes(todo, out_dir, fresh, summaries: dict, workers: int, on_cell, launch) -> None:
-    """The cells ``todo`` in ``workers`` processes sharing the free cores; a cell's error
-    fails it (``keep_going``) or stops the grid; a dead worker stops it in one line."""
-    from fedhet.threads import free_cores
+def _in_executor(todo, out_dir: Path, fresh, summaries: dict, executor, on_cell, launch, group) -> None:
+    """The cells ``todo`` as tasks of ``executor`` (worker processes sharing the free cores,
+    or Ray tasks writing under ``out_dir``, which a cluster's nodes must all see); a cell's
+    error fails it (``keep_going``) or stops the grid; a dead worker stops it in one line."""
+    from concurrent.futures import as_completed
 
-    budget = max(1, free_cores() // workers)  # the jobs' threads do not fight each other
-    _preload_datasets(todo)
-    with ProcessPoolExecutor(max_workers=workers, initializer=watch_parent, initargs=(os.getpid(),)) as pool:
-        futures = {
-            pool.submit(
-                _run_cell, c.config, str(out_dir / c.name), budget, c.name in fresh, None, launch.resume
-            ): c
-            for c in todo
-        }
-        for future in as_completed(futures):
-            cell = futures[future]
-            try:
-                summaries[cell.name] = future.result()
-            except FedhetError as exc:
-                if not launch.keep_going:
-                    raise FedhetError(f"cell {cell.name}: {exc}") from None
-                summaries[cell.name] = failed_cell(cell, exc)
-            except BrokenProcessPool:
-                done = sum(1 for f in futures if f.done() and not f.exception())
-                raise FedhetError(
-                    f"cell {cell.name}: a grid worker process died (killed, or out of memory); "
-                    f"{done} of {len(todo)} cells finished and are kept: run the same command again "
-                    "to resume the rest"
-                ) from None
-            if on_cell:
-                on_cell(cell, summaries[cell.name])
+    from fedhet.studies.executor import task_error
+
+    futures = {
+        executor.submit(
+            _run_cell, c.config, str(out_dir.resolve() / c.name), c.name in fresh, group, launch.resume
+        ): c  # fmt: skip
+        for c in todo
+    }
+    for future in as_completed(futures):
+        cell = futures[future]
+        try:
+            summaries[cell.name] = future.result()
+        except BrokenProcessPool:
+            done = sum(1 for f in futures if f.done() and not f.exception())
+            raise FedhetError(
+                f"cell {cell.name}: a grid worker process died (killed, or out of memory); "
+                f"{done} of {len(todo)} cells finished and are kept: run the same command again "
+                "to resume the rest"
+            ) from None
+        except Exception as exc:  # noqa: BLE001  (a fedhet error fails the cell; others are bugs)
+            error = task_error(exc)
+            if not isinstance(error, FedhetError):
+                raise
+            if not launch.keep_going:
+                raise FedhetError(f"cell {cell.name}: {error}") from None
+            summaries[cell.name] = failed_cell(cell, error)
+        if on_cell:
+            on_cell(cell, summaries[cell.name])
 
 
 def _cell_here(cell: Cell, out_dir: Path, fresh: bool, group: str, launch: CellLaunch) -> dict:
@@ -222,7 +201,7 @@ def _cell_here(cell: Cell, out_dir: Path, fresh: bool, group: str, launch: CellL
     is recorded as failed with its reason (:func:`failed_cell`) unless ``launch`` says stop."""
     on_round = launch.on_round(cell) if launch.on_round else None
     try:
-        return _run_cell(cell.config, str(out_dir / cell.name), None, fresh, group, launch.resume, on_round)
+        return _run_cell(cell.config, str(out_dir / cell.name), fresh, group, launch.resume, on_round)
     except FedhetError as exc:
         if not launch.keep_going:
             raise
@@ -260,72 +239,3 @@ def _preload_datasets(cells: list[Cell]) -> None:
             open_dataset(*wanted[key])
         except FedhetError:
             pass  # the cells report it, each in its own run
-
-
-def start_ray(address: str, jobs: int) -> tuple[Any, bool]:
-    """Ray, connected: a local Ray of ``jobs`` CPUs (``address = "local"``) or the cluster
-    at ``address``, unless this process is connected already; and whether it connected here
-    (then it is the caller's to shut down). One line for a missing Ray or a failed connection."""
-    try:
-        import ray
-    except ImportError:
-        raise FedhetError("--ray needs Ray: pip install 'fedhet[flower]' (it brings ray)") from None
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
-    if ray.is_initialized():
-        return ray, False
-    options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
-    if address == "local":
-        ray.init(num_cpus=max(1, jobs), **options)
-    else:
-        try:
-            ray.init(address=address, **options)
-        except (ConnectionError, ValueError, RuntimeError) as exc:
-            raise FedhetError(f"--ray {address}: cannot connect ({str(exc).splitlines()[0]})") from None
-    return ray, True
-
-
-def _run_on_ray(
-    todo: list[Cell],
-    out_dir: Path,
-    address: str,
-    jobs: int,
-    on_cell,
-    fresh: set[str] | frozenset[str] = frozenset(),
-    group: str | None = None,
-    launch: CellLaunch | None = None,
-) -> dict[str, dict]:
-    """Each cell a Ray task (one CPU each) on a local Ray (``address = "local"``, ``jobs``
-    CPUs) or the cluster at ``address``; cells write their run folders under ``out_dir``,
-    which on a cluster must be a folder every node sees (a shared file system)."""
-    ray, started = start_ray(address, jobs)
-    summaries: dict[str, dict] = {}
-    resume = launch.resume if launch is not None else True
-    try:
-        task = ray.remote(num_cpus=1)(_run_cell)
-        refs = {
-            task.remote(
-                cell.config, str(out_dir.resolve() / cell.name), 1, cell.name in fresh, group, resume
-            ): cell
-            for cell in todo
-        }
-        pending = list(refs)
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            for ref in done:
-                cell = refs[ref]
-                try:
-                    summaries[cell.name] = ray.get(ref)
-                except ray.exceptions.RayTaskError as exc:
-                    cause = exc.cause if isinstance(getattr(exc, "cause", None), FedhetError) else None
-                    if cause is None:
-                        raise
-                    if launch is not None and not launch.keep_going:
-                        raise FedhetError(f"cell {cell.name}: {cause}") from None
-                    summaries[cell.name] = failed_cell(cell, cause)
-                if on_cell:
-                    on_cell(cell, summaries[cell.name])
-    finally:
-        if started:
-            ray.shutdown()
-    return summaries

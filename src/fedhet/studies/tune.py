@@ -43,55 +43,32 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
 
 from fedhet.config import apply_overrides, from_dict, read_toml
-from fedhet.data.task import check_objective, objective_direction, objective_of
+from fedhet.data.task import check_objective, objective_direction
 from fedhet.errors import ConfigError, FedhetError
-from fedhet.search_space import Param, parse_param
-
-if TYPE_CHECKING:
-    from fedhet.engine.callbacks import RunContext
+from fedhet.search_space import parse_param
+from fedhet.studies.trials import (  # noqa: F401  (objective_value, TrialPruning: this module's API too)
+    PRUNED_FILE,
+    SearchSpace,
+    TrialPruning,
+    counted,
+    failure_reason,
+    objective_value,
+    open_study,
+    requeue_interrupted,
+    run_trial,
+    run_trials,
+    storage_url,
+)
 
 log = logging.getLogger("fedhet")
 
 # examples; any final_test_<metric> / best_test_<metric> of the task is an objective
 SUMMARY_VALUES = ("final_test_accuracy", "best_test_accuracy", "final_test_loss", "sim_time", "rounds")
-PRUNED_FILE = "pruned.json"
-
-
-@dataclass
-class SearchSpace:
-    """A parsed search space file (``path``: where it was read, for messages)."""
-
-    objective: str = "final_test_accuracy"
-    direction: Literal["maximize", "minimize"] = "maximize"
-    sampler: str = "tpe"
-    seed: int | None = None
-    pruner: str = "median"
-    startup_trials: int = 3
-    warmup_steps: int = 0
-    params: list[Param] = field(default_factory=list)
-    per_algorithm: dict[str, list[Param]] = field(default_factory=dict)
-    path: str = "space"
-
-    @property
-    def target(self) -> float | None:
-        """The accuracy of a ``time_to:`` objective."""
-        return float(self.objective.split(":", 1)[1]) if self.objective.startswith("time_to:") else None
-
-    def params_for(self, algorithm: str) -> list[Param]:
-        """The keys searched for ``algorithm``: the shared ``[params]`` and its own."""
-        return [*self.params, *self.per_algorithm.get(algorithm, [])]
-
-    def values_to_check(self, param: Param) -> list:
-        """The values of ``param`` a configuration must accept: both ends, every choice."""
-        return list(param.choices) if param.choices is not None else [param.low, param.high]
 
 
 def check_space(space: SearchSpace, studies: list[tuple[str | None, dict]]) -> None:
@@ -165,86 +142,13 @@ def load_space(path: str | Path) -> SearchSpace:
     return space
 
 
-def objective_value(summary: dict, space: SearchSpace) -> float:
-    """The number a trial is judged by, from its run's summary (``time_to``: the simulated
-    time the task's score first reached the target; infinity when it never did)."""
-    if space.target is not None:
-        hit = (summary.get("targets") or {}).get(str(space.target)) or (summary.get("targets") or {}).get(
-            f"{space.target:g}"
-        )
-        return float(hit["sim_time"]) if hit else math.inf
-    value = objective_of(summary, space.objective)
-    return math.nan if value is None else value
-
-
-class TrialPruning:
-    """A run callback: each evaluation goes to the trial; when the median pruner says so,
-    the run stops (``stopped_by = "callback"``) and its folder says why (pruned.json)."""
-
-    name = "tune-pruning"
-    context: RunContext  # set by the run loop
-
-    def __init__(self, trial, space: SearchSpace):
-        self.trial, self.space = trial, space
-        self.pruned: str | None = None
-
-    def after_round(self, state, row: dict):
-        # the objective's metric, round by round (final_test_rmse: test_rmse)
-        key = "test_" + self.space.objective.removeprefix("final_test_").removeprefix("best_test_")
-        value = row.get(key)
-        if value is None or self.space.target is not None or self.space.pruner == "none":
-            return None
-        step = int(row["round"])
-        self.trial.report(float(value), step)
-        if not self.trial.should_prune():
-            return None
-        (self.context.folder / PRUNED_FILE).write_text(json.dumps({"round": step, key: value}))
-        self.pruned = f"pruned at round {step} ({key} {value:.4g})"
-        return True, {}
-
-
 def _study_name(base_name: str, algorithm: str | None) -> str:
     return base_name if algorithm is None else f"{base_name}-{algorithm}"
 
 
 def _storage_url(out: Path, storage: str | None) -> str:
-    """The storage URL (default: SQLite ``<out>/study.db``); a SQLite file is made whole
-    before anyone opens it (see `_create_sqlite_whole`)."""
-    url = storage or f"sqlite:///{(out / 'study.db').resolve()}"
-    prefix = "sqlite:///"
-    file = url[len(prefix) :].split("?", 1)[0]  # a query string (?timeout=...) is no part of the path
-    if url.startswith(prefix) and file not in ("", ":memory:"):
-        _create_sqlite_whole(Path(file))
-    return url
-
-
-def _create_sqlite_whole(path: Path) -> None:
-    """Create an Optuna SQLite database under a private name and link it into place.
-
-    Optuna sets a fresh database's schema up on first open; two processes opening the same
-    new file at once (a second ``fedhet tune``, a report, a parallel worker) can both stamp
-    the schema version and one of them fails (``UNIQUE constraint failed:
-    alembic_version``). Here the file appears only once complete; a process that loses the
-    race to create it uses the winner's file."""
-    if path.exists():
-        return
-    import optuna
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    private = path.with_name(f".{path.name}.{os.getpid()}.creating")
-    private.unlink(missing_ok=True)
-    try:
-        storage = optuna.storages.RDBStorage(f"sqlite:///{private}")
-        storage.engine.dispose()
-        try:
-            os.link(private, path)  # atomic: fails if another process created it first
-        except FileExistsError:
-            pass
-        except OSError:  # a file system without hard links
-            if not path.exists():
-                os.replace(private, path)
-    finally:
-        private.unlink(missing_ok=True)
+    """The storage URL: ``storage``, or SQLite ``<out>/study.db`` made whole before use."""
+    return storage_url(out / "study.db", storage)
 
 
 def _studies(config_path: str | Path, overrides: list[str]) -> list[tuple[str | None, dict]]:
@@ -285,120 +189,35 @@ def _prepare(storage: str, study_name: str, space: SearchSpace, salt: int = 0):
         if space.sampler == "tpe"
         else optuna.samplers.RandomSampler(seed=seed)
     )
-    pruner = (
-        optuna.pruners.MedianPruner(n_startup_trials=space.startup_trials, n_warmup_steps=space.warmup_steps)
-        if space.pruner == "median"
-        else optuna.pruners.NopPruner()
-    )
-    return optuna.create_study(
-        study_name=study_name,
-        storage=storage,
-        direction=space.direction,
-        sampler=sampler,
-        pruner=pruner,
-        load_if_exists=True,
-    )
-
-
-def _requeue_interrupted(storage_url: str, study) -> None:
-    """Trials a kill left RUNNING: marked failed, and their values queued to run again."""
-    import optuna
-    from optuna.trial import TrialState
-
-    storage = optuna.storages.get_storage(storage_url)
-    study_id = storage.get_study_id_from_name(study.study_name)
-    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, trial.number)
-        storage.set_trial_state_values(trial_id, TrialState.FAIL)
-        if not trial.params:  # killed before its values were drawn: nothing to run again
-            continue
-        study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
-        log.warning("%s: trial %d was interrupted; it runs again", study.study_name, trial.number)
-
-
-def _counted(study) -> int:
-    from optuna.trial import TrialState
-
-    return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
-
-
-class TrialFailed(FedhetError):
-    """A trial that failed; its one-line reason is stored with it in the study."""
+    return open_study(study_name, storage, space, sampler)
 
 
 class StudyStopped(FedhetError):
     """A study stopped by failed trials in a row (the message says why)."""
 
 
-def _trial_line(study_name: str, trial, state: str, reason: str = "") -> str:
-    """One line per finished trial: its value (or pruned / failed and why) and parameters."""
-    params = ", ".join(
-        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in trial.params.items()
-    )
-    what = {"COMPLETE": f"value {trial.value:.6g}" if trial.value is not None else "no value",
-            "PRUNED": "pruned", "FAIL": f"failed: {reason}"}[state]  # fmt: skip
-    return f"{study_name}: trial {trial.number}: {what} ({params})"
-
-
-def failure_reason(exc: BaseException) -> str:
-    """Why a trial failed, in one line: a plug-in's own line, a fedhet error's message, or
-    the exception's type and text (tune's and bench's trials alike)."""
-    reason = getattr(exc, "line", None) or (
-        str(exc) if isinstance(exc, FedhetError) else f"{type(exc).__name__}: {exc}"
-    )
-    return (reason.strip().splitlines() or [type(exc).__name__])[0][:300]
-
-
 def _worker(storage: str, study_name: str, space: SearchSpace, raw: dict, algorithm: str | None,
-            out: str, trials: int, core_budget: int | None, worker: int = 0, max_failures: int = 3,
+            out: str, trials: int, worker: int = 0, max_failures: int = 3,
             on_trial: Callable[[str, bool], None] | None = None) -> None:  # fmt: skip
     """Run trials of one study until ``trials`` of them finished or were pruned (failed
     ones, e.g. a run that diverged, do not count and are replaced); ``max_failures`` failed
     trials in a row stop the study with the last one's reason. ``on_trial`` gets one line
     per finished trial and whether it counts (finished or pruned; default: the log)."""
-    import optuna
-    from optuna.trial import TrialState
-
-    from fedhet.engine.launch import run
-    from fedhet.threads import set_core_budget
-
-    optuna.logging.set_verbosity(optuna.logging.ERROR)  # failed trials: our one line below
-    set_core_budget(core_budget)
     held = len(_prepare(storage, study_name, space).get_trials(deepcopy=False))
     study = _prepare(storage, study_name, space, worker + 1000 * held)
     params = space.params_for(algorithm or raw.get("algorithm", {}).get("name", ""))
-    tell = on_trial or _log_line
 
-    def objective(trial) -> float:
-        try:
-            return _run_trial(trial, params, raw, study_name, out, space, run)
-        except optuna.TrialPruned:
-            raise
-        except Exception as exc:  # noqa: BLE001  (the trial fails with its reason; K in a row stop)
-            reason = failure_reason(exc)
-            trial.set_user_attr("error", reason)
-            raise TrialFailed(reason) from None
+    def make_run(values: dict, number: int):
+        config = from_dict(_trial_config(raw, values, number, study_name))
+        return config, Path(out) / study_name / f"trial-{number}"
 
-    done: dict[str, Any] = {"n": 0, "failed_in_a_row": 0, "reason": ""}
-
-    def count(study, trial) -> None:
-        reason = trial.user_attrs.get("error", "")
-        counts = trial.state in (TrialState.COMPLETE, TrialState.PRUNED)
-        tell(_trial_line(study_name, trial, trial.state.name, reason), counts)
-        if counts:
-            done["n"] += 1
-            done["failed_in_a_row"] = 0
-        elif trial.state == TrialState.FAIL:
-            done["failed_in_a_row"] += 1
-            done["reason"] = reason
-
-    while done["n"] < trials:
-        study.optimize(objective, n_trials=1, catch=(TrialFailed,), callbacks=[count])
-        if done["failed_in_a_row"] >= max_failures:
-            raise StudyStopped(
-                f"study {study_name}: {done['failed_in_a_row']} trials in a row failed, the study stops; "
-                f"the last: {done['reason']}"
-            )
+    end = run_trials(study, trials, lambda trial: run_trial(trial, params, space, make_run, study_name),
+                     max_failures, on_trial=on_trial or _log_line)  # fmt: skip
+    if end.stopped(max_failures):
+        raise StudyStopped(
+            f"study {study_name}: {end.failed_in_a_row} trials in a row failed, the study stops; "
+            f"the last: {end.reason}"
+        )
 
 
 def _log_line(line: str, counts: bool) -> None:
@@ -409,27 +228,6 @@ def _log_line(line: str, counts: bool) -> None:
 def _stderr_line(line: str, counts: bool) -> None:
     """A trial's line on stderr (worker processes of ``--jobs``)."""
     print(line, file=sys.stderr, flush=True)
-
-
-def _run_trial(trial, params: list[Param], raw: dict, study_name: str, out: str, space: SearchSpace, run):
-    """One trial: its values drawn, its run, its value (pruned runs raise TrialPruned)."""
-    import optuna
-
-    values = {p.key: p.suggest(trial) for p in params}
-    folder = Path(out) / study_name / f"trial-{trial.number}"
-    config = from_dict(_trial_config(raw, values, trial.number, study_name))
-    trial.set_user_attr("run_folder", str(folder))
-    pruning = TrialPruning(trial, space)
-    summary = run(config, folder, overwrite=True, group=study_name, callbacks=[pruning]).summary
-    if pruning.pruned:
-        raise optuna.TrialPruned(pruning.pruned)
-    if summary.get("stopped_by") == "non_finite":  # diverged: the worst outcome, not its last evaluation
-        trial.set_user_attr("diverged", True)
-        return 0.0 if space.direction == "maximize" and space.target is None else math.inf
-    value = objective_value(summary, space)
-    if math.isnan(value):
-        raise FedhetError(f"the run has no {space.objective} (no evaluation?)")
-    return value
 
 
 def tune(
@@ -443,44 +241,52 @@ def tune(
     max_failures: int = 3,
     allow_test_set: bool = False,
     on_trial: Callable[[str, bool], None] | None = None,
+    ray: str | None = None,
 ) -> list[dict]:
     """Run (or resume) the studies; return, per study, its best trial and where it was
     written (``best.toml``). Before trial 0 the space is checked against every study
     (:func:`check_space`), the engines against ``jobs``, and a configuration without a
     validation split is refused unless ``allow_test_set``; ``max_failures`` failed trials in
-    a row stop a study; ``on_trial`` gets one line per finished trial."""
-    try:
-        import optuna
-    except ImportError:
-        raise FedhetError("fedhet tune needs Optuna: pip install 'fedhet[tune]'") from None
+    a row stop a study; ``on_trial`` gets one line per finished trial; ``ray`` (``"local"``
+    or a cluster address) runs the trial workers as Ray tasks (the storage must be one every
+    node reaches)."""
     from fedhet.results import make_folder
 
+    _require_optuna()
     if max_failures < 1:
         raise FedhetError(f"--max-failures {max_failures}: must be >= 1")
     space, studies = load_space(space_path), _studies(config_path, overrides or [])
     out = Path(out)
     make_folder(out, "tune folder")
-    storage_url, base_name = _storage_url(out, storage), Path(config_path).stem
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    url, base_name = _storage_url(out, storage), Path(config_path).stem
     results: list[dict] = []
     check_space(space, studies)
-    _check_engines(studies, jobs)
+    _check_engines(studies, jobs, ray)
     _check_validation(studies, config_path, allow_test_set)
     for algorithm, raw in studies:
         name = _study_name(base_name, algorithm)
-        study = _prepare(storage_url, name, space)
-        _requeue_interrupted(storage_url, study)
+        study = _prepare(url, name, space)
+        for number in requeue_interrupted(study):
+            log.warning("%s: trial %d was interrupted; it runs again", name, number)
         make_folder(out / name, "study folder")
-        remaining = max(0, trials - _counted(study))
+        remaining = max(0, trials - counted(study))
         try:
-            _run_study(storage_url, name, space, raw, algorithm, out, remaining, jobs, max_failures, on_trial)
+            _run_study(url, name, space, raw, algorithm, out, remaining, jobs, max_failures, on_trial, ray)
         except StudyStopped as stopped:  # the report shows the study and its trials' reasons
             results.append({"study": name, "stopped": str(stopped), "best_trial": None, "value": None})
-            _write_summary(out, storage_url, results)
+            _write_summary(out, url, results)
             raise
         results.append(_write_best(study, name, raw, out, space))
-    _write_summary(out, storage_url, results)
+    _write_summary(out, url, results)
     return results
+
+
+def _require_optuna() -> None:
+    try:
+        import optuna
+    except ImportError:
+        raise FedhetError("fedhet tune needs Optuna: pip install 'fedhet[tune]'") from None
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 def _write_summary(out: Path, storage_url: str, results: list[dict]) -> None:
@@ -488,25 +294,23 @@ def _write_summary(out: Path, storage_url: str, results: list[dict]) -> None:
 
 
 def _run_study(
-    storage_url, name, space, raw, algorithm, out, remaining, jobs, max_failures, on_trial
+    storage_url, name, space, raw, algorithm, out, remaining, jobs, max_failures, on_trial, ray=None
 ) -> None:
     """The ``remaining`` trials of one study, here or in ``jobs`` processes (here when one
     process would run them all: a process of its own would only add its start)."""
-    if remaining and min(jobs, remaining) <= 1:
-        _worker(
-            storage_url, name, space, raw, algorithm, str(out), remaining, None, 0, max_failures, on_trial
-        )
+    if remaining and ray is None and min(jobs, remaining) <= 1:
+        _worker(storage_url, name, space, raw, algorithm, str(out), remaining, 0, max_failures, on_trial)
     elif remaining:
         _parallel(storage_url, name, space, raw, algorithm, str(out), remaining, jobs, max_failures,
-                  on_trial is not None)  # fmt: skip
+                  on_trial is not None, ray)  # fmt: skip
 
 
-def _check_engines(studies: list[tuple[str | None, dict]], jobs: int) -> None:
-    """Every study's engine accepts its configuration and ``--jobs``, before trial 0."""
+def _check_engines(studies: list[tuple[str | None, dict]], jobs: int, ray: str | None = None) -> None:
+    """Every study's engine accepts its configuration, ``--jobs`` and ``--ray``, before trial 0."""
     from fedhet.engine.launch import check_placement
 
     configs = [(f"study {algorithm or 'tune'}", from_dict(raw)) for algorithm, raw in studies]
-    check_placement(configs, parallel=jobs > 1, ray=False, command="tune")
+    check_placement(configs, parallel=jobs > 1, ray=ray is not None, command="tune")
 
 
 def _check_validation(studies: list[tuple[str | None, dict]], path, allow_test_set: bool) -> None:
@@ -522,19 +326,18 @@ def _check_validation(studies: list[tuple[str | None, dict]], path, allow_test_s
             )
 
 
-def _parallel(storage, name, space, raw, algorithm, out, trials, jobs, max_failures=3, lines=False) -> None:
-    """``jobs`` processes sharing the storage, the ``trials`` split between them; each gets
-    its share of the free cores (and prints its trials' lines on stderr with ``lines``)."""
-    from concurrent.futures import ProcessPoolExecutor
-
-    from fedhet.threads import free_cores
+def _parallel(storage, name, space, raw, algorithm, out, trials, jobs, max_failures=3, lines=False,
+              ray=None) -> None:  # fmt: skip
+    """``jobs`` processes (or Ray tasks) sharing the storage, the ``trials`` split between
+    them; each gets its share of the free cores (and prints its trials' lines on stderr with
+    ``lines``)."""
+    from fedhet.studies.executor import Executor, task_error
 
     jobs = min(jobs, trials)
     shares = [trials // jobs + (1 if i < trials % jobs else 0) for i in range(jobs)]
-    budget = max(1, free_cores() // jobs)
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
+    with Executor(jobs, ray) as executor:
         futures = [
-            pool.submit(
+            executor.submit(
                 _worker,
                 storage,
                 name,
@@ -543,7 +346,6 @@ def _parallel(storage, name, space, raw, algorithm, out, trials, jobs, max_failu
                 algorithm,
                 out,
                 share,
-                budget,
                 index,
                 max_failures,
                 _stderr_line if lines else None,
@@ -551,7 +353,10 @@ def _parallel(storage, name, space, raw, algorithm, out, trials, jobs, max_failu
             for index, share in enumerate(shares)
         ]
         for future in futures:
-            future.result()
+            try:
+                future.result()
+            except Exception as exc:  # noqa: BLE001  (a Ray task wraps the study's stop)
+                raise task_error(exc) from None
 
 
 def _write_best(study, name: str, raw: dict, out: Path, space: SearchSpace) -> dict:

@@ -1,0 +1,125 @@
+"""The one executor of fedhet's studies: ``fedhet reproduce`` (grid cells), ``fedhet tune``
+(trial workers) and ``fedhet bench`` (studies and seed runs) submit their tasks here, to
+worker processes on this machine or to a Ray cluster.
+
+Local workers end as soon as the process that started them is gone (kill -9 included), so
+no orphan keeps writing into a run folder; where processes start by fork, this process
+holds one torch thread from then on (a forked worker would wait forever on the parent's
+OpenMP threads). A task runs with a core budget (:func:`fedhet.threads.set_core_budget`):
+its share of the free cores here, one core as a Ray task. Ray is imported only for
+``ray`` (``"local"`` or a cluster address); on a cluster, run folders must lie on a file
+system every node sees.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+from fedhet.errors import FedhetError
+
+
+def watch_parent(parent_pid: int, interval: float = 0.5) -> None:
+    """Run in each worker: end the worker as soon as the process that started it is gone
+    (killed by any signal, kill -9 included), so no orphan keeps writing into a cell."""
+    import threading
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent_pid:
+                os._exit(1)
+            time.sleep(interval)
+
+    threading.Thread(target=watch, name="fedhet-parent-watch", daemon=True).start()
+
+
+def start_ray(address: str, jobs: int) -> tuple[Any, bool]:
+    """Ray, connected: a local Ray of ``jobs`` CPUs (``address = "local"``) or the cluster
+    at ``address``, unless this process is connected already; and whether it connected here
+    (then it is the caller's to shut down). One line for a missing Ray or a failed connection."""
+    try:
+        import ray
+    except ImportError:
+        raise FedhetError("--ray needs Ray: pip install 'fedhet[flower]' (it brings ray)") from None
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+    if ray.is_initialized():
+        return ray, False
+    options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
+    if address == "local":
+        ray.init(num_cpus=max(1, jobs), **options)
+    else:
+        try:
+            ray.init(address=address, **options)
+        except (ConnectionError, ValueError, RuntimeError) as exc:
+            raise FedhetError(f"--ray {address}: cannot connect ({str(exc).splitlines()[0]})") from None
+    return ray, True
+
+
+def _with_budget(core_budget: int | None, function: Callable, args: tuple) -> Any:
+    """A task as a worker runs it: within its core budget."""
+    from fedhet.threads import set_core_budget
+
+    set_core_budget(core_budget)
+    return function(*args)
+
+
+class Executor:
+    """``jobs`` tasks at once, in worker processes here (``ray`` None) or as Ray tasks of
+    one CPU each. ``core_budget``: a local task's cores (default: the free cores shared
+    between the jobs; ``0``: no cap, the task's run decides). Use as a context manager."""
+
+    def __init__(self, jobs: int, ray: str | None = None, core_budget: int | None = None):
+        self.jobs, self.ray_address, self.started_ray = max(1, jobs), ray, False
+        if ray is not None:
+            self.ray, self.started_ray = start_ray(ray, self.jobs)
+            self.core_budget: int | None = 1
+            return
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        from fedhet.threads import free_cores
+
+        if multiprocessing.get_start_method(allow_none=False) == "fork":
+            import torch
+
+            torch.set_num_threads(1)  # a forking process must not hold OpenMP threads
+        if core_budget is None:
+            core_budget = max(1, free_cores() // self.jobs)  # the jobs' threads do not fight
+        self.core_budget = core_budget or None
+        self.pool = ProcessPoolExecutor(
+            max_workers=self.jobs, initializer=watch_parent, initargs=(os.getpid(),)
+        )
+
+    @property
+    def remote(self) -> bool:
+        """Whether tasks run as Ray tasks (whose futures do not say when they start)."""
+        return self.ray_address is not None
+
+    def submit(self, function: Callable, *args: Any) -> Future:
+        """Run ``function(*args)`` as a task; its future (a Ray task's, converted)."""
+        if self.ray_address is None:
+            return self.pool.submit(_with_budget, self.core_budget, function, args)
+        return self.ray.remote(num_cpus=1)(_with_budget).remote(self.core_budget, function, args).future()
+
+    def close(self) -> None:
+        """Wait for running tasks, cancel queued ones; shut down a Ray this executor started."""
+        if self.ray_address is None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+        elif self.started_ray:
+            self.ray.shutdown()
+
+    def __enter__(self) -> Executor:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+def task_error(exc: BaseException) -> BaseException:
+    """The error a task raised (a Ray task wraps it in a ``RayTaskError``)."""
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, Exception) else exc

@@ -1,0 +1,298 @@
+"""The one trial runner of ``fedhet tune`` and ``fedhet bench``: an Optuna study, its trials
+run one after another through Optuna's public ask-and-tell interface, each trial a normal
+fedhet run.
+
+- :class:`SearchSpace` — what is searched and how a trial is judged (objective, direction,
+  sampler, pruner, the searched keys).
+- :func:`open_study` — the study in its storage (created, or loaded to resume); SQLite
+  files are made whole before anyone opens them (:func:`storage_url`).
+- :func:`requeue_interrupted` — trials a kill left running are failed, recorded as
+  interrupted (the study's ``interrupted`` attribute) and their values queued to run again.
+- :func:`run_trial` — one trial: values drawn, the run (pruned by the median pruner through
+  :class:`TrialPruning`), its value; a run that diverged scores the worst value.
+- :func:`run_trials` — trials until enough counted (finished or pruned); a failed trial
+  does not count, ``max_failures`` failures in a row stop the loop with the last reason,
+  and a configuration error before any trial counted says the method does not apply.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from fedhet.data.task import objective_of
+from fedhet.errors import ConfigError, FedhetError
+from fedhet.search_space import Param
+
+if TYPE_CHECKING:
+    from fedhet.config import Config
+    from fedhet.engine.callbacks import RunContext
+
+PRUNED_FILE = "pruned.json"
+INTERRUPTED = "interrupted"  # a study attribute: the numbers of trials a kill interrupted
+
+
+@dataclass
+class SearchSpace:
+    """What a study searches and how it judges a trial (``path``: where it was read, for
+    messages)."""
+
+    objective: str = "final_test_accuracy"
+    direction: Literal["maximize", "minimize"] = "maximize"
+    sampler: str = "tpe"
+    seed: int | None = None
+    pruner: str = "median"
+    startup_trials: int = 3
+    warmup_steps: int = 0
+    params: list[Param] = field(default_factory=list)
+    per_algorithm: dict[str, list[Param]] = field(default_factory=dict)
+    path: str = "space"
+
+    @property
+    def target(self) -> float | None:
+        """The accuracy of a ``time_to:`` objective."""
+        return float(self.objective.split(":", 1)[1]) if self.objective.startswith("time_to:") else None
+
+    def params_for(self, algorithm: str) -> list[Param]:
+        """The keys searched for ``algorithm``: the shared ``[params]`` and its own."""
+        return [*self.params, *self.per_algorithm.get(algorithm, [])]
+
+    def values_to_check(self, param: Param) -> list:
+        """The values of ``param`` a configuration must accept: both ends, every choice."""
+        return list(param.choices) if param.choices is not None else [param.low, param.high]
+
+    def pruner_object(self):
+        """Optuna's pruner for this space: the median pruner, or none."""
+        import optuna
+
+        if self.pruner == "median":
+            return optuna.pruners.MedianPruner(
+                n_startup_trials=self.startup_trials, n_warmup_steps=self.warmup_steps
+            )
+        return optuna.pruners.NopPruner()
+
+    def worst(self) -> float:
+        """The value of a run that diverged: the worst outcome in the study's direction."""
+        return 0.0 if self.direction == "maximize" and self.target is None else math.inf
+
+
+def objective_value(summary: dict, space: SearchSpace) -> float:
+    """The number a trial is judged by, from its run's summary (``time_to``: the simulated
+    time the task's score first reached the target; infinity when it never did)."""
+    if space.target is not None:
+        targets = summary.get("targets") or {}
+        hit = targets.get(str(space.target)) or targets.get(f"{space.target:g}")
+        return float(hit["sim_time"]) if hit else math.inf
+    value = objective_of(summary, space.objective)
+    return math.nan if value is None else value
+
+
+def failure_reason(exc: BaseException) -> str:
+    """Why a trial failed, in one line: a plug-in's own line, a fedhet error's message, or
+    the exception's type and text."""
+    reason = getattr(exc, "line", None) or (
+        str(exc) if isinstance(exc, FedhetError) else f"{type(exc).__name__}: {exc}"
+    )
+    return (reason.strip().splitlines() or [type(exc).__name__])[0][:300]
+
+
+class TrialPruning:
+    """A run callback: each evaluation goes to the trial; when the median pruner says so,
+    the run stops (``stopped_by = "callback"``) and its folder says why (pruned.json)."""
+
+    name = "tune-pruning"
+    context: RunContext  # set by the run loop
+
+    def __init__(self, trial, space: SearchSpace):
+        self.trial, self.space = trial, space
+        self.pruned: str | None = None
+
+    def after_round(self, state, row: dict):
+        # the objective's metric, round by round (final_test_rmse: test_rmse)
+        key = "test_" + self.space.objective.removeprefix("final_test_").removeprefix("best_test_")
+        value = row.get(key)
+        if value is None or self.space.target is not None or self.space.pruner == "none":
+            return None
+        step = int(row["round"])
+        self.trial.report(float(value), step)
+        if not self.trial.should_prune():
+            return None
+        (self.context.folder / PRUNED_FILE).write_text(json.dumps({"round": step, key: value}))
+        self.pruned = f"pruned at round {step} ({key} {value:.4g})"
+        return True, {}
+
+
+# -- storage and studies -----------------------------------------------------------------
+def storage_url(default_file: Path, storage: str | None = None) -> str:
+    """The storage URL (default: SQLite ``default_file``); a SQLite file is made whole
+    before anyone opens it (see :func:`create_sqlite_whole`)."""
+    url = storage or f"sqlite:///{default_file.resolve()}"
+    prefix = "sqlite:///"
+    file = url[len(prefix) :].split("?", 1)[0]  # a query string (?timeout=...) is no part of the path
+    if url.startswith(prefix) and file not in ("", ":memory:"):
+        create_sqlite_whole(Path(file))
+    return url
+
+
+def create_sqlite_whole(path: Path) -> None:
+    """Create an Optuna SQLite database under a private name and link it into place.
+
+    Optuna sets a fresh database's schema up on first open; two processes opening the same
+    new file at once (a second ``fedhet tune``, a report, a parallel worker) can both stamp
+    the schema version and one of them fails (``UNIQUE constraint failed:
+    alembic_version``). Here the file appears only once complete; a process that loses the
+    race to create it uses the winner's file."""
+    if path.exists():
+        return
+    import optuna
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    private = path.with_name(f".{path.name}.{os.getpid()}.creating")
+    private.unlink(missing_ok=True)
+    try:
+        storage = optuna.storages.RDBStorage(f"sqlite:///{private}")
+        storage.engine.dispose()
+        try:
+            os.link(private, path)  # atomic: fails if another process created it first
+        except FileExistsError:
+            pass
+        except OSError:  # a file system without hard links
+            if not path.exists():
+                os.replace(private, path)
+    finally:
+        private.unlink(missing_ok=True)
+
+
+def open_study(name: str, storage: str, space: SearchSpace, sampler=None):
+    """The study ``name`` (created, or loaded to resume) with the space's direction and
+    pruner and ``sampler`` (default: Optuna's)."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # failed trials: our own one line
+    return optuna.create_study(study_name=name, storage=storage, direction=space.direction, sampler=sampler,
+                               pruner=space.pruner_object(), load_if_exists=True)  # fmt: skip
+
+
+def interrupted(study) -> set[int]:
+    """The numbers of the trials a kill interrupted (failed, their values run again)."""
+    marked = {t.number for t in study.get_trials(deepcopy=False) if t.user_attrs.get(INTERRUPTED)}
+    return marked | set(study.user_attrs.get(INTERRUPTED, []))  # a trial attribute in older benches
+
+
+def requeue_interrupted(study) -> list[int]:
+    """Trials a kill left RUNNING: failed, recorded as interrupted, and their values queued
+    to run again (a trial killed before its values were drawn has none to run); their
+    numbers."""
+    from optuna.trial import TrialState
+
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    if not running:
+        return []
+    study.set_user_attr(INTERRUPTED, sorted(interrupted(study) | {t.number for t in running}))
+    for trial in running:
+        study.tell(trial.number, state=TrialState.FAIL)
+        if trial.params:
+            study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
+    return [t.number for t in running]
+
+
+def counted(study) -> int:
+    """Trials that count: finished or pruned."""
+    from optuna.trial import TrialState
+
+    return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+
+
+# -- trials ------------------------------------------------------------------------------
+MakeRun = Callable[[dict, int], "tuple[Config, Path]"]  # (values, trial number) -> (config, folder)
+
+
+def run_trial(trial, params: list[Param], space: SearchSpace, make_run: MakeRun, group: str | None) -> float:
+    """One trial: its values drawn from ``params``, its run (``make_run(values, number)``
+    gives the configuration and the folder), its value. A pruned run raises
+    ``TrialPruned``; a run that diverged scores :meth:`SearchSpace.worst`."""
+    import optuna
+
+    from fedhet.engine.launch import run
+
+    values = {p.key: p.suggest(trial) for p in params}
+    config, folder = make_run(values, trial.number)
+    trial.set_user_attr("run_folder", str(folder))
+    pruning = TrialPruning(trial, space)
+    summary = run(config, folder, overwrite=True, group=group, callbacks=[pruning]).summary
+    if pruning.pruned:
+        raise optuna.TrialPruned(pruning.pruned)
+    if summary.get("stopped_by") == "non_finite":  # diverged: the worst outcome, not its last evaluation
+        trial.set_user_attr("diverged", True)
+        return space.worst()
+    value = objective_value(summary, space)
+    if math.isnan(value):
+        raise FedhetError(f"the run has no {space.objective} (no evaluation?)")
+    return value
+
+
+@dataclass
+class LoopEnd:
+    """How :func:`run_trials` ended: trials counted by it, failures in a row at the end and
+    the last reason, and why the method does not apply (a configuration error before any
+    trial of the study counted)."""
+
+    counted: int = 0
+    failed_in_a_row: int = 0
+    reason: str = ""
+    not_applicable: str = ""
+
+    def stopped(self, max_failures: int) -> bool:
+        return bool(self.not_applicable) or self.failed_in_a_row >= max_failures
+
+
+def trial_line(study_name: str, trial, reason: str = "") -> str:
+    """One line per finished trial: its value (or pruned / failed and why) and parameters."""
+    params = ", ".join(
+        f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in trial.params.items()
+    )
+    state = trial.state.name
+    what = {"COMPLETE": f"value {trial.value:.6g}" if trial.value is not None else "no value",
+            "PRUNED": "pruned", "FAIL": f"failed: {reason}"}.get(state, state.lower())  # fmt: skip
+    return f"{study_name}: trial {trial.number}: {what} ({params})"
+
+
+def run_trials(study, trials: int, objective: Callable[[Any], float], max_failures: int,
+               sampler_for: Callable[[Any], Any] | None = None,
+               on_trial: Callable[[str, bool], None] | None = None,
+               config_error_stops: bool = False) -> LoopEnd:  # fmt: skip
+    """Run trials of ``study`` (``objective(trial)`` -> value) until ``trials`` of them
+    counted or the loop stops (see :class:`LoopEnd`). ``sampler_for(study)`` gives each
+    trial's sampler (bench: seeded by the trial's index); ``on_trial(line, counts)`` gets one
+    line per finished trial; ``config_error_stops``: a configuration error before any
+    trial of the study counted ends the loop (the method does not apply)."""
+    import optuna
+    from optuna.trial import TrialState
+
+    end = LoopEnd()
+    while end.counted < trials and not end.stopped(max_failures):
+        if sampler_for is not None:
+            study.sampler = sampler_for(study)
+        trial = study.ask()
+        reason = ""
+        try:
+            frozen = study.tell(trial, objective(trial))
+        except optuna.TrialPruned:
+            frozen = study.tell(trial, state=TrialState.PRUNED)
+        except Exception as exc:  # noqa: BLE001  (the trial fails with its reason; K in a row stop)
+            reason = failure_reason(exc)
+            trial.set_user_attr("error", reason)
+            frozen = study.tell(trial, state=TrialState.FAIL)
+            end.failed_in_a_row, end.reason = end.failed_in_a_row + 1, reason
+            if config_error_stops and isinstance(exc, ConfigError) and counted(study) == 0:
+                end.not_applicable = reason
+        if frozen.state != TrialState.FAIL:
+            end.counted, end.failed_in_a_row = end.counted + 1, 0
+        if on_trial is not None:
+            on_trial(trial_line(study.study_name, frozen, reason), frozen.state != TrialState.FAIL)
+    return end
