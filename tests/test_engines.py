@@ -217,3 +217,22 @@ def test_a_comparison_runs_through_the_grid_launcher(tmp_path, monkeypatch):
     assert main(["run", str(path), "--out", str(out), "--quiet"]) == 2  # exists: one line
     assert main(["run", str(path), "--out", str(out), "--quiet", "--resume"]) == 0
     assert (out / "salf" / "metrics.csv").read_text() == before
+
+
+def test_the_flower_pool_is_built_through_the_registry_over_the_engines_link():
+    """The Flower engine hands its pool a link (grid, nodes, timeout) and the default pool
+    builds the pool declaring that engine; without a link the Flower pool is refused in one
+    line (it cannot run on the embedded engine)."""
+    from conftest import make_config
+
+    from fedhet.engine.flower import FlowerLink, FlowerPool
+    from fedhet.engine.pool import AutoPool, PoolContext
+    from fedhet.errors import ConfigError
+    from fedhet.registry import NoOptions
+
+    config = make_config({})
+    link = FlowerLink(grid=object(), nodes={0: 11, 1: 12}, timeout=5.0)
+    pool = AutoPool.build(NoOptions(), PoolContext(config, engine="flower", link=link))
+    assert isinstance(pool, FlowerPool) and pool.nodes == link.nodes and pool.timeout == 5.0
+    with pytest.raises(ConfigError, match="Flower's pool runs on the flower engine"):
+        FlowerPool.build(NoOptions(), PoolContext(config))

@@ -110,7 +110,7 @@ def test_the_process_pools_evaluation_handle_is_shaped_like_a_future(tmp_path):
 
     config = _config("processes")
     world = build_world(config)
-    pool = ProcessPool.build(None, PoolContext(config))
+    pool = ProcessPool.build(config.run.options("pool"), PoolContext(config))
     try:
         pool.attach(world)
         handle = pool.submit_evaluation(world.initial_params, world.initial_buffers)

@@ -238,3 +238,21 @@ def test_rows_held_behind_a_slow_evaluation_resume_from_the_model_it_evaluates(t
     assert not torch.equal(held["evaluating"]["params"], held["params"])
     resumed = fedhet.run(_config(2, **overrides), tmp_path / "again", resume=True)
     assert _metrics(resumed.path) == _metrics(whole.path)
+
+
+def test_workers_is_the_process_pools_option_and_the_old_spelling_is_read_with_a_note(caplog):
+    """``run.workers`` belongs to the ``processes`` pool; given without ``run.pool`` (the old
+    spelling) it still selects that pool, with one note; one worker means the default pool."""
+    import logging
+
+    from fedhet.engine.processes import ProcessOptions
+
+    explicit = make_config({"run.pool": "processes", "run.workers": 3})
+    assert isinstance(explicit.run.options("pool"), ProcessOptions) and explicit.run.workers == 3
+    with caplog.at_level(logging.WARNING, logger="fedhet"):
+        old = _config(5)
+    assert old.run.pool == "processes" and old.run.workers == 5
+    assert any('read as run.pool = "processes"' in r.getMessage() for r in caplog.records)
+    default = _config(1)
+    assert default.run.pool == "auto" and default.run.workers == 1
+    assert make_config({"run.pool": "in-process"}).run.workers == 1  # no worker processes

@@ -72,6 +72,11 @@ class PluginSection:
     SLOTS: ClassVar[dict[str, str]] = {}
     MOVED: ClassVar[dict[str, str]] = {}  # keys that moved elsewhere: the one line that says where
 
+    @classmethod
+    def legacy(cls, values: dict) -> dict:
+        """The section's table with old spellings read as today's (none by default)."""
+        return values
+
     @property
     def plugins(self) -> dict:
         """slot -> (registry entry, typed options); the defaults when never parsed."""
@@ -147,6 +152,7 @@ def parse_plugin_section(cls: type[PluginSection], values: Any) -> PluginSection
     name = cls.SECTION
     if not isinstance(values, dict):
         raise ConfigError(f"[{name}] must be a table")
+    values = cls.legacy(values)
     own = {f.name: f for f in dataclasses.fields(cls)}
     types_ = option_types(cls)
     kwargs = {k: coerce_value(f"{name}.{k}", v, types_[k]) for k, v in values.items() if k in own}
@@ -245,7 +251,6 @@ class RunConfig(PluginSection):
     eval_every: int = resumable(1)
     # torch threads: "auto" (work size, free cores), 0 = torch default, or a count
     threads: Any = resumable("auto")
-    workers: Any = resumable(1)  # processes running client tasks: a count, or "auto" (the free cores)
     memory_format: str = "contiguous"  # conv weights, images: contiguous | channels_last (faster)
     # where tensors live: auto (a GPU if torch sees one) | cpu | cuda | cuda:N
     device: str = resumable("auto")
@@ -267,6 +272,38 @@ class RunConfig(PluginSection):
     # trackers: "mlflow", "tensorboard", or { name = ..., options }
     track: list = resumable(default_factory=list)
 
+    @property
+    def workers(self) -> Any:
+        """The worker processes of the run's pool: the process pool's ``run.workers``
+        (a count or ``"auto"``); 1 for every other pool."""
+        return getattr(self.options("pool"), "workers", 1)
+
+    @classmethod
+    def legacy(cls, values: dict) -> dict:
+        """``run.workers`` without ``run.pool`` (the process pool's option, once a key of
+        ``[run]`` of its own) is still read: more than one worker means the process pool,
+        with a one-line note; one worker is the default pool's meaning anyway."""
+        from fedhet.registry import resolve
+
+        workers = values.get("workers")
+        if workers is None or values.get("pool", "auto") != "auto":
+            return values
+        engine = resolve("engine", values.get("engine", "embedded"), "run.engine")
+        if workers != 1 and not engine.cls.runs_workers:
+            raise ConfigError(
+                f"run.workers = {workers!r}: the {engine.name} engine places clients itself; "
+                "run.workers applies to the embedded engine (set run.workers = 1)"
+            )
+        values = dict(values)
+        if type(workers) is int and workers == 1:
+            values.pop("workers")
+            return values
+        if ("run.workers", repr(workers)) not in _WARNED:
+            _WARNED.add(("run.workers", repr(workers)))
+            log.warning('run.workers = %r is the process pool\'s option: read as run.pool = "processes" '
+                        '(write that to say so)', workers)  # fmt: skip
+        return {**values, "pool": "processes"}
+
     def validate(self) -> None:
         at_least("run.seed", self.seed, 0)
         at_least("run.rounds", self.rounds, 1)
@@ -277,32 +314,22 @@ class RunConfig(PluginSection):
                 raise ConfigError(f'run.threads = {self.threads!r}: expected "auto" or an integer')
             at_least("run.threads", self.threads, 0)
             at_most("run.threads", self.threads, MAX_THREADS)
-        if self.workers != "auto":
-            if isinstance(self.workers, bool) or not isinstance(self.workers, int):
-                raise ConfigError(f'run.workers = {self.workers!r}: expected "auto" or a count of processes')
-            at_least("run.workers", self.workers, 1)
-            at_most("run.workers", self.workers, MAX_THREADS)
         at_least("run.max_empty_rounds", self.max_empty_rounds, 0)
         if self.time_budget < 0:
             raise ConfigError(f"run.time_budget = {self.time_budget}: must be >= 0 (0 = none)")
         check_name("run.name", self.name)
         one_of("run.on_non_finite", self.on_non_finite, NON_FINITE_POLICIES)
         one_of("run.on_client_error", self.on_client_error, ("stop", "skip"))
-        engine = self.entry("engine")
-        if self.workers != 1 and not engine.cls.runs_workers:
-            raise ConfigError(
-                f"run.workers = {self.workers!r}: the {self.engine} engine places clients itself; "
-                "run.workers applies to the embedded engine (set run.workers = 1)"
-            )
         self._check_track()
         self.callback_plugins  # noqa: B018  (parse the callbacks now: their errors are configuration errors
         one_of("run.memory_format", self.memory_format, ("contiguous", "channels_last"))
         from fedhet.device import check_device
 
         check_device(self.device)
-        if self.device.startswith("cuda") and self.workers != 1:
+        workers = self.__dict__.get("_unused", {}).get("workers", self.workers)  # given to another pool too
+        if self.device.startswith("cuda") and workers != 1:
             raise ConfigError(
-                f"run.device = {self.device!r} with run.workers = {self.workers!r}: worker processes would "
+                f"run.device = {self.device!r} with run.workers = {workers!r}: worker processes would "
                 "each hold the model and the data on one GPU; use run.workers = 1 (run.pool = "
                 '"batched" trains many clients at once there) or run.device = "cpu"'
             )

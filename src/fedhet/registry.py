@@ -57,7 +57,7 @@ BUILTIN_MODULES: dict[str, tuple[str, ...]] = {
     "dataset": ("fedhet.data",),
     "partitioner": ("fedhet.data.partition",),
     "model": ("fedhet.models",),
-    "engine": ("fedhet.engine.launch",),
+    "engine": ("fedhet.engine.launch", "fedhet.engine.flower"),
     "pool": (
         "fedhet.engine.pool",
         "fedhet.engine.processes",

@@ -24,7 +24,11 @@ line names the client and why); a ClientApp that raises stops the run or is abse
 partition before the next round and takes its client's tasks from then on, so a restarted
 node rejoins.
 
-Flower (``pip install 'fedhet[flower]'``) is imported only when this engine is used.
+The engine (:class:`FlowerEngine`, ``run.engine = "flower"``), its options
+(:class:`FlowerOptions`, keys of ``[run]``) and its pool (:class:`FlowerPool`, built through
+the registry like every pool, over the :class:`FlowerLink` the engine hands it) all live in
+this module. Flower (``pip install 'fedhet[flower]'``) is imported only when this engine is
+used.
 """
 
 from __future__ import annotations
@@ -33,13 +37,18 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
+from fedhet.checks import in_range, resumable
 from fedhet.client import ClientStates
+from fedhet.config import Config
 from fedhet.engine.client_errors import FaultLog, client_error_detail, client_failed
+from fedhet.engine.launch import Engine, Launch, Placement
 from fedhet.errors import ConfigError, FedhetError
 from fedhet.messages import ClientTask, ClientUpdate
 from fedhet.registry import NoOptions, register
@@ -73,6 +82,85 @@ def require_flower():
 
 
 # --- messages -------------------------------------------------------------------------
+
+
+@dataclass
+class FlowerOptions:
+    """The Flower engine's keys of ``[run]``."""
+
+    # wall-clock seconds to wait for the replies of a round (0 = no limit)
+    round_timeout: float = resumable(0.0)
+    flower_cpus_per_client: float = resumable(1.0)  # simulation: CPUs Ray reserves per client
+    # simulation: the GPU share Ray reserves per client (0.1: 10 per GPU)
+    flower_gpus_per_client: float = resumable(0.0)
+
+    def validate(self) -> None:
+
+        if self.round_timeout < 0:
+            raise ConfigError(f"run.round_timeout = {self.round_timeout}: must be >= 0 (0 = no limit)")
+        in_range("run.flower_cpus_per_client", self.flower_cpus_per_client, 0.0, 1024.0, low_open=True)
+        in_range("run.flower_gpus_per_client", self.flower_gpus_per_client, 0.0, 1.0)
+        if self.flower_gpus_per_client > 0:
+            import torch
+
+            if not torch.cuda.is_available():  # Ray would wait for a GPU forever
+                raise ConfigError(
+                    f"run.flower_gpus_per_client = {self.flower_gpus_per_client:g}: torch sees no GPU "
+                    "here; set it to 0"
+                )
+
+
+@register("engine")
+class FlowerEngine(Engine):
+    """Flower's simulation runtime (Ray): one virtual SuperNode per client. A Flower
+    simulation starts its own Ray on this machine, so a study runs its Flower runs one at a
+    time and never as tasks of another Ray cluster."""
+
+    name = "flower"
+    Options = FlowerOptions
+    placement = Placement(parallel=False, ray_task=False)
+
+    def check(self, config: Config) -> None:
+        super().check(config)
+        require_flower()
+
+    def pool_refusal(self, pool: str, engine: str) -> str:
+        return (
+            f"run.pool = {pool!r}: the flower engine sends each task to the client's node (its own "
+            "pool); leave run.pool unset"
+        )
+
+    def run(self, config: Config, out_dir: str | Path, launch: Launch):
+        if launch.client_order is not None or launch.stop_after is not None:
+            raise ConfigError("run.engine = 'flower': client_order and stop_after are embedded-engine hooks")
+        return run_simulation(
+            config,
+            out_dir,
+            self.options,
+            resume=launch.resume,
+            overwrite=launch.overwrite,
+            on_round=launch.on_round,
+            group=launch.group,
+            callbacks=launch.callbacks,
+            engine=self.name,
+        )
+
+
+def flower_options(config: Config) -> FlowerOptions:
+    """The Flower engine's options of ``config``; their defaults where the configuration
+    names another engine (a deployed Flower App runs it on Flower all the same)."""
+    options = config.run.options("engine")
+    return options if isinstance(options, FlowerOptions) else FlowerOptions()
+
+
+@dataclass
+class FlowerLink:
+    """What the Flower engine hands its pool (:class:`~fedhet.engine.pool.PoolContext`'s
+    ``link``): the ``Grid``, the node serving each client, the round's reply timeout."""
+
+    grid: Any
+    nodes: dict[int, int]
+    timeout: float | None
 
 
 def _split(data: dict) -> tuple[dict, dict]:
@@ -172,16 +260,20 @@ def partition_of(context) -> int:
 
 
 def make_client_app(
-    config_toml: str | Callable[[object], str],
+    config: Config | Callable[[object], Config],
     fail_clients: tuple[int, ...] = (),
     delay_clients: dict[int, float] | None = None,
 ):
-    """A ClientApp answering fedhet tasks for the run configured by ``config_toml`` (the
-    resolved config, or a function of the Flower context returning it). For tests of
-    failures: ``fail_clients`` raise instead of training, ``delay_clients`` (partition ->
-    seconds) sleep before replying."""
+    """A ClientApp answering fedhet tasks for the run ``config`` (the configuration, or a
+    function of the Flower context returning it); a client trains with the engine's
+    ``run.flower_cpus_per_client`` threads. For tests of failures: ``fail_clients`` raise
+    instead of training, ``delay_clients`` (partition -> seconds) sleep before replying."""
     delay_clients = dict(delay_clients or {})
-    config_of = config_toml if callable(config_toml) else (lambda context: config_toml)
+    fixed = None if callable(config) else _client_setup(config)
+
+    def setup_of(context) -> tuple[str, int]:
+        return fixed if fixed is not None else _client_setup(config(context))  # type: ignore[operator]
+
     require_flower()
     from flwr.app import ConfigRecord, Message, RecordDict
     from flwr.clientapp import ClientApp
@@ -201,8 +293,8 @@ def make_client_app(
             raise RuntimeError(f"ClientApp.train raised RuntimeError: client {partition} fails on purpose")
         if partition in delay_clients:
             time.sleep(delay_clients[partition])
-        config_toml = config_of(context)
-        side = bootstrap_worker(config_toml, cores=_cpus_per_client(config_toml))
+        config_toml, cpus = setup_of(context)
+        side = bootstrap_worker(config_toml, cores=cpus)
         task, params, buffers, state = decode_task(msg.content)
         if task.client != partition:
             raise FedhetError(f"task for client {task.client} sent to the node of partition {partition}")
@@ -220,6 +312,11 @@ def make_client_app(
     return app
 
 
+def _client_setup(config: Config) -> tuple[str, int]:
+    """What a client's worker is started with: the resolved configuration and its threads."""
+    return config.to_toml(), max(1, int(flower_options(config).flower_cpus_per_client))
+
+
 # --- the server side -----------------------------------------------------------------------
 
 
@@ -234,10 +331,17 @@ class FlowerPool:
     engine = "flower"  # the pool of the flower engine, which builds it over its Grid
 
     @classmethod
-    def build(cls, options, ctx=None):
-        raise ConfigError(
-            "run.pool = 'flower': Flower's pool runs on the flower engine (run.engine = 'flower')"
-        )
+    def build(cls, options, ctx):
+        """The pool over the engine's :class:`FlowerLink` (``ctx.link``); refused without one."""
+        link = getattr(ctx, "link", None)
+        if not isinstance(link, FlowerLink):
+            raise ConfigError(
+                "run.pool = 'flower': Flower's pool runs on the flower engine (run.engine = 'flower')"
+            )
+        return cls(link.grid, link.nodes, link.timeout, ctx.config.run.on_client_error)
+
+    def attach(self, world) -> None:
+        """Nothing to attach: the clients' worlds are on their nodes."""
 
     def __init__(self, grid, nodes: dict[int, int], timeout: float | None, on_client_error: str = "stop"):
         self.grid = grid
@@ -434,28 +538,16 @@ def make_server_app(
 
 
 def serve(grid, config, out_dir, resume=False, overwrite=False, on_round=None, **loop_kwargs):
-    """Run ``config`` over the nodes of ``grid`` with fedhet's run loop (``loop_kwargs``:
-    ``group``, ``callbacks``, ``engine``)."""
+    """Run ``config`` over the nodes of ``grid`` with fedhet's run loop and the Flower pool
+    (``loop_kwargs``: ``group``, ``callbacks``, ``engine``)."""
     from fedhet.engine.loop import RunLoop
 
     nodes = discover_nodes(grid, config.data.num_clients)
-    timeout = config.run.get("round_timeout", 0.0) or None
-
-    def pool(world):
-        return FlowerPool(grid, nodes, timeout, config.run.on_client_error)
-
+    link = FlowerLink(grid, nodes, flower_options(config).round_timeout or None)
     loop_kwargs.setdefault("engine", "flower")
-    return RunLoop(config, out_dir, on_round=on_round, pool_factory=pool, **loop_kwargs).run(
+    return RunLoop(config, out_dir, on_round=on_round, pool_link=link, **loop_kwargs).run(
         resume=resume, overwrite=overwrite
     )
-
-
-def _cpus_per_client(config_toml: str) -> int:
-    """The CPUs Ray gives each client (``run.flower_cpus_per_client``), read from the resolved
-    configuration without building it."""
-    import tomllib
-
-    return max(1, int(tomllib.loads(config_toml).get("run", {}).get("flower_cpus_per_client", 1)))
 
 
 def _app_config(app_dir: Path, context):
@@ -486,12 +578,13 @@ def deployment_server_app(app_dir: str | Path):
 def deployment_client_app(app_dir: str | Path):
     """The ClientApp of a Flower App folder: serves the partition of its SuperNode's
     ``--node-config "partition-id=..."`` for the configuration named in the run config."""
-    return make_client_app(lambda context: _app_config(Path(app_dir), context).to_toml())
+    return make_client_app(lambda context: _app_config(Path(app_dir), context))
 
 
 def run_simulation(
     config,
     out_dir: str | Path,
+    options: FlowerOptions | None = None,
     resume: bool = False,
     overwrite: bool = False,
     on_round: Callable[[dict], None] | None = None,
@@ -500,9 +593,11 @@ def run_simulation(
     **loop_kwargs,
 ):
     """Run ``config`` on Flower's simulation runtime (Ray backend): one virtual SuperNode per
-    client, ``run.flower_cpus_per_client`` CPUs each. Returns the RunResult. ``loop_kwargs``
-    (``group``, ``callbacks``, ``engine``) go to the run loop."""
+    client, ``options.flower_cpus_per_client`` CPUs each (``options``: the engine's, by
+    default the configuration's). Returns the RunResult. ``loop_kwargs`` (``group``,
+    ``callbacks``, ``engine``) go to the run loop."""
     require_flower()
+    options = options or flower_options(config)
     from flwr.simulation import run_simulation as flower_run_simulation
 
     from fedhet.results import RunDirectory
@@ -512,11 +607,11 @@ def run_simulation(
     folder.release()
     outcome: dict = {}
     server = make_server_app(config, out_dir, resume, overwrite, on_round, outcome, **loop_kwargs)
-    client = make_client_app(config.to_toml(), fail_clients, delay_clients)
-    backend = {
+    client = make_client_app(config, fail_clients, delay_clients)
+    backend: dict[str, Any] = {
         "client_resources": {
-            "num_cpus": config.run.get("flower_cpus_per_client", 1.0),
-            "num_gpus": config.run.get("flower_gpus_per_client", 0.0),
+            "num_cpus": options.flower_cpus_per_client,
+            "num_gpus": options.flower_gpus_per_client,
         },
         "init_args": {"log_to_driver": False, "include_dashboard": False},
     }

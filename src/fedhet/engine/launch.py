@@ -2,8 +2,9 @@
 
 ``run.engine`` names an ``engine`` plug-in (:mod:`fedhet.registry`): ``embedded`` (this
 process, :class:`~fedhet.engine.loop.RunLoop`, client tasks in-process or in worker
-processes with ``run.workers``) or ``flower`` (Flower's simulation runtime,
-:mod:`fedhet.engine.flower`, imported only when used). An engine's options are keys of
+processes with ``run.workers``) or ``flower`` (Flower's simulation runtime: the whole
+engine, its options and its pool live in :mod:`fedhet.engine.flower`; Flower itself is
+imported only when used). An engine's options are keys of
 ``[run]`` validated by its ``Options`` (``run.round_timeout`` and
 ``run.flower_cpus_per_client`` are Flower's), like a system model's keys in ``[system]``.
 
@@ -19,7 +20,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fedhet.checks import in_range, resumable
 from fedhet.config import Config
 from fedhet.engine.loop import RunLoop, RunResult
 from fedhet.errors import ConfigError
@@ -115,71 +115,6 @@ class EmbeddedEngine(Engine):
             engine=self.name,
         )
         return loop.run(resume=launch.resume, overwrite=launch.overwrite, stop_after=launch.stop_after)
-
-
-@dataclass
-class FlowerOptions:
-    """The Flower engine's keys of ``[run]``."""
-
-    # wall-clock seconds to wait for the replies of a round (0 = no limit)
-    round_timeout: float = resumable(0.0)
-    flower_cpus_per_client: float = resumable(1.0)  # simulation: CPUs Ray reserves per client
-    # simulation: the GPU share Ray reserves per client (0.1: 10 per GPU)
-    flower_gpus_per_client: float = resumable(0.0)
-
-    def validate(self) -> None:
-
-        if self.round_timeout < 0:
-            raise ConfigError(f"run.round_timeout = {self.round_timeout}: must be >= 0 (0 = no limit)")
-        in_range("run.flower_cpus_per_client", self.flower_cpus_per_client, 0.0, 1024.0, low_open=True)
-        in_range("run.flower_gpus_per_client", self.flower_gpus_per_client, 0.0, 1.0)
-        if self.flower_gpus_per_client > 0:
-            import torch
-
-            if not torch.cuda.is_available():  # Ray would wait for a GPU forever
-                raise ConfigError(
-                    f"run.flower_gpus_per_client = {self.flower_gpus_per_client:g}: torch sees no GPU "
-                    "here; set it to 0"
-                )
-
-
-@register("engine")
-class FlowerEngine(Engine):
-    """Flower's simulation runtime (Ray): one virtual SuperNode per client. A Flower
-    simulation starts its own Ray on this machine, so a study runs its Flower runs one at a
-    time and never as tasks of another Ray cluster."""
-
-    name = "flower"
-    Options = FlowerOptions
-    placement = Placement(parallel=False, ray_task=False)
-
-    def check(self, config: Config) -> None:
-        from fedhet.engine.flower import require_flower
-
-        super().check(config)
-        require_flower()
-
-    def pool_refusal(self, pool: str, engine: str) -> str:
-        return (
-            f"run.pool = {pool!r}: the flower engine sends each task to the client's node (its own "
-            "pool); leave run.pool unset"
-        )
-
-    def run(self, config: Config, out_dir: str | Path, launch: Launch) -> RunResult:
-        from fedhet.engine.flower import run_simulation
-
-        if launch.client_order is not None or launch.stop_after is not None:
-            raise ConfigError("run.engine = 'flower': client_order and stop_after are embedded-engine hooks")
-        return run_simulation(
-            config,
-            out_dir,
-            resume=launch.resume,
-            overwrite=launch.overwrite,
-            on_round=launch.on_round,
-            group=launch.group,
-            callbacks=launch.callbacks,
-            engine=self.name,
-        )
 
 
 def engine_for(config: Config) -> Engine:

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from fedhet.config import Config
 from fedhet.device import device_name, resolve_device, serving_on
@@ -57,7 +58,8 @@ class RunLoop:
 
     ``client_order`` reorders each round's tasks before they run in the in-process pool
     (as an engine running clients in parallel would); results do not depend on it.
-    ``pool_factory`` builds another pool from the world (the Flower engine's). ``group``
+    ``pool_link`` is what an engine hands its pool (the Flower engine's grid and nodes:
+    :class:`~fedhet.engine.pool.PoolContext`'s ``link``). ``group``
     names the grid, ``[compare]`` or study the run is part of; ``callbacks`` are extra
     callback objects for this run (after the configured ones); ``engine`` is the name of
     the engine running the loop, recorded in the summary."""
@@ -76,7 +78,7 @@ class RunLoop:
         out_dir: str | Path,
         on_round: Callable[[dict], None] | None = None,
         client_order: TaskOrder | None = None,
-        pool_factory: Callable[[World], ClientPool] | None = None,
+        pool_link: Any = None,
         group: str | None = None,
         callbacks: Sequence = (),
         engine: str = "embedded",
@@ -86,7 +88,7 @@ class RunLoop:
         self.run_dir = RunDirectory(out_dir)
         self.on_round = on_round
         self.client_order = client_order
-        self.pool_factory = pool_factory
+        self.pool_link = pool_link
         self.extra_callbacks = list(callbacks)
         self.engine = engine
 
@@ -133,13 +135,9 @@ class RunLoop:
             )
         pool: ClientPool | None = None
         try:
-            if self.pool_factory is None:  # the configured pool starts while the world is built
-                pool = self._build_pool()
-                self.world = world = build_world(config)
-                pool.attach(world)
-            else:
-                self.world = world = build_world(config)
-                pool = self.pool_factory(world)
+            pool = self._build_pool()  # the configured pool starts while the world is built
+            self.world = world = build_world(config)
+            pool.attach(world)
             self.pool = pool
             with serving_on(world.device):  # the server's hooks create tensors on the run's device
                 return self._run_with_pool(world, saved, stop_after)
@@ -148,9 +146,12 @@ class RunLoop:
                 pool.close()
 
     def _build_pool(self) -> ClientPool:
-        """The pool ``run.pool`` names (:mod:`fedhet.engine.pool`), built with its options."""
+        """The pool ``run.pool`` names (:mod:`fedhet.engine.pool`), built with its options
+        and what the engine hands it."""
         entry, options = self.config.run.plugins["pool"]
-        return entry.cls.build(options, PoolContext(self.config, self.client_order))
+        return entry.cls.build(
+            options, PoolContext(self.config, self.client_order, self.engine, self.pool_link)
+        )
 
     def _run_with_pool(self, world: World, saved: dict | None, stop_after: int | None) -> RunResult:
         config = self.config

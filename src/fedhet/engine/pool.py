@@ -15,9 +15,10 @@ pool's workers from the configuration and the run's shared dataset
 Pools are plug-ins (kind ``pool``, ``[run] pool = "..."``): ``build(options, ctx)`` (a
 :class:`PoolContext`; it may start its workers now) before the run builds its world,
 :meth:`attach` once the world is built, then the :class:`ClientPool` protocol. Built-ins:
-``auto`` (the default: in-process, or ``run.workers`` worker processes when it is > 1),
-``in-process`` (:class:`InProcessPool`, the embedded engine's), ``processes``
-(:class:`~fedhet.engine.processes.ProcessPool`, ``run.workers`` processes on this machine)
+``auto`` (the default: in-process on the CPU, batched on a GPU, the engine's own pool on
+another engine), ``in-process`` (:class:`InProcessPool`, the embedded engine's), ``processes``
+(:class:`~fedhet.engine.processes.ProcessPool`, its option ``run.workers``: processes on
+this machine)
 and ``flower`` (:class:`~fedhet.engine.flower.FlowerPool`, one Flower message per task; the
 Flower engine's own).
 
@@ -35,7 +36,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -43,7 +44,7 @@ from fedhet import seeding
 from fedhet.client import ClientStates
 from fedhet.client.state import ClientState
 from fedhet.engine.client_errors import FaultLog, client_failed
-from fedhet.errors import FedhetError
+from fedhet.errors import ConfigError, FedhetError
 from fedhet.messages import ClientTask, ClientUpdate
 from fedhet.registry import NoOptions, register
 
@@ -61,10 +62,14 @@ class WorkerDied(FedhetError):
 
 @dataclass
 class PoolContext:
-    """What a pool is built with: the run's configuration and, for tests, a task order."""
+    """What a pool is built with: the run's configuration, for tests a task order, the
+    engine running the loop and what that engine hands its pool (``link``: the Flower
+    engine's :class:`~fedhet.engine.flower.FlowerLink`; None for the embedded engine)."""
 
     config: Config
     client_order: TaskOrder | None = None
+    engine: str = "embedded"
+    link: Any = None
 
 
 class EvaluationHandle(Protocol):
@@ -241,9 +246,11 @@ class InProcessPool:
 
 
 class AutoPool:
-    """The default pool: ``run.workers`` worker processes when it is more than one (``"auto"``:
-    the free cores); else in this process, as groups of clients (the batched pool) on a GPU,
-    where one client at a time leaves the device idle, and one client at a time on the CPU."""
+    """The default pool: the pool of the engine running the loop where that engine hands
+    its pool a link (Flower's, over its grid); else in this process, as groups of clients
+    (the batched pool) on a GPU, where one client at a time leaves the device idle, and one
+    client at a time on the CPU. Worker processes are the ``processes`` pool's (its
+    ``run.workers``; ``run.workers`` > 1 without ``run.pool`` is read as it)."""
 
     name = "auto"
     Options = NoOptions
@@ -253,15 +260,24 @@ class AutoPool:
     def build(cls, options, ctx: PoolContext):
         from fedhet.device import resolve_device
         from fedhet.registry import builtins
-        from fedhet.threads import pool_workers
 
         run = ctx.config.run
-        if pool_workers(run.workers) > 1:
-            return builtins("pool")["processes"].cls.build(NoOptions(), ctx)
+        if ctx.link is not None:  # the engine handed its pool a link: the pool that declares it
+            return engine_pool(ctx.engine).build(NoOptions(), ctx)
         if resolve_device(run.device, run.workers).type == "cuda":
             batched = builtins("pool")["batched"].cls
             return batched.build(batched.Options(), ctx)
         return builtins("pool")["in-process"].cls.build(NoOptions(), ctx)
+
+
+def engine_pool(engine: str):
+    """The built-in pool that declares ``engine`` (its ``engine`` attribute)."""
+    from fedhet.registry import builtins
+
+    found = [e.cls for e in builtins("pool").values() if getattr(e.cls, "engine", "embedded") == engine]
+    if len(found) != 1:
+        raise ConfigError(f"run.engine = {engine!r}: {len(found)} built-in pools declare it, not one")
+    return found[0]
 
 
 register("pool")(InProcessPool)

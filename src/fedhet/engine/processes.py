@@ -57,15 +57,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from fedhet.checks import at_least, at_most, resumable
 from fedhet.client import ClientStates
 from fedhet.client.evaluate import shards
 from fedhet.data.task import default_task
 from fedhet.engine.client_errors import FaultLog, client_failed
 from fedhet.engine.evaluation import test_metrics
 from fedhet.engine.pool import WorkerDied
-from fedhet.errors import FedhetError
+from fedhet.errors import ConfigError, FedhetError
 from fedhet.messages import ClientTask, ClientUpdate
-from fedhet.registry import NoOptions, register
+from fedhet.registry import register
 
 if TYPE_CHECKING:
     from fedhet.config import Config
@@ -272,6 +273,23 @@ IN_FLIGHT = 4  # tasks sent ahead to each worker: it never waits for this proces
 MAX_RESTARTS = 10  # worker processes started again in one run before the run gives up
 
 
+@dataclass
+class ProcessOptions:
+    """The process pool's keys of ``[run]``."""
+
+    # processes running client tasks: a count, or "auto" (the free cores)
+    workers: Any = resumable(1)
+
+    def validate(self) -> None:
+        from fedhet.config import MAX_THREADS
+
+        if self.workers != "auto":
+            if isinstance(self.workers, bool) or not isinstance(self.workers, int):
+                raise ConfigError(f'run.workers = {self.workers!r}: expected "auto" or a count of processes')
+            at_least("run.workers", self.workers, 1)
+            at_most("run.workers", self.workers, MAX_THREADS)
+
+
 class ProcessPool:
     """``workers`` processes running one run's client tasks (see the module's docstring).
 
@@ -283,13 +301,13 @@ class ProcessPool:
     the worker's replacement), a new worker takes its place, and the run goes on."""
 
     name = "processes"
-    Options = NoOptions
+    Options = ProcessOptions
 
     @classmethod
-    def build(cls, options, ctx) -> ProcessPool:
+    def build(cls, options: ProcessOptions, ctx) -> ProcessPool:
         from fedhet.threads import pool_workers
 
-        pool = cls(max(1, pool_workers(ctx.config.run.workers)), ctx.config.run.on_client_error)
+        pool = cls(max(1, pool_workers(options.workers)), ctx.config.run.on_client_error)
         pool.config = ctx.config
         return pool
 
