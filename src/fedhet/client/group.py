@@ -33,7 +33,7 @@ import torch
 from fedhet.client.budget import SimulatedBudget, WallClockBudget
 from fedhet.client.gradients import gradients
 from fedhet.client.state import ALGORITHM, ClientData, ClientState, Namespace
-from fedhet.messages import ClientTask
+from fedhet.messages import ClientTask, ClientUpdate
 from fedhet.models.layers import FlatModel
 
 log = logging.getLogger(__name__)
@@ -51,6 +51,17 @@ class Member:
     budget: SimulatedBudget | WallClockBudget = field(default_factory=lambda: SimulatedBudget(0, 1))
     losses: list[float] = field(default_factory=list)
     failed: bool = False
+
+
+@dataclass
+class Finished:
+    """A client whose local work is done: its task, update, state and stream, for the
+    upload's payload and the postprocessors."""
+
+    task: ClientTask
+    update: ClientUpdate
+    state: ClientState
+    rng: np.random.Generator
 
 
 def scalar_payload(task: ClientTask) -> tuple:

@@ -40,20 +40,57 @@ FLOAT_BYTES = 4
 
 
 class Postprocessor:
-    """Base: ``process`` returns the update to send (its ``vectors()`` changed in place or
-    replaced through ``set_vector``), ``state`` being this postprocessor's part of the
-    client's state; ``payload_bytes`` one vector's size on the wire given its element count
-    and its size after the previous postprocessors (``incoming``)."""
+    """Base: :meth:`process_group` returns the updates of a group of clients to send, in
+    their order (their ``vectors()`` changed in place or replaced through ``set_vector``),
+    ``states`` being each client's part of its state for this postprocessor and
+    ``generators`` each client's own torch generator; :meth:`process` is the same for one
+    update. A postprocessor writes one of the two: the built-ins write the group's step (one
+    vectorised computation over the group's rows, a group of one included); a plug-in that
+    writes only :meth:`process` is applied to each update in turn. ``payload_bytes``: one
+    vector's size on the wire given its element count and its size after the previous
+    postprocessors (``incoming``)."""
 
     name = "base"
+
+    def process_group(
+        self, updates: list[ClientUpdate], states: list[ComponentState], generators: list[torch.Generator]
+    ) -> list[ClientUpdate]:
+        if type(self).process is Postprocessor.process:
+            raise NotImplementedError(f"postprocessor {self.name}: write process or process_group")
+        return [self.process(u, s, g) for u, s, g in zip(updates, states, generators, strict=True)]
 
     def process(
         self, update: ClientUpdate, state: ComponentState, generator: torch.Generator
     ) -> ClientUpdate:
-        raise NotImplementedError
+        if type(self).process_group is Postprocessor.process_group:
+            raise NotImplementedError(f"postprocessor {self.name}: write process or process_group")
+        return self.process_group([update], [state], [generator])[0]
 
     def payload_bytes(self, elements: int, incoming: int) -> int:
         return incoming
+
+
+def same_shapes(updates: list[ClientUpdate]) -> list[list[int]]:
+    """The positions of the updates with local work, in groups whose vectors have the same
+    keys and sizes (one group for a trainer's group of clients), each stacked as rows."""
+    groups: dict[tuple, list[int]] = {}
+    for i, update in enumerate(updates):
+        if update.delta.numel() == 0 or update.steps <= 0:
+            continue  # nothing computed: sent as it is
+        shape = tuple((key, tuple(v.shape)) for key, v in update.vectors().items())
+        groups.setdefault(shape, []).append(i)
+    return list(groups.values())
+
+
+def _rows(updates: list[ClientUpdate], rows: list[int], key: str) -> torch.Tensor:
+    """Vector ``key`` of the updates at ``rows``, stacked (a new tensor)."""
+    return torch.stack([updates[i].vectors()[key] for i in rows])
+
+
+def _host_draws(draw, shape, dtype, generators: list[torch.Generator], device) -> torch.Tensor:
+    """One ``draw`` (torch.rand or torch.randn) of ``shape`` per row from that row's own
+    generator, on the host (a client's draws do not depend on its group), stacked."""
+    return torch.stack([draw(shape, generator=g, dtype=dtype) for g in generators]).to(device)
 
 
 def payload_bytes(chain: list[Postprocessor], elements: int, payload: Iterable[int] = ()) -> int:
@@ -98,20 +135,25 @@ class ClipNoise(Postprocessor):
     def build(cls, options: ClipNoiseOptions, ctx=None) -> ClipNoise:
         return cls(options)
 
-    def process(self, update, state, generator):
-        vectors = update.vectors()
-        if update.delta.numel() == 0 or update.steps <= 0:
-            return update
+    def process_group(self, updates, states, generators):
+        """Each update (all its vectors together) scaled to L2 norm at most C, then noise
+        N(0, (z C)^2) on every element: one stacked computation per group of equal shapes."""
         clip, std = self.options.max_norm, self.options.noise_multiplier * self.options.max_norm
-        whole = torch.cat([v.reshape(-1) for v in vectors.values()]) if len(vectors) > 1 else update.delta
-        norm = float(whole.norm())  # the whole update's
-        for key, vector in vectors.items():
-            out = vector * min(1.0, clip / norm) if norm > 0 else vector.clone()
-            if std > 0:
-                noise = torch.randn(out.shape, generator=generator, dtype=out.dtype)  # drawn on the host
-                out.add_(noise.to(out.device), alpha=std)
-            update.set_vector(key, out)
-        return update
+        for rows in same_shapes(updates):
+            keys = list(updates[rows[0]].vectors())
+            stacked = {key: _rows(updates, rows, key) for key in keys}
+            whole = torch.cat([v.reshape(len(rows), -1) for v in stacked.values()], dim=1)
+            norms = torch.linalg.vector_norm(whole, dim=1).tolist()  # each update's whole norm
+            factors = [min(1.0, clip / norm) if norm > 0 else 1.0 for norm in norms]
+            scale = torch.tensor(factors, dtype=whole.dtype, device=whole.device)
+            for key, out in stacked.items():
+                out.mul_(scale.view(-1, *([1] * (out.dim() - 1))))
+                if std > 0:
+                    mine = [generators[i] for i in rows]
+                    out.add_(_host_draws(torch.randn, out.shape[1:], out.dtype, mine, out.device), alpha=std)
+                for j, i in enumerate(rows):
+                    updates[i].set_vector(key, out[j])
+        return updates
 
 
 @dataclass
@@ -152,52 +194,71 @@ class Compress(Postprocessor):
             return elements + FLOAT_BYTES  # one byte per element and the scale
         return 2 * FLOAT_BYTES * min(self.kept(elements), elements) + FLOAT_BYTES  # (index, value) + count
 
-    def process(self, update, state, generator):
-        if update.delta.numel() == 0 or update.steps <= 0:
-            return update
-        for key, vector in update.vectors().items():
-            residual_key = self.RESIDUAL if key == "delta" else f"{self.RESIDUAL}.{key}"
-            update.set_vector(key, self._compress(vector, state, residual_key, generator))
-        return update
+    def process_group(self, updates, states, generators):
+        """Each vector of each update compressed (``int8`` or ``topk``), after adding its
+        error-feedback residual: one stacked computation per vector of a group of equal
+        shapes; the residuals (which may cover other layers) are merged row by row."""
+        for rows in same_shapes(updates):
+            for key in updates[rows[0]].vectors():
+                residual_key = self.RESIDUAL if key == "delta" else f"{self.RESIDUAL}.{key}"
+                deltas = _rows(updates, rows, key)
+                residuals = [self._residual(states[i], residual_key, deltas.device) for i in rows]
+                targets = torch.stack([_plus_residual(d, r) for d, r in zip(deltas, residuals, strict=True)])
+                mine = [generators[i] for i in rows]
+                sent = self._int8(targets, mine) if self.options.method == "int8" else self._topk(targets)
+                for j, i in enumerate(rows):
+                    if self.options.error_feedback:
+                        states[i][residual_key] = _kept(deltas[j], residuals[j], targets[j] - sent[j])
+                    updates[i].set_vector(key, sent[j])
+        return updates
 
-    def _compress(self, delta, state, key: str, generator) -> torch.Tensor:
-        """One vector compressed, with its own error-feedback residual under ``key``."""
+    def _residual(self, state, key: str, device) -> torch.Tensor | None:
+        """The client's error-feedback residual of one vector (kept on the host between tasks)."""
         residual = state.get(key) if self.options.error_feedback else None
-        if residual is not None:
-            residual = residual.to(delta.device)  # kept on the host between tasks
-        covered = delta.numel()
-        target = delta.clone()
-        if residual is not None:  # kept aligned to the model's end: the output layer is always covered
-            shared = min(residual.numel(), covered)
-            target[covered - shared :] += residual[residual.numel() - shared :]
-        sent = self._int8(target, generator) if self.options.method == "int8" else self._topk(target)
-        if self.options.error_feedback:
-            size = max(covered, 0 if residual is None else residual.numel())
-            kept = delta.new_zeros(size)
-            if residual is not None:
-                kept[size - residual.numel() :] = residual  # layers not covered now keep theirs
-            kept[size - covered :] = target - sent
-            state[key] = kept
-        return sent
+        return None if residual is None else residual.to(device)
 
     @staticmethod
-    def _int8(values: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        """Unbiased stochastic rounding to the 255 levels -127..127 of one scale."""
-        scale = float(values.abs().max()) / 127.0
-        if scale == 0.0:
-            return values.clone()
-        scaled = values / scale
+    def _int8(values: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
+        """Unbiased stochastic rounding of each row to the 255 levels -127..127 of its own
+        scale (max |value| / 127); a row of zeros is sent as it is."""
+        peaks = values.reshape(len(values), -1).abs().amax(dim=1).tolist()
+        scales = torch.tensor([peak / 127.0 for peak in peaks], dtype=values.dtype, device=values.device)
+        scales = scales.view(-1, *([1] * (values.dim() - 1)))
+        zero = scales == 0
+        scaled = values / torch.where(zero, torch.ones_like(scales), scales)
         low = torch.floor(scaled)
-        draws = torch.rand(values.shape, generator=generator, dtype=values.dtype)  # on the host
-        up = draws.to(values.device) < (scaled - low)
-        return (low + up.to(values.dtype)).clamp_(-127, 127) * scale
+        draws = _host_draws(torch.rand, values.shape[1:], values.dtype, generators, values.device)
+        up = draws < (scaled - low)
+        rounded = (low + up.to(values.dtype)).clamp_(-127, 127) * scales
+        return torch.where(zero, values, rounded)
 
     def _topk(self, values: torch.Tensor) -> torch.Tensor:
-        k = min(self.kept(values.numel()), values.numel())
-        index = torch.topk(values.abs(), k, sorted=False).indices
-        out = torch.zeros_like(values)
-        out[index] = values[index]
-        return out
+        """Each row's ``fraction`` of elements largest in magnitude; the rest zero."""
+        flat = values.reshape(len(values), -1)
+        k = min(self.kept(flat.shape[1]), flat.shape[1])
+        index = torch.topk(flat.abs(), k, dim=1, sorted=False).indices
+        return torch.zeros_like(flat).scatter_(1, index, flat.gather(1, index)).reshape(values.shape)
+
+
+def _plus_residual(delta: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+    """What a vector compresses: the delta plus its residual, aligned to the model's end
+    (the output layer is always covered)."""
+    target = delta.clone()
+    if residual is not None:
+        shared = min(residual.numel(), delta.numel())
+        target[delta.numel() - shared :] += residual[residual.numel() - shared :]
+    return target
+
+
+def _kept(delta: torch.Tensor, residual: torch.Tensor | None, unsent: torch.Tensor) -> torch.Tensor:
+    """The next residual: what was not sent now, and the old residual of layers not covered now."""
+    covered = delta.numel()
+    size = max(covered, 0 if residual is None else residual.numel())
+    kept = delta.new_zeros(size)
+    if residual is not None:
+        kept[size - residual.numel() :] = residual
+    kept[size - covered :] = unsent
+    return kept
 
 
 def generator_for(rng: np.random.Generator) -> torch.Generator:

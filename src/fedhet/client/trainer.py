@@ -29,7 +29,7 @@ import torch
 
 from fedhet.client.budget import SimulatedBudget, WallClockBudget, timed_first_step
 from fedhet.client.coverage import CoverageView, WidthMasks
-from fedhet.client.group import GroupGradients, Member, PerClient, scalar_payload
+from fedhet.client.group import Finished, GroupGradients, Member, PerClient, scalar_payload
 from fedhet.client.optimizers import SGD, LocalOptimizer
 from fedhet.client.postprocess import Postprocessor, generator_for, payload_bytes
 from fedhet.client.rule import ClientRule
@@ -163,17 +163,28 @@ class LocalTrainer:
         rng: np.random.Generator,
         rule: ClientRule | None = None,
     ) -> ClientUpdate:
-        """After the local steps: the payload vectors the rule sends with the update, then the
-        postprocessor chain (its random draws from the client's stream, after training's);
-        the client's state checked."""
-        if rule is not None and update.steps > 0:
-            update.wire = tuple(rule.upload_payload(int(update.delta.numel())))
-        if self.postprocessors and update.steps > 0:
-            generator = generator_for(rng)
+        """One client's :meth:`finish_group`."""
+        return self.finish_group([Finished(task, update, state, rng)], rule)[0]
+
+    def finish_group(self, clients: list[Finished], rule: ClientRule | None = None) -> list[ClientUpdate]:
+        """After the local steps of a group: each update's payload vectors the rule sends
+        with it, then the postprocessor chain, each step once over the group's updates that
+        did local work (their random draws from each client's own stream, after training's);
+        each client's state checked."""
+        working = [c for c in clients if c.update.steps > 0]
+        if rule is not None:
+            for client in working:
+                client.update.wire = tuple(rule.upload_payload(int(client.update.delta.numel())))
+        if self.postprocessors and working:
+            updates = [c.update for c in working]
+            generators = [generator_for(c.rng) for c in working]
             for step, name in zip(self.postprocessors, self.namespaces, strict=True):
-                update = step.process(update, Namespace(state, name), generator)
-        check_serialisable(state, task.client)
-        return update
+                updates = step.process_group(updates, [Namespace(c.state, name) for c in working], generators)
+            for client, update in zip(working, updates, strict=True):
+                client.update = update
+        for client in clients:
+            check_serialisable(client.state, client.task.client)
+        return [c.update for c in clients]
 
     def budget_for(self, task: ClientTask) -> SimulatedBudget | WallClockBudget:
         """The work budget the system side gave the task: its steps and depth on the virtual
@@ -230,10 +241,27 @@ class LocalTrainer:
         for i, member in enumerate(group.members):
             if not member.failed:
                 try:
-                    out[member.position] = self._close(group, i, finish)
-                except Exception as exc:  # noqa: BLE001  (a rule's or postprocessor's bug)
+                    out[member.position] = self._close(group, i)
+                except Exception as exc:  # noqa: BLE001  (a rule's bug)
                     group.fail(member, exc)
+        if finish:
+            self._finish_members(group, out)
         return out
+
+    def _finish_members(self, group: _Group, out: list[ClientUpdate | None]) -> None:
+        """The group's :meth:`finish_group`; a postprocessor that raises fails each of the
+        group's clients (their updates were finished together)."""
+        done = [m for m in group.members if not m.failed and out[m.position] is not None]
+        clients = [Finished(m.task, out[m.position], m.state, m.rng) for m in done]  # type: ignore[arg-type]
+        try:
+            finished = self.finish_group(clients, group.rule)
+        except Exception as exc:  # noqa: BLE001  (a rule's or postprocessor's bug)
+            for member in done:
+                out[member.position] = None
+                group.fail(member, exc)
+            return
+        for member, update in zip(done, finished, strict=True):
+            out[member.position] = update
 
     def _open(self, members, params, buffers, rule, on_error, snapshot) -> _Group | None:
         """The group's rows and coverage, the optimizer begun; None: there is nothing to do."""
@@ -443,9 +471,9 @@ class LocalTrainer:
             self.flat.load(group.rows[i], group.buffer_rows[i])
         return self.gradients.at_point(group.params[group.view.param_slice], x, y, group.view.depth)
 
-    def _close(self, group: _Group, i: int, finish: bool) -> ClientUpdate:
+    def _close(self, group: _Group, i: int) -> ClientUpdate:
         """Client ``i``'s update from its row: the delta over its covered elements, the
-        rule's ``finish_local_work``, the optimizer's kept state, the postprocessors."""
+        rule's ``finish_local_work`` (the postprocessors follow, for the whole group)."""
         member, view, params, task = group.members[i], group.view, group.params, group.members[i].task
         with torch.no_grad():
             delta = group.regions[i] - group.sent_region
@@ -466,7 +494,7 @@ class LocalTrainer:
             with torch.no_grad():
                 own = Namespace(member.state, ALGORITHM)
                 group.rule.finish_local_work(task, update, own, view.param_slice, group.rows[i], params)
-        return self.finish(task, update, member.state, member.rng, group.rule) if finish else update
+        return update
 
     def _warm_up(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """Once per process, before the first timed task: autograd's first calls are slow
