@@ -179,3 +179,25 @@ def test_fjords_self_distillation_follows_the_task():
     # a one-output model: the old softmax term was identically zero, the task's is not
     assert float(torch.nn.functional.cross_entropy(student, teacher.softmax(dim=1))) == 0.0
     assert float(Regression().distillation(student, teacher)) > 0
+
+
+def test_depthfls_exit_consistency_on_a_regression_is_the_tasks_divergence_not_a_zero_softmax(tmp_path):
+    """DepthFL's mutual self-distillation takes the task's divergence: on a one-output
+    regression a softmax KL is identically zero (the term would do nothing), the squared
+    error between exits is not, so the run with it trains differently from the run without."""
+    import torch
+
+    from fedhet.data.task import Classification, Regression
+
+    outputs = [torch.tensor([[0.3], [1.2]]), torch.tensor([[0.1], [0.9]])]
+    assert all(float(d) == 0.0 for d in Classification().divergences(outputs))  # one logit: no signal
+    assert all(float(d) > 0.0 for d in Regression().divergences(outputs))
+    losses = {}
+    for distillation in (True, False):
+        document = {k: dict(v) for k, v in DIABETES.items()}
+        document["run"].update(rounds=3, eval_every=1)
+        document["model"] = {"name": "mlp-exits", "hidden": [16, 16]}
+        document["algorithm"] = {"name": "depthfl", "distillation": distillation, "consistency_rampup": 0}
+        result = run(from_dict(document), tmp_path / str(distillation))
+        losses[distillation] = [r["train_loss"] for r in result.metrics]
+    assert losses[True] != losses[False]

@@ -33,7 +33,6 @@ from typing import ClassVar
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from fedhet.algorithms.aggregation import expand_per_layer
 from fedhet.algorithms.base import Algorithm, register
@@ -128,7 +127,8 @@ class DepthFL(Algorithm):
 
     def local_loss(self, task, state, model, x, y, depth, loss, rng):
         """sum_i CE(z_i, y) + w_t/(k-1) sum_{i != j} KL(softmax z_j || softmax z_i) over the
-        local model's exits (DepthFL Sec. 3.2)."""
+        local model's exits (DepthFL Sec. 3.2); the task's loss and divergence (a
+        regression's: squared error to the other exit's prediction)."""
         k = int(task.payload.get(EXITS, getattr(model, "num_exits", 1)))
         outputs = model.exits(x, k, depth)
         total = sum(loss(z, y) for z in outputs)
@@ -136,13 +136,8 @@ class DepthFL(Algorithm):
             self.options.consistency_weight, task.round, self.options.consistency_rampup
         )
         if self.options.distillation and len(outputs) > 1 and weight > 0:
-            log_probs = [F.log_softmax(z, dim=1) for z in outputs]
-            teachers = [z.detach().softmax(dim=1) for z in outputs]
-            for i, student in enumerate(log_probs):
-                for j, teacher in enumerate(teachers):
-                    if i != j:
-                        kl = F.kl_div(student, teacher, reduction="batchmean")
-                        total = total + weight * kl / (len(outputs) - 1)
+            for divergence in loss.divergences(outputs):  # the task's (fedhet.data.task)
+                total = total + weight * divergence / (len(outputs) - 1)
         return total
 
     def finish_local_work(self, task, update, state, region, local, anchor):

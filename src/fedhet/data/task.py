@@ -17,6 +17,7 @@ names in client_metrics.csv. A task plug-in (a dataset's own) subclasses :class:
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -47,6 +48,12 @@ class Task:
         batch: self-distillation (FjORD)."""
         raise NotImplementedError(f"the {self.name} task defines no distillation loss")
 
+    def divergences(self, outputs: list[torch.Tensor]) -> Iterator[torch.Tensor]:
+        """For each ordered pair (i, j), i != j, of ``outputs`` on one batch (i first, then
+        j): how far output i is from output j's detached prediction, zero when they agree:
+        mutual self-distillation between exits (DepthFL Sec. 3.2)."""
+        raise NotImplementedError(f"the {self.name} task defines no divergence")
+
     def batch_sums(self, output: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
         """Sums over one evaluation batch, added up over the batches (see :meth:`metrics`)."""
         raise NotImplementedError
@@ -74,6 +81,15 @@ class Classification(Task):
     def distillation(self, student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
         """Cross-entropy of the student with the teacher's softmax (FjORD Sec. 3.3)."""
         return F.cross_entropy(student, teacher.softmax(dim=1))
+
+    def divergences(self, outputs: list[torch.Tensor]) -> Iterator[torch.Tensor]:
+        """KL(softmax z_j || softmax z_i), averaged over the batch (DepthFL Sec. 3.2)."""
+        students = [F.log_softmax(z, dim=1) for z in outputs]
+        teachers = [z.detach().softmax(dim=1) for z in outputs]
+        for i, student in enumerate(students):
+            for j, teacher in enumerate(teachers):
+                if i != j:
+                    yield F.kl_div(student, teacher, reduction="batchmean")
 
     def batch_sums(self, output: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
         return {
@@ -107,6 +123,14 @@ class Regression(Task):
     def distillation(self, student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
         """Mean squared error to the teacher's predictions."""
         return F.mse_loss(student, teacher)
+
+    def divergences(self, outputs: list[torch.Tensor]) -> Iterator[torch.Tensor]:
+        """Mean squared error of z_i to the detached z_j (a softmax of one output would
+        make every divergence zero)."""
+        for i, student in enumerate(outputs):
+            for j, teacher in enumerate(outputs):
+                if i != j:
+                    yield F.mse_loss(student, teacher.detach())
 
     def batch_sums(self, output: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
         return {"squared": float(((output.reshape(target.shape) - target) ** 2).sum())}
