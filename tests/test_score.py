@@ -201,3 +201,21 @@ def test_depthfls_exit_consistency_on_a_regression_is_the_tasks_divergence_not_a
         result = run(from_dict(document), tmp_path / str(distillation))
         losses[distillation] = [r["train_loss"] for r in result.metrics]
     assert losses[True] != losses[False]
+
+
+def test_the_progress_line_shows_the_score_the_run_tells_it(tmp_path, capsys):
+    """The run tells the progress display its task's score (not guessed from the row's
+    columns): a row whose first metric is another one still shows the score."""
+    from fedhet.console import ScoreReader, progress_printer
+
+    reader = ScoreReader()
+    row = {"round": 2, "test_loss": 0.4, "test_mae": 0.3, "test_rmse": 0.5}
+    assert reader.read(row) == ("mae", 0.3)  # untold: the first column after the loss
+    reader.tell(Score("rmse", False))
+    assert reader.read(row) == ("rmse", 0.5) and reader.read({"round": 3, "test_rmse": None}) is None
+    document = {k: dict(v) for k, v in DIABETES.items()}
+    document["run"].update(rounds=2, eval_every=1)
+    config = from_dict(document)
+    run(config, tmp_path / "p", on_round=progress_printer(config, "diabetes", every=0.0))
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("diabetes round")]
+    assert lines and all("test_rmse" in line for line in lines)

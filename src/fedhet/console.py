@@ -33,11 +33,12 @@ def _live_printer(console, label: str, total_rounds: int, budget: float):
     )
     task = progress.add_task(label, total=budget or total_rounds, info="")
     state: dict[str, tuple[str, float] | None] = {"acc": None}
+    reader = ScoreReader()
 
     def on_round(row: dict) -> None:
         if not progress.live.is_started:
             progress.start()
-        score = _score(row)
+        score = reader.read(row)
         if score is not None:
             state["acc"] = score
         acc = "" if state["acc"] is None else f" {state['acc'][0]} {state['acc'][1]:.3f}"
@@ -47,16 +48,18 @@ def _live_printer(console, label: str, total_rounds: int, budget: float):
         if row["round"] >= total_rounds:
             progress.stop()
 
+    on_round.tell_score = reader.tell  # type: ignore[attr-defined]
     return on_round
 
 
 def _plain_printer(console, label: str, total_rounds: int, budget: float, every: float):
     """One plain line at each evaluation, the last round, and every ``every`` seconds."""
     last = {"time": time.monotonic()}
+    reader = ScoreReader()
 
     def on_round_plain(row: dict) -> None:
         now = time.monotonic()
-        score = _score(row)
+        score = reader.read(row)
         if not (score or row["round"] >= total_rounds or now - last["time"] >= every):
             return
         last["time"] = now
@@ -65,14 +68,30 @@ def _plain_printer(console, label: str, total_rounds: int, budget: float, every:
         clock = f"sim_time {row['sim_time']:.4g}" + (f"/{budget:g}" if budget else "")
         console.print(f"{label} {rounds} {clock}{acc}", highlight=False)
 
+    on_round_plain.tell_score = reader.tell  # type: ignore[attr-defined]
     return on_round_plain
 
 
-def _score(row: dict) -> tuple[str, float] | None:
-    """The row's score, (name, value): its first test column after the loss (a row holds
-    its task's columns only: accuracy, a regression's RMSE, ...), else the loss."""
-    tests = [(k.removeprefix("test_"), v) for k, v in row.items() if k.startswith("test_") and v is not None]
-    return next((t for t in tests if t[0] != "loss"), tests[0] if tests else None)
+class ScoreReader:
+    """A row's score, (name, value), as the run told it (the task's score: accuracy, a
+    regression's RMSE, a plug-in task's own); None in a round without evaluation. Before
+    the run tells it: the row's first test column after the loss, else the loss."""
+
+    def __init__(self) -> None:
+        self.metric: str | None = None
+
+    def tell(self, score) -> None:
+        """The run's :class:`~fedhet.data.task.Score` (the progress callback's on_start)."""
+        self.metric = score.metric
+
+    def read(self, row: dict) -> tuple[str, float] | None:
+        if self.metric is not None:
+            value = row.get(f"test_{self.metric}")
+            return None if value is None else (self.metric, value)
+        tests = [
+            (k.removeprefix("test_"), v) for k, v in row.items() if k.startswith("test_") and v is not None
+        ]
+        return next((t for t in tests if t[0] != "loss"), tests[0] if tests else None)
 
 
 def summary_table(summaries: list[dict], title: str) -> None:

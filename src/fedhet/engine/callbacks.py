@@ -56,6 +56,7 @@ class RunContext:
     folder: Path  # the run folder
     group: str | None = None  # the grid, [compare] or study the run belongs to
     engine: str = "embedded"  # the engine running it
+    score: Any = None  # the task's score (fedhet.data.task.Score): what "better" means
 
 
 class Callback:
@@ -293,12 +294,18 @@ class Checkpoint(Callback):
 
 
 class Progress(Callback):
-    """Calls a function with each round's complete row (the command line's progress display)."""
+    """Calls a function with each round's complete row (the command line's progress
+    display); a function with a ``tell_score`` method is told the task's score first."""
 
     name = "progress"
 
     def __init__(self, on_round: Callable[[dict], None]):
         self.on_round = on_round
+
+    def on_start(self, state) -> None:
+        tell = getattr(self.on_round, "tell_score", None)
+        if tell is not None and self.context.score is not None:
+            tell(self.context.score)
 
     def on_round_end(self, state, row: dict) -> None:
         self.on_round(row)

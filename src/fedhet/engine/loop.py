@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from fedhet.config import Config
+from fedhet.data.task import Score
 from fedhet.device import device_name, resolve_device, serving_on
 from fedhet.engine.callbacks import (
     Checkpoint,
@@ -107,7 +108,7 @@ class RunLoop:
         """The built-in callbacks, the configured plug-ins and trackers, the caller's extra
         ones, then progress; each knows its run by its :class:`RunContext`."""
         world, config, run_dir = self.world, self.config, self.run_dir
-        context = RunContext(config, run_dir.path, self.group, self.engine)
+        context = RunContext(config, run_dir.path, self.group, self.engine, Score.of(world.dataset.task))
         out: list = [Reports(world, run_dir), Metrics(run_dir, config.to_toml()),
                      Checkpoint(run_dir, config.to_dict(), self.pool, world.algorithm)]  # fmt: skip
         plugins = config.run.callback_plugins + config.run.tracker_plugins
