@@ -205,3 +205,23 @@ def test_bad_server_optimizer_settings_are_refused():
         _server_config(server={"optimizer": "lamb"})
     with pytest.raises(ConfigError, match="server.beta2 = 1.0"):
         _server_config(server={"optimizer": "yogi", "beta2": 1.0})
+
+
+def test_a_presets_checkpoint_with_its_moments_in_the_rules_state_resumes_them(tmp_path):
+    """Checkpoints written when the presets kept their moments in the rule's own state
+    (``algorithm``: m, v; no ``server``) resume with those moments: the run ends as an
+    uninterrupted one."""
+    import torch
+
+    from fedhet.engine.launch import run
+
+    config = make_config({"algorithm.name": "fedadam", "run.rounds": 6, "run.eval_every": 3})
+    whole = run(config, tmp_path / "whole").summary
+    run(config, tmp_path / "old", stop_after=3)
+    path = tmp_path / "old" / "checkpoint.pt"
+    saved = torch.load(path, weights_only=False)
+    assert set(saved["server"]) >= {"m", "v"}
+    saved["algorithm"] = {**(saved["algorithm"] or {}), **saved.pop("server")}  # the older layout
+    torch.save(saved, path)
+    resumed = run(config, tmp_path / "old", resume=True).summary
+    assert resumed["final_test_loss"] == whole["final_test_loss"]

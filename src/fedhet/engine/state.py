@@ -251,6 +251,15 @@ def from_checkpoint(
         stopped_by_callback=saved.get("stopped_by_callback"),
         system=saved.get("system", {}),
         engine=saved.get("engine", {}),
-        server=saved.get("server", {}),
+        server=saved.get("server") or _preset_moments(algorithm, saved["algorithm"]),
         evaluating=saved.get("evaluating"),
     )
+
+
+def _preset_moments(algorithm: Any, saved_algorithm: Any) -> dict:
+    """The server step's moments of a checkpoint written when FedAvgM, FedAdam, FedYogi and
+    FedAdagrad kept them in the rule's own state (``m``, ``v``): a resumed run of such a
+    preset continues them instead of starting them again."""
+    if not isinstance(saved_algorithm, dict) or algorithm.preset_server_optimizer() is None:
+        return {}
+    return {key: saved_algorithm[key] for key in ("m", "v") if saved_algorithm.get(key) is not None}
