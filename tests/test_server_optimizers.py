@@ -225,3 +225,16 @@ def test_a_presets_checkpoint_with_its_moments_in_the_rules_state_resumes_them(t
     torch.save(saved, path)
     resumed = run(config, tmp_path / "old", resume=True).summary
     assert resumed["final_test_loss"] == whole["final_test_loss"]
+
+
+def test_a_rules_server_lr_beside_a_server_optimizer_is_refused_in_one_line():
+    """One server learning rate: a rule's own server_lr (not 1) and a [server] optimizer
+    that steps would multiply, so the run refuses them together; either alone runs."""
+    from fedhet.errors import ConfigError
+    from fedhet.world import build_world
+
+    both = _server_config(algorithm={"name": "fedavg", "server_lr": 0.5}, server={"optimizer": "adam"})
+    with pytest.raises(ConfigError, match=r"algorithm.server_lr = 0.5 with \[server\] optimizer = 'adam'"):
+        build_world(both)
+    build_world(_server_config(algorithm={"name": "fedavg", "server_lr": 0.5}))
+    build_world(_server_config(algorithm={"name": "fedavg"}, server={"optimizer": "adam", "lr": 0.1}))

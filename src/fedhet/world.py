@@ -278,10 +278,18 @@ def check_targets(config: Config, task) -> None:
 
 def server_optimizer(config: Config, algorithm):
     """The server step of the run: ``[server]``'s optimizer, or the one the rule is a preset
-    for (FedAdam: FedAvg with the adam step); both at once is refused in one line."""
+    for (FedAdam: FedAvg with the adam step); both at once is refused in one line, and so is
+    a rule's own ``server_lr`` beside a ``[server]`` optimizer (one server learning rate)."""
     chosen = config.server.entry("optimizer").cls.build(config.server.options("optimizer"), None)
     preset = algorithm.preset_server_optimizer()
     if preset is None:
+        own = getattr(config.algorithm.options, "server_lr", 1.0)
+        if own != 1.0 and not chosen.is_identity:  # one server learning rate, set in one place
+            raise ConfigError(
+                f"algorithm.server_lr = {own:g} with [server] optimizer = {config.server.optimizer!r}: two "
+                "server learning rates would multiply; set server.lr (and leave algorithm.server_lr at 1) "
+                "or drop the [server] optimizer"
+            )
         return chosen
     if not chosen.is_identity:
         raise ConfigError(

@@ -19,7 +19,9 @@ correction (the paper's Algorithm 2). The moments are the run's server state, ch
 (a resumed run continues them). BatchNorm statistics are the rule's. A step whose Delta_t is
 exactly zero (nobody delivered) leaves the moments and the model as they are.
 
-With a rule's own ``server_lr`` the two compose: the rule's step is the proposal. FedAvgM,
+One server learning rate: a rule's own ``server_lr`` (its proposal's step, the ``sgd`` step
+folded into the rule) other than 1 beside a ``[server]`` optimizer that steps is refused in
+one line (the two would multiply). FedAvgM,
 FedAdam, FedYogi and FedAdagrad as algorithm names (``algorithms/server_opt.py``) are presets:
 FedAvg with these steps, applied by the run as a ``[server]`` optimizer.
 """
