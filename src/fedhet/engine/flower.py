@@ -269,11 +269,7 @@ def make_client_app(
     ``run.flower_cpus_per_client`` threads. For tests of failures: ``fail_clients`` raise
     instead of training, ``delay_clients`` (partition -> seconds) sleep before replying."""
     delay_clients = dict(delay_clients or {})
-    fixed = None if callable(config) else _client_setup(config)
-
-    def setup_of(context) -> tuple[str, int]:
-        return fixed if fixed is not None else _client_setup(config(context))  # type: ignore[operator]
-
+    setup_of = _setup_of(config)
     require_flower()
     from flwr.app import ConfigRecord, Message, RecordDict
     from flwr.clientapp import ClientApp
@@ -315,6 +311,15 @@ def make_client_app(
 def _client_setup(config: Config) -> tuple[str, int]:
     """What a client's worker is started with: the resolved configuration and its threads."""
     return config.to_toml(), max(1, int(flower_options(config).flower_cpus_per_client))
+
+
+def _setup_of(config: Config | Callable[[object], Config]) -> Callable[[object], tuple[str, int]]:
+    """A client's :func:`_client_setup` from its Flower context: computed once for a fixed
+    configuration, per message for a deployed app's (read from its run config)."""
+    if callable(config):
+        return lambda context: _client_setup(config(context))
+    fixed = _client_setup(config)
+    return lambda context: fixed
 
 
 # --- the server side -----------------------------------------------------------------------
