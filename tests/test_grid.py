@@ -199,3 +199,26 @@ def test_a_significance_mark_shows_the_corrected_verdict_and_an_uncorrected_one_
     assert significance_mark(False, 0.001, 0.01) == " ↓"
     assert significance_mark(False, 0.01, 0.3) == " (↓)"
     assert significance_mark(True, 0.2, 1.0) == "" and significance_mark(True, None, None) == ""
+
+
+def test_a_second_grid_into_a_folder_in_use_is_refused_in_one_line(tmp_path, capsys):
+    """Two ``fedhet reproduce`` into one --out: the second is refused before any cell runs
+    (it would mark the first's cells failed in its table), naming the folder's holder."""
+    from fedhet.cli import main
+    from fedhet.results import RunLock
+    from fedhet.studies.launcher import GRID_LOCK
+
+    path = tmp_path / "tiny.toml"
+    path.write_text(GRID)
+    out = tmp_path / "out"
+    out.mkdir()
+    first = RunLock(out / GRID_LOCK)
+    first.acquire()  # a grid running into the folder
+    try:
+        assert main(["reproduce", str(path), "--out", str(out), "--quiet"]) == 2  # a fedhet error
+    finally:
+        first.release()
+    err = capsys.readouterr().err
+    assert "in use by another fedhet run" in err and "Traceback" not in err
+    assert not any(p.is_dir() for p in out.iterdir())  # no cell ran
+    assert main(["reproduce", str(path), "--out", str(out), "--quiet"]) == 0  # free again: it runs

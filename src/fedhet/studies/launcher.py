@@ -24,6 +24,8 @@ from fedhet.studies.spec import Experiment
 
 log = logging.getLogger("fedhet")
 
+GRID_LOCK = ".grid.lock"  # held while a grid runs into its folder
+
 
 @dataclass
 class CellLaunch:
@@ -89,15 +91,23 @@ def run_experiment(
     """Run every unfinished cell (in parallel processes, or as Ray tasks when ``ray`` is
     ``"local"`` or a cluster address) as ``launch`` says (default: resume); return
     summaries by cell name."""
+    from fedhet.results import RunLock
+
     launch = launch or CellLaunch()
     out_dir = Path(out_dir)
-    summaries: dict[str, dict] = {}
-    if launch.overwrite or not launch.resume:  # every cell runs; none is looked up
-        fresh = {cell.name for cell in experiment.cells} if launch.overwrite else set()
-        todo = list(experiment.cells)
-    else:
-        todo, fresh = _unfinished(experiment, out_dir, summaries, on_cell)
-    return _launch(experiment, todo, fresh, out_dir, summaries, jobs, on_cell, ray, launch)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lock = RunLock(out_dir / GRID_LOCK)  # one grid per folder: a second is refused in one line
+    lock.acquire()
+    try:
+        summaries: dict[str, dict] = {}
+        if launch.overwrite or not launch.resume:  # every cell runs; none is looked up
+            fresh = {cell.name for cell in experiment.cells} if launch.overwrite else set()
+            todo = list(experiment.cells)
+        else:
+            todo, fresh = _unfinished(experiment, out_dir, summaries, on_cell)
+        return _launch(experiment, todo, fresh, out_dir, summaries, jobs, on_cell, ray, launch)
+    finally:
+        lock.release()
 
 
 def _unfinished(experiment: Experiment, out_dir: Path, summaries: dict, on_cell) -> tuple[list[Cell], set]:
