@@ -132,16 +132,24 @@ def _plugin_options(section: PluginSection, values: dict) -> dict:
     return out
 
 
-def _owner_elsewhere(section: type[PluginSection], key: str) -> tuple[str, str] | None:
+def _owner_elsewhere(section: type[PluginSection], key: str, value: Any) -> tuple[str, str] | None:
     """(slot, plug-in name) of a built-in plug-in of one of ``section``'s slots with option
-    ``key``, for the message that says the key belongs to another choice."""
-    from fedhet.registry import builtins, option_fields
+    ``key``, for the message that says the key belongs to another choice: the first whose
+    options accept ``value`` (mlp's ``hidden = [32, 16]`` is mlp's, not char-mlp's integer),
+    else the first (whose check then says what is wrong)."""
+    from fedhet.registry import KIND_LABELS, builtins, option_fields
 
-    for slot, kind in section.SLOTS.items():
-        for name, entry in sorted(builtins(kind).items()):
-            if key in option_fields(entry.cls):
-                return slot, name
-    return None
+    owners = [(slot, name, entry) for slot, kind in section.SLOTS.items()
+              for name, entry in sorted(builtins(kind).items())
+              if key in option_fields(entry.cls)]  # fmt: skip
+    for slot, name, entry in owners:
+        label = f"{KIND_LABELS[entry.kind]} {name}"
+        try:
+            typed_options(entry.cls.Options, {key: value}, section.SECTION, label)
+        except ConfigError:
+            continue
+        return slot, name
+    return (owners[0][0], owners[0][1]) if owners else None
 
 
 def parse_plugin_section(cls: type[PluginSection], values: Any) -> PluginSection:
@@ -172,7 +180,7 @@ def parse_plugin_section(cls: type[PluginSection], values: Any) -> PluginSection
         if slot is not None:
             per_slot[slot][key] = value
             continue
-        owner = _owner_elsewhere(cls, key)
+        owner = _owner_elsewhere(cls, key, value)
         if owner is not None:  # another choice's option: checked there, kept, not used
             unused.setdefault(owner, {})[key] = value
             continue
