@@ -15,3 +15,73 @@ def test_an_option_of_another_model_is_reported_not_refused_when_its_owner_accep
         config = make_config({"model.name": "linear", "model.hidden": [32, 16]})
     assert config.model.name == "linear"
     assert any("model.hidden is an option of model 'mlp'" in r.getMessage() for r in caplog.records)
+
+
+def _tune_files(tmp_path):
+    import tomli_w
+
+    config = {
+        "run": {"name": "st", "seed": 1, "rounds": 2, "threads": 1},
+        "data": {"dataset": "digits", "num_clients": 3, "fraction": 0.3, "validation_fraction": 0.2},
+        "model": {"name": "mlp", "hidden": [8]},
+        "train": {"lr": 0.1, "batch_size": 8},
+        "algorithm": {"name": "fedavg"},
+    }
+    space = {"params": {"train.lr": {"low": 0.01, "high": 0.5, "log": True}}, "pruner": {"name": "none"}}
+    (tmp_path / "c.toml").write_text(tomli_w.dumps(config))
+    (tmp_path / "s.toml").write_text(tomli_w.dumps(space))
+    return str(tmp_path / "c.toml"), str(tmp_path / "s.toml")
+
+
+def test_every_bad_storage_url_is_one_line_before_any_trial(tmp_path, capsys):
+    """``fedhet tune --storage``: a URL Optuna cannot use is refused in one line naming it
+    before any trial runs (each used to be a traceback); an empty SQLite file is used."""
+    import sqlite3
+
+    import pytest
+
+    pytest.importorskip("optuna")
+    from fedhet.cli import main
+
+    config, space = _tune_files(tmp_path)
+    (tmp_path / "a-file").write_text("x")
+    (tmp_path / "noise.db").write_bytes(bytes(range(256)) * 8)
+    other = sqlite3.connect(tmp_path / "other.db")
+    other.execute("create table users (id integer)")
+    other.commit()
+    other.close()
+    cases = {
+        "not a url": "not a database URL",
+        "nosuch://host/db": "unknown database scheme 'nosuch'",
+        "sqlite:///:memory:": "in-memory database is lost",
+        f"sqlite:///{tmp_path / 'a-file' / 'study.db'}": "is a file, not a folder",
+        f"sqlite:///{tmp_path / 'noise.db'}": "cannot open the database",
+        f"sqlite:///{tmp_path / 'other.db'}": "holds another program's tables (users)",
+    }
+    import importlib.util
+
+    if importlib.util.find_spec("psycopg2") is None:  # PostgreSQL's driver, not one of fedhet's
+        cases["postgresql://user@localhost/db"] = "database driver is not installed (psycopg2)"
+    for url, expected in cases.items():
+        out = tmp_path / f"out-{len(url)}"
+        args = ["tune", config, "--space", space, "--trials", "1", "--storage", url, "--out", str(out)]
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert expected in err and f"--storage {url!r}" in err and "Traceback" not in err, (url, err)
+        assert not list(out.glob("*/trial-*"))  # no trial ran
+    empty = tmp_path / "empty.db"
+    sqlite3.connect(empty).close()
+    url = f"sqlite:///{empty}"
+    args = [
+        "tune",
+        config,
+        "--space",
+        space,
+        "--trials",
+        "1",
+        "--storage",
+        url,
+        "--out",
+        str(tmp_path / "ok"),
+    ]
+    assert main(args) == 0

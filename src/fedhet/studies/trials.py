@@ -129,14 +129,89 @@ class TrialPruning:
 
 # -- storage and studies -----------------------------------------------------------------
 def storage_url(default_file: Path, storage: str | None = None) -> str:
-    """The storage URL (default: SQLite ``default_file``); a SQLite file is made whole
-    before anyone opens it (see :func:`create_sqlite_whole`)."""
+    """The storage URL (default: SQLite ``default_file``); a given one is checked first
+    (:func:`check_storage`); a SQLite file is made whole before anyone opens it (see
+    :func:`create_sqlite_whole`)."""
+    if storage is not None:
+        check_storage(storage)
     url = storage or f"sqlite:///{default_file.resolve()}"
-    prefix = "sqlite:///"
-    file = url[len(prefix) :].split("?", 1)[0]  # a query string (?timeout=...) is no part of the path
-    if url.startswith(prefix) and file not in ("", ":memory:"):
-        create_sqlite_whole(Path(file))
+    file = _sqlite_file(url)
+    if file is not None:
+        create_sqlite_whole(file)
     return url
+
+
+def _sqlite_file(url: str) -> Path | None:
+    """The file of a ``sqlite:///`` URL (a query string is no part of it); None otherwise."""
+    prefix = "sqlite:///"
+    file = url[len(prefix) :].split("?", 1)[0]
+    return Path(file) if url.startswith(prefix) and file not in ("", ":memory:") else None
+
+
+OPTUNA_TABLES = {"studies", "trials", "version_info"}  # tables every Optuna storage has
+
+
+def check_storage(url: str, flag: str = "--storage") -> None:
+    """One line, before anything runs, for a storage URL Optuna cannot use as a study
+    database: not a URL, an unknown scheme, a driver not installed, an in-memory database
+    (lost when the command ends, one per process), a SQLite file that cannot be made, a
+    database that cannot be opened or holds another program's tables. An empty database
+    or one with Optuna's tables passes."""
+    from sqlalchemy import create_engine, inspect
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
+
+    where = f"{flag} {url!r}"
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise FedhetError(
+            f"{where}: not a database URL (e.g. sqlite:///study.db, postgresql://user@host/db)"
+        ) from None
+    try:
+        dialect = parsed.get_dialect()
+    except NoSuchModuleError:
+        raise FedhetError(
+            f"{where}: unknown database scheme {parsed.drivername!r} (sqlite, postgresql, mysql, ...)"
+        ) from None
+    try:
+        dialect.import_dbapi()
+    except ImportError as exc:
+        raise FedhetError(
+            f"{where}: its database driver is not installed ({exc.name or exc}): pip install it"
+        ) from None
+    if parsed.drivername.startswith("sqlite") and parsed.database in (None, "", ":memory:"):
+        raise FedhetError(
+            f"{where}: an in-memory database is lost when the command ends; give a file, e.g. sqlite:///study.db"
+        )
+    _check_sqlite_folder(where, _sqlite_file(url))
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            tables = set(inspect(connection).get_table_names())
+    except SQLAlchemyError as exc:
+        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        raise FedhetError(f"{where}: cannot open the database ({reason})") from None
+    finally:
+        engine.dispose()
+    if tables and not OPTUNA_TABLES <= tables:
+        shown = ", ".join(sorted(tables)[:4])
+        raise FedhetError(
+            f"{where}: holds another program's tables ({shown}), not Optuna's: give another database"
+        )
+
+
+def _check_sqlite_folder(where: str, file: Path | None) -> None:
+    """A SQLite file's folder must be one (or be creatable): no file in its way."""
+    if file is None:
+        return
+    for folder in [file.parent, *file.parent.parents]:
+        if folder.exists():
+            if not folder.is_dir():
+                raise FedhetError(
+                    f"{where}: {folder} is a file, not a folder: the database cannot be made there"
+                )
+            return
 
 
 def create_sqlite_whole(path: Path) -> None:
