@@ -85,3 +85,23 @@ def test_every_bad_storage_url_is_one_line_before_any_trial(tmp_path, capsys):
         str(tmp_path / "ok"),
     ]
     assert main(args) == 0
+
+
+def test_a_suite_checks_every_seed_and_the_targets_type(tmp_path):
+    """A suite whose seeds include one no run accepts is refused before anything runs (it
+    used to rank every method on the one seed that ran); ``target = true`` is no number."""
+    import re
+    from pathlib import Path
+
+    import pytest
+
+    from fedhet.bench.suite import load_suite
+    from fedhet.errors import ConfigError
+
+    text = (Path(__file__).resolve().parents[1] / "suites" / "smoke.toml").read_text()
+    (tmp_path / "seeds.toml").write_text(re.sub(r"(?m)^seeds = 3$", "seeds = [1, -1]", text))
+    with pytest.raises(ConfigError, match=r"run.seed = -1"):
+        load_suite(tmp_path / "seeds.toml")
+    (tmp_path / "target.toml").write_text(re.sub(r"(?m)^target = 0.7$", "target = true", text))
+    with pytest.raises(ConfigError, match=r"suite.target = True: a value of the task's score"):
+        load_suite(tmp_path / "target.toml")

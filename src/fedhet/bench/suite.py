@@ -368,12 +368,13 @@ def check(suite: Suite) -> None:
                 )
     for scenario, method in suite.pairs():
         label = f"{suite.path}: scenario {scenario.name}, method {method.label}"
-        probes: list[tuple[str, dict]] = [("", {})]
-        probes += [(f"{p.key} = {v!r}", {p.key: v}) for p in method.params for v in p.ends()]
-        for what, values in probes:
+        probes: list[tuple[str, dict, list]] = [("", {}, suite.seeds)]  # every seed of the test runs
+        probes += [(f"{p.key} = {v!r}", {p.key: v}, suite.seeds[:1]) for p in method.params for v in p.ends()]
+        for what, values, seeds in probes:
             try:
                 from_dict(suite.config(scenario, method, values, "check"))
-                from_dict(suite.config(scenario, method, values, "check", seed=suite.seeds[0]))
+                for seed in seeds:
+                    from_dict(suite.config(scenario, method, values, "check", seed=seed))
             except ConfigError as exc:
                 text = str(exc)
                 if text.startswith(suite.path):
