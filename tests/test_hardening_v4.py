@@ -105,3 +105,20 @@ def test_a_suite_checks_every_seed_and_the_targets_type(tmp_path):
     (tmp_path / "target.toml").write_text(re.sub(r"(?m)^target = 0.7$", "target = true", text))
     with pytest.raises(ConfigError, match=r"suite.target = True: a value of the task's score"):
         load_suite(tmp_path / "target.toml")
+
+
+def test_fedhet_devices_refuses_a_name_its_file_cannot_hold_and_writes_nothing(tmp_path, capsys):
+    """A FedScale client key that starts with '#' (read back as a comment: a device lost) or
+    holds a line break (a file fedhet run refuses) is refused in one line; no file is left."""
+    import pickle
+
+    from fedhet.cli import main
+
+    for key in ("#7", "a\nb"):
+        source = tmp_path / "device_info.pkl"
+        source.write_bytes(pickle.dumps({1: {"computation": 20.0, "communication": 800.0},
+                                          key: {"computation": 5.0, "communication": 90.0}}))  # fmt: skip
+        out = tmp_path / "devices.csv"
+        assert main(["devices", str(source), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert f"device {key!r}: its name" in err and "Traceback" not in err and not out.exists()

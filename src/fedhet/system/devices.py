@@ -86,11 +86,25 @@ class DeviceProfiles:
         writer = csv.writer(out, lineterminator="\n")
         writer.writerow(columns)
         for i, name in enumerate(self.names):
+            _check_writable(name)
             row = [name, f"{self.compute[i]:.6g}", f"{self.upload[i]:.6g}", f"{self.download[i]:.6g}"]
             if self.hazard is not None:
                 row.append(f"{self.hazard[i]:.6g}")
             writer.writerow(row)
         return out.getvalue()
+
+
+def _check_writable(name: str) -> None:
+    """A device name the file format reads back as written: one line, not a comment, not
+    blank (a name with a comma is quoted)."""
+    problem = (
+        "has a line break" if "\n" in name or "\r" in name
+        else "starts with '#', which the file reads as a comment" if name.lstrip().startswith("#")
+        else "is blank" if not name.strip()
+        else ""
+    )  # fmt: skip
+    if problem:
+        raise DataError(f"device {name!r}: its name {problem}; a device-profile file cannot hold it")
 
 
 def read_device_profiles(path: str | Path) -> DeviceProfiles:
