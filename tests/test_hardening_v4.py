@@ -122,3 +122,15 @@ def test_fedhet_devices_refuses_a_name_its_file_cannot_hold_and_writes_nothing(t
         assert main(["devices", str(source), "--out", str(out)]) == 2
         err = capsys.readouterr().err
         assert f"device {key!r}: its name" in err and "Traceback" not in err and not out.exists()
+
+
+def test_label_swap_with_nothing_to_swap_says_so(caplog):
+    """``partition = "label-swap"`` at its default ``swap_fraction = 0`` swaps nothing: the
+    run says the split is iid instead of running as if the labels were swapped."""
+    from fedhet import world
+
+    world._SAID.discard("label-swap")
+    with caplog.at_level(logging.WARNING, logger="fedhet"):
+        built = world.build_world(make_config({"data.partition": "label-swap", "run.rounds": 1}))
+    assert any("swap_fraction = 0 swaps no label" in r.getMessage() for r in caplog.records)
+    assert built.train_labels is not None

@@ -5,6 +5,7 @@ tasks). Shared by every engine."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -26,6 +27,9 @@ from fedhet.models.cost import multiply_adds, training_step_flops
 from fedhet.registry import resolve
 from fedhet.system import SystemContext, SystemModel
 from fedhet.threads import choose_threads
+
+log = logging.getLogger("fedhet")
+_SAID: set[str] = set()  # notes said once per process
 
 
 @dataclass
@@ -127,6 +131,12 @@ def build_partition(config: Config, dataset: Dataset) -> tuple[list[np.ndarray],
         clients = (
             range(d.num_clients) if d.swap_clients == "all" else range(d.num_clients // 2, d.num_clients)
         )
+        if d.swap_fraction == 0 and "label-swap" not in _SAID:
+            _SAID.add("label-swap")
+            log.warning(
+                "data.partition = 'label-swap' with data.swap_fraction = 0 swaps no label: the split "
+                "is iid (FedStale's sigma_g^2 = 0); set data.swap_fraction to swap"
+            )
         swapped = swap_labels(labels, parts, d.swap_fraction, d.swap_pairs, list(clients), rng)
         if d.swap_fraction > 0 and not np.any(swapped != labels):
             raise ConfigError(
