@@ -134,3 +134,32 @@ def test_label_swap_with_nothing_to_swap_says_so(caplog):
         built = world.build_world(make_config({"data.partition": "label-swap", "run.rounds": 1}))
     assert any("swap_fraction = 0 swaps no label" in r.getMessage() for r in caplog.records)
     assert built.train_labels is not None
+
+
+def test_quadratic_entries_must_be_numbers_and_a_broken_exact_gradient_contract_is_said(caplog):
+    """The quadratic dataset's matrices and optima take numbers only (numpy read ``true`` as
+    1 and ``"2"`` as 2); a partition other than natural, or batches smaller than a client's
+    rows, give sampled gradients: the run says so once."""
+    import pytest
+
+    from fedhet import world
+    from fedhet.errors import ConfigError
+
+    base = {"data.dataset": "quadratic", "data.partition": "natural", "data.num_clients": 2,
+            "model.name": "linear", "train.batch_size": 2, "run.rounds": 1}  # fmt: skip
+    matrices = [[[1.0, "0"], [0.0, 0.3]], [[0.3, 0.0], [0.0, 1.0]]]
+    optima = [[5.0, True], [-3.0, 6.0]]
+    for key, bad in (("data.quadratic_optima", optima), ("data.quadratic_matrices", matrices)):
+        with pytest.raises(ConfigError, match=rf"{key}: .* is not a number"):
+            make_config({**base, key: bad})
+    world._SAID.discard("quadratic")
+    with caplog.at_level(logging.WARNING, logger="fedhet"):
+        world.build_world(make_config(base))
+    assert not any("exact gradients only" in r.getMessage() for r in caplog.records)
+    for change in ({"train.batch_size": 1}, {"data.partition": "iid"}):
+        world._SAID.discard("quadratic")
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="fedhet"):
+            world.build_world(make_config({**base, **change}))
+        assert any("exact gradients only with data.partition = 'natural'" in r.getMessage()
+                   for r in caplog.records), change  # fmt: skip

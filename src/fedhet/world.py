@@ -106,6 +106,21 @@ def open_configured_dataset(config: Config) -> Dataset:
     return open_dataset(config.data.entry("dataset").cls, config.data.options("dataset"))
 
 
+def _check_whole_user_batches(config: Config, dataset: Dataset) -> None:
+    """A dataset whose clients must each train on all their rows at once (the quadratic
+    objectives' exact gradients) says, once, when the run breaks that."""
+    rows = dataset.whole_user_batches
+    natural = config.data.partition == "natural"
+    if not rows or (natural and config.train.batch_size >= rows) or dataset.name in _SAID:
+        return
+    _SAID.add(dataset.name)
+    log.warning(
+        "dataset %r gives exact gradients only with data.partition = 'natural' and train.batch_size >= %d "
+        "(a client's rows in one batch); data.partition = %r, train.batch_size = %d give sampled ones",
+        dataset.name, rows, config.data.partition, config.train.batch_size,
+    )  # fmt: skip
+
+
 def build_partition(config: Config, dataset: Dataset) -> tuple[list[np.ndarray], torch.Tensor]:
     """Client index arrays and the (possibly label-swapped) training labels."""
     d = config.data
@@ -122,6 +137,7 @@ def build_partition(config: Config, dataset: Dataset) -> tuple[list[np.ndarray],
     if d.num_clients > len(labels):
         raise ConfigError(f"data.num_clients = {d.num_clients}: more clients than {len(labels)} examples")
     parts = partitioner.split(dataset, d.num_clients, rng)
+    _check_whole_user_batches(config, dataset)
     if relabels:
         for pair in d.swap_pairs:
             if max(pair) >= dataset.num_classes:

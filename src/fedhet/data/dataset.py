@@ -33,6 +33,10 @@ class Dataset:
     task: Task = field(default_factory=Classification)
     train_users: torch.Tensor | None = None  # int64 user index per training example, or None
     user_names: list = field(default_factory=list)
+    # > 0: a contract of the data (the quadratic objectives' exact gradients): each client is
+    # one of its own users (data.partition = "natural") and trains on all its rows, this many,
+    # in one batch (train.batch_size >= it); a run that breaks it is told so
+    whole_user_batches: int = 0
 
     @property
     def input_shape(self) -> tuple[int, ...]:

@@ -49,6 +49,8 @@ class QuadraticOptions:
 
 def problem_arrays(matrices, optima) -> tuple[np.ndarray, np.ndarray]:
     """(B, w*) as arrays of shapes (N, d, d) and (N, d), checked: one line naming the key."""
+    _only_numbers("data.quadratic_matrices", matrices)
+    _only_numbers("data.quadratic_optima", optima)
     try:
         b = np.asarray(matrices, dtype=float)
         w = np.asarray(optima, dtype=float)
@@ -70,6 +72,16 @@ def problem_arrays(matrices, optima) -> tuple[np.ndarray, np.ndarray]:
     if np.any(np.abs(np.linalg.det(b)) < 1e-12):
         raise ConfigError("data.quadratic_matrices: every B_i must be invertible (its optimum unique)")
     return b, w
+
+
+def _only_numbers(key: str, value) -> None:
+    """Every entry of nested lists a real number: not a boolean, not text (numpy would read
+    ``true`` as 1 and ``"2"`` as 2)."""
+    if isinstance(value, list | tuple):
+        for item in value:
+            _only_numbers(key, item)
+    elif isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{key}: {value!r} is not a number (expected nested lists of numbers)")
 
 
 def weighted_optimum(matrices, optima, weights) -> np.ndarray:
@@ -104,6 +116,7 @@ def load_quadratic(matrices=DEFAULT_MATRICES, optima=DEFAULT_OPTIMA) -> Dataset:
         provenance={"source": "quadratic objectives", "clients": n, "dimension": d},
         task=Regression(target_scale=1.0),
         train_users=users,
+        whole_user_batches=d,  # exact gradients: a client's d rows, all in one batch
         user_names=[f"client-{i}" for i in range(n)],
     )
 
