@@ -163,3 +163,31 @@ def test_quadratic_entries_must_be_numbers_and_a_broken_exact_gradient_contract_
             world.build_world(make_config({**base, **change}))
         assert any("exact gradients only with data.partition = 'natural'" in r.getMessage()
                    for r in caplog.records), change  # fmt: skip
+
+
+def test_a_leaf_split_without_examples_or_an_example_without_features_is_one_line(tmp_path):
+    """A LEAF split whose users hold no examples (a numpy ValueError before), and examples
+    whose x is empty (a model of biases only), are refused in one line naming the place."""
+    import json
+
+    import pytest
+
+    from fedhet.data.leaf import load_leaf
+    from fedhet.errors import DataError
+
+    def write(root, split, users):
+        (root / split).mkdir(parents=True, exist_ok=True)
+        document = {"users": list(users), "num_samples": [len(y) for _, y in users.values()],
+                    "user_data": {u: {"x": x, "y": y} for u, (x, y) in users.items()}}  # fmt: skip
+        (root / split / "all.json").write_text(json.dumps(document))
+
+    good = {"a": ([[0.0, 1.0], [1.0, 0.0]], [0, 1])}
+    write(tmp_path / "empty", "train", good)
+    write(tmp_path / "empty", "test", {"b": ([], [])})
+    with pytest.raises(DataError, match=r"test: no examples") as err:
+        load_leaf(str(tmp_path / "empty"))
+    assert "\n" not in str(err.value)
+    write(tmp_path / "blank", "train", {"a": ([[], []], [0, 1])})
+    write(tmp_path / "blank", "test", good)
+    with pytest.raises(DataError, match=r"user 'a': an example's x is empty"):
+        load_leaf(str(tmp_path / "blank"))

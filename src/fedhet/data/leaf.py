@@ -75,7 +75,10 @@ def _hashed_words(text: str, size: int) -> np.ndarray:
 
 
 def _example(x, where: str, size: int) -> np.ndarray:
-    """One example's features, by the kind of ``x`` (see the module's docstring)."""
+    """One example's features, by the kind of ``x`` (see the module's docstring); an
+    example without any (an empty list or text) is refused: a model would learn biases only."""
+    if isinstance(x, str | list) and len(x) == 0:
+        raise DataError(f"{where}: an example's x is empty (no features to learn from)")
     if isinstance(x, str):
         return np.array([_letter(c, where) for c in x], dtype=np.float32)
     if isinstance(x, list) and len(x) >= 5 and isinstance(x[4], str):
@@ -136,7 +139,10 @@ def _read_split(folder: Path, hashed_features: int) -> list[tuple[str, np.ndarra
     files = sorted(folder.glob("*.json"))
     if not files:
         raise DataError(f"{folder}: no .json files")
-    return [entry for path in files for entry in read_leaf_file(path, hashed_features)]
+    entries = [entry for path in files for entry in read_leaf_file(path, hashed_features)]
+    if not entries:
+        raise DataError(f"{folder}: no examples (its files hold no user with data)")
+    return entries
 
 
 def _as_tensor(features: np.ndarray) -> torch.Tensor:
