@@ -191,3 +191,35 @@ def test_a_leaf_split_without_examples_or_an_example_without_features_is_one_lin
     write(tmp_path / "blank", "test", good)
     with pytest.raises(DataError, match=r"user 'a': an example's x is empty"):
         load_leaf(str(tmp_path / "blank"))
+
+
+def test_an_objective_the_task_does_not_report_is_refused_before_tune_or_bench_runs(tmp_path, capsys):
+    """An accuracy objective on a regression: ``fedhet bench`` used to spend its budget and
+    exit 0 with every method failed; it and ``fedhet tune`` now refuse it in one line."""
+    import re
+    from pathlib import Path
+
+    import pytest
+    import tomli_w
+
+    pytest.importorskip("optuna")
+    from fedhet.cli import main
+
+    suite = (Path(__file__).resolve().parents[1] / "suites" / "smoke.toml").read_text()
+    suite = re.sub(r'(?m)^dataset = "digits"$', 'dataset = "diabetes"', suite)
+    suite = re.sub(r'(?m)^partition = "dirichlet"$', 'partition = "iid"', suite)
+    (tmp_path / "suite.toml").write_text(suite)
+    out = tmp_path / "bench"
+    args = ["bench", str(tmp_path / "suite.toml"), "--trials", "1", "--seeds", "1", "--out", str(out)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "objective 'final_test_accuracy': dataset 'diabetes' is a regression task" in err
+    assert not (out / "trials").exists()
+    config, space = _tune_files(tmp_path)
+    (tmp_path / "c.toml").write_text((tmp_path / "c.toml").read_text().replace('"digits"', '"diabetes"'))
+    lr = {"low": 0.01, "high": 0.3}
+    space2 = {"objective": {"value": "best_test_accuracy"}, "params": {"train.lr": lr}}
+    (tmp_path / "s2.toml").write_text(tomli_w.dumps(space2))
+    space_path = str(tmp_path / "s2.toml")
+    assert main(["tune", config, "--space", space_path, "--trials", "1", "--out", str(tmp_path / "t")]) == 2
+    assert "judge it by final_test_rmse" in capsys.readouterr().err

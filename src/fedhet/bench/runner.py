@@ -164,12 +164,16 @@ class Bench:
         """Every scenario's engine takes the bench's placement (``--jobs``, ``--ray``)."""
         from fedhet.config import from_dict
         from fedhet.engine.launch import check_placement
+        from fedhet.studies.trials import check_objective_metric
 
         configs = [
             (f"scenario {s.name}, method {m.label}", from_dict(self.suite.config(s, m, {}, "check")))
             for s, m in self.suite.pairs()
         ]
         check_placement(configs, parallel=self.jobs > 1, ray=self.ray is not None, command="fedhet bench")
+        check_objective_metric(
+            self.suite.objective, [(f"{self.suite.path}: {name}", c) for name, c in configs]
+        )
 
     def _queue_seeds(self, scenario: Scenario, method: Method, result: StudyResult) -> None:
         if result.best_value is None:

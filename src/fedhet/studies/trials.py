@@ -283,6 +283,31 @@ def counted(study) -> int:
     return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
 
 
+def check_objective_metric(objective: str, configs: list[tuple[str, Config]]) -> None:
+    """Before anything runs: a ``final_test_<metric>`` / ``best_test_<metric>`` objective
+    names a metric every run's task reports (a regression reports no accuracy); one line
+    naming the task's metrics otherwise. A dataset that does not load is left to its runs."""
+    if not objective.startswith(("final_test_", "best_test_")):
+        return
+    from fedhet.world import open_configured_dataset
+
+    metric, seen = objective.split("_test_", 1)[1], set()
+    for label, config in configs:
+        key = (config.data.dataset, repr(config.data.options("dataset")))
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            task = open_configured_dataset(config).task
+        except FedhetError:
+            continue
+        if metric not in task.metric_names():
+            raise ConfigError(
+                f"{label}: objective {objective!r}: dataset {config.data.dataset!r} is a {task.name} task "
+                f"reporting {', '.join(task.metric_names())}; judge it by final_test_{task.score}"
+            )
+
+
 # -- trials ------------------------------------------------------------------------------
 MakeRun = Callable[[dict, int], "tuple[Config, Path]"]  # (values, trial number) -> (config, folder)
 

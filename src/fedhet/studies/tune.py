@@ -55,6 +55,7 @@ from fedhet.studies.trials import (  # noqa: F401  (objective_value, TrialPrunin
     PRUNED_FILE,
     SearchSpace,
     TrialPruning,
+    check_objective_metric,
     counted,
     failure_reason,
     objective_value,
@@ -260,9 +261,7 @@ def tune(
     make_folder(out, "tune folder")
     url, base_name = _storage_url(out, storage), Path(config_path).stem
     results: list[dict] = []
-    check_space(space, studies)
-    _check_engines(studies, jobs, ray)
-    _check_validation(studies, config_path, allow_test_set)
+    _check_before_trials(space, studies, jobs, ray, config_path, allow_test_set)
     for algorithm, raw in studies:
         name = _study_name(base_name, algorithm)
         study = _prepare(url, name, space)
@@ -279,6 +278,18 @@ def tune(
         results.append(_write_best(study, name, raw, out, space))
     _write_summary(out, url, results)
     return results
+
+
+def _check_before_trials(
+    space, studies, jobs: int, ray: str | None, config_path, allow_test_set: bool
+) -> None:
+    """What tune refuses before trial 0: the space against every study, the engines against
+    ``jobs``/``ray``, a study judged on the test set, an objective the task does not report."""
+    check_space(space, studies)
+    _check_engines(studies, jobs, ray)
+    _check_validation(studies, config_path, allow_test_set)
+    labelled = [(f"{config_path}: study {algorithm or 'tune'}", from_dict(raw)) for algorithm, raw in studies]
+    check_objective_metric(space.objective, labelled)
 
 
 def _require_optuna() -> None:
