@@ -223,3 +223,33 @@ def test_an_objective_the_task_does_not_report_is_refused_before_tune_or_bench_r
     space_path = str(tmp_path / "s2.toml")
     assert main(["tune", config, "--space", space_path, "--trials", "1", "--out", str(tmp_path / "t")]) == 2
     assert "judge it by final_test_rmse" in capsys.readouterr().err
+
+
+def test_the_batched_pool_says_how_many_tasks_trained_one_at_a_time_and_why(tmp_path, caplog):
+    """A batched run of FjORD (its loss draws per client: groups computed row by row) and of
+    ADEL-FL estimating its constants (a gradient probe per client, each alone) records, per
+    reason, how many tasks trained one client at a time, and says so once per reason."""
+    from fedhet.config import from_dict
+    from fedhet.engine.launch import run
+
+    stragglers = {"model": "straggler-ratio", "straggler_ratio": 0.5, "deadline": 1.0}
+
+    def document(algorithm: dict, system: dict = stragglers, **run_keys):
+        return from_dict({
+            "run": {"name": "b", "seed": 3, "rounds": 3, "threads": 1, "pool": "batched", **run_keys},
+            "data": {"dataset": "digits", "num_clients": 6, "fraction": 0.5},
+            "model": {"name": "mlp", "hidden": [16]},
+            "train": {"lr": 0.1, "batch_size": 8, "local_steps": 2},
+            "algorithm": algorithm,
+            "system": system,
+        })  # fmt: skip
+
+    with caplog.at_level(logging.WARNING, logger="fedhet"):
+        fjord = run(document({"name": "fjord"}), tmp_path / "fjord").summary
+    reason = "fjord's local loss reads one client's own data"
+    assert fjord["tasks_one_at_a_time"] == {reason: fjord["tasks_grouped"]}
+    assert any(f"trained one client at a time: {reason}" in r.getMessage() for r in caplog.records)
+    adel_fl = {"name": "adel-fl", "estimate_constants": True}
+    adel = run(document(adel_fl, {"model": "exponential"}, time_budget=6.0), tmp_path / "adel").summary
+    probes = adel["tasks_one_at_a_time"].get("probes (gradients at the sent model) run alone", 0)
+    assert probes == adel["tasks_alone"] == 6

@@ -24,6 +24,7 @@ call (:class:`PerClient` is raised) and the rule is computed row by row from the
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -68,6 +69,11 @@ def scalar_payload(task: ClientTask) -> tuple:
     """The task's payload entries that are plain scalars (DepthFL's exit count): part of a
     group's shape, and what a stacked local loss may read."""
     return tuple(sorted((k, v) for k, v in task.payload.items() if isinstance(v, (bool, int, float, str))))
+
+
+def per_client_reason(rule) -> str:
+    """Why a rule's groups are computed row by row: its local loss is one client's."""
+    return f"{getattr(rule, 'name', type(rule).__name__)}'s local loss reads one client's own data"
 
 
 class PerClient(Exception):
@@ -136,6 +142,7 @@ class GroupGradients:
             offset += p.numel()
         self.buffer_pieces, self.other_buffers = self._buffer_names()
         self.per_client: set[type] = set()  # rules found to compute their loss per client
+        self.row_by_row: Counter[str] = Counter()  # clients of groups computed row by row, by reason
         self.policy = "auto"  # stack groups: "auto" (where it pays), "always" (where vmap can), "never"
         self.unsupported: str | None = None
         self._checked = False
@@ -160,11 +167,15 @@ class GroupGradients:
     # -- which way ------------------------------------------------------------------------
     def stacks(self, rule, example: torch.Tensor) -> bool:
         """Whether a group of several clients of ``rule`` is computed stacked."""
-        if self.policy == "never" or (
-            rule is not None and (rule.local_loss_per_client or type(rule) in self.per_client)
-        ):
-            return False
-        return self.model_reason(example) is None
+        return self.row_reason(rule, example) is None
+
+    def row_reason(self, rule, example: torch.Tensor) -> str | None:
+        """Why a group of several clients of ``rule`` is computed row by row (None: stacked)."""
+        if self.policy == "never":
+            return "run.stacked = 'never'"
+        if rule is not None and (rule.local_loss_per_client or type(rule) in self.per_client):
+            return per_client_reason(rule)
+        return self.model_reason(example)
 
     def model_reason(self, example: torch.Tensor) -> str | None:
         """Why the model is computed row by row (None: it stacks), found once on one example:

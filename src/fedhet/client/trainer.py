@@ -29,7 +29,14 @@ import torch
 
 from fedhet.client.budget import SimulatedBudget, WallClockBudget, timed_first_step
 from fedhet.client.coverage import CoverageView, WidthMasks
-from fedhet.client.group import Finished, GroupGradients, Member, PerClient, scalar_payload
+from fedhet.client.group import (
+    Finished,
+    GroupGradients,
+    Member,
+    PerClient,
+    per_client_reason,
+    scalar_payload,
+)
 from fedhet.client.optimizers import SGD, LocalOptimizer
 from fedhet.client.postprocess import Postprocessor, generator_for, payload_bytes
 from fedhet.client.rule import ClientRule
@@ -195,11 +202,22 @@ class LocalTrainer:
 
     # -- groups ---------------------------------------------------------------------------
     @staticmethod
-    def group_key(task: ClientTask, data: ClientData) -> tuple | None:
+    def alone_reason(task: ClientTask, data: ClientData) -> str | None:
+        """Why a task trains in a group of its own whatever its pool (None: it can share)."""
+        if task.kind != "train":
+            return "probes (gradients at the sent model) run alone"
+        if task.time_limit:
+            return "wall-clock tasks are timed one by one"
+        if task.local_steps <= 0 or not len(data):
+            return "tasks with no local work run alone"
+        return None
+
+    @classmethod
+    def group_key(cls, task: ClientTask, data: ClientData) -> tuple | None:
         """Train tasks that can share one computation have equal keys: the same batch size,
-        width, depth, learning rate and scalar payload. None: the task runs alone (a probe,
-        a wall-clock task timed on its own, no local work)."""
-        if task.kind != "train" or task.time_limit or task.local_steps <= 0 or not len(data):
+        width, depth, learning rate and scalar payload. None: the task runs alone
+        (:meth:`alone_reason`)."""
+        if cls.alone_reason(task, data) is not None:
             return None
         shape = (min(task.batch_size, len(data)), float(task.coverage.width), task.coverage.depth)
         return (*shape, float(task.lr), scalar_payload(task))
@@ -292,7 +310,10 @@ class LocalTrainer:
             buffer_rows = flat.buffers.detach().unsqueeze(0).repeat(len(members), 1)
         kept = {id(m): {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in m.state.items()}
                 for m in members} if snapshot else {}  # fmt: skip
-        stacked = len(members) > 1 and self.gradients.stacks(rule, lead.data.x)
+        reason = self.gradients.row_reason(rule, lead.data.x) if len(members) > 1 else None
+        if reason is not None:
+            self.gradients.row_by_row[reason] += len(members)
+        stacked = len(members) > 1 and reason is None
         group = _Group(
             members, params, buffers, rows, buffer_rows, view, rule, stacked, on_error, kept, first,
             shared=len(members) == 1,
@@ -398,6 +419,7 @@ class LocalTrainer:
                 return grads
             except PerClient as reason:
                 engine.per_client.add(type(group.rule))
+                engine.row_by_row[per_client_reason(group.rule)] += len(members)
                 name = getattr(group.rule, "name", type(group.rule).__name__)
                 log.info("%s's local loss %s: its clients' losses are computed one by one", name, reason)
                 group.stacked = False

@@ -13,6 +13,7 @@ in-process pool's within float tolerance (tests/test_batched_pool.py).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -66,6 +67,14 @@ class BatchedPool(InProcessPool):
         world.worker.gradients.policy = self.stacked
         self.tasks_batched = 0  # tasks trained in groups (of one too), and alone, so far
         self.tasks_alone = 0
+        self.alone_reasons: Counter[str] = Counter()  # tasks alone, by why
+
+    def one_at_a_time(self) -> dict[str, int]:
+        """Tasks that trained one client at a time so far, by reason: alone (a probe, a
+        wall-clock task, no local work) or in a group computed row by row (a rule's per-client
+        loss, a model ``vmap`` cannot batch, convolutions on the CPU, ``run.stacked``)."""
+        assert self.side is not None
+        return {**self.alone_reasons, **self.side.world.worker.gradients.row_by_row}
 
     def run(
         self, tasks: list[ClientTask], params: torch.Tensor, buffers: torch.Tensor
@@ -81,8 +90,12 @@ class BatchedPool(InProcessPool):
         limit = self.clients_per_batch or len(tasks)
         for key, members in groups.items():
             if key[0] == "alone":  # a probe, a wall-clock task, no local work
-                done[members[0]] = self._execute(tasks[members[0]], params, buffers)
+                task = tasks[members[0]]
+                done[members[0]] = self._execute(task, params, buffers)
                 self.tasks_alone += 1
+                self.alone_reasons[
+                    trainer.alone_reason(task, self.side.world.client_data(task.client)) or ""
+                ] += 1
                 continue
             self.tasks_batched += len(members)
             for first in range(0, len(members), limit):

@@ -146,6 +146,15 @@ class RunLoop:
             if pool is not None:
                 pool.close()
 
+    def _one_at_a_time(self, total: int) -> dict[str, int]:
+        """The batched pool's tasks that trained one client at a time, by reason; one line
+        each (a run asked to batch that mostly did not says so)."""
+        counts = self.pool.one_at_a_time() if hasattr(self.pool, "one_at_a_time") else {}
+        for reason, count in counts.items():
+            log.warning("the batched pool: %d of %d tasks trained one client at a time: %s",
+                        count, total, reason)  # fmt: skip
+        return counts
+
     def _build_pool(self) -> ClientPool:
         """The pool ``run.pool`` names (:mod:`fedhet.engine.pool`), built with its options
         and what the engine hands it."""
@@ -288,6 +297,7 @@ class RunLoop:
         if grouped is not None:  # the batched pool: tasks trained in groups, in this process
             summary["tasks_grouped"] = grouped
             summary["tasks_alone"] = getattr(self.pool, "tasks_alone", 0)
+            summary["tasks_one_at_a_time"] = self._one_at_a_time(grouped + summary["tasks_alone"])
         if self.caveats:
             summary["caveats"] = self.caveats
         if state.stopped_by == "callback":
