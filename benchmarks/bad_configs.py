@@ -13,7 +13,10 @@ line on stderr starting with ``fedhet: error:`` and exit status 2. The script re
     python benchmarks/bad_configs.py            # all cases, a summary, the failures listed
     python benchmarks/bad_configs.py --verbose  # every case and its message
 
-Groups beyond single keys: runs that could never train (a plan no client can meet, nobody
+Groups beyond single keys: ``tune --storage`` URLs, accuracy objectives on a regression
+(tune and bench), device names a profile file cannot hold, suites with a bad seed or target,
+quadratic entries that are no numbers, LEAF folders without examples or features; runs that
+could never train (a plan no client can meet, nobody
 present, a budget shorter than a round, nothing held out, a swap that swaps nothing),
 damaged calibration and trace files, damaged run folders given to ``run --resume``,
 ``compare``, ``plot`` and ``report``, outputs that cannot be written, FedScale pickles with
@@ -664,6 +667,7 @@ def cases(tmp: Path):
     yield from _file_cases(tmp, config)
     yield from _tune_cases(tmp, config)
     yield from _damaged_folders(tmp, config(BASE))
+    yield from _last_wave(tmp, config)
 
 
 def _always_raises():
@@ -735,6 +739,118 @@ def _tune_cases(tmp: Path, config):
     failing = _merge(tuned, {"algorithm": {"name": "bad_configs:AlwaysRaises"}})
     yield "tune: every trial fails", ["tune", config(failing), "--space", str(good), "--trials", "5",
                                       "--out", str(tmp / "tune-fails"), "--quiet"]  # fmt: skip
+
+
+def _storage_cases(tmp: Path, config):
+    """``tune --storage`` URLs Optuna cannot use: each one line before any trial."""
+    import sqlite3
+
+    (tmp / "noise.db").write_bytes(bytes(range(256)) * 8)
+    other = sqlite3.connect(tmp / "other.db")
+    other.execute("create table users (id integer)")
+    other.commit()
+    other.close()
+    (tmp / "storage-blocker").write_text("x")
+    urls = {
+        "text that is not a URL": "not a url",
+        "an unknown scheme": "nosuch://host/db",
+        "a missing driver": "mysql://user@localhost/db",
+        "in memory": "sqlite:///:memory:",
+        "a SQLite file below a file": f"sqlite:///{tmp / 'storage-blocker' / 'study.db'}",
+        "a file of random bytes": f"sqlite:///{tmp / 'noise.db'}",
+        "another program's database": f"sqlite:///{tmp / 'other.db'}",
+        "a folder as the file": f"sqlite:///{tmp}",
+    }
+    space = tmp / "space-storage.toml"
+    _write(space, {"params": {"train.lr": {"low": 0.01, "high": 0.1}}})
+    tuned = config(_merge(BASE, {"data": {"validation_fraction": 0.2}}))
+    for index, (label, url) in enumerate(urls.items()):
+        out = str(tmp / f"tune-storage{index}")
+        argv = ["tune", tuned, "--space", str(space), "--trials", "1", "--storage", url, "--out", out]
+        yield f"tune --storage: {label}", [*argv, "--quiet"]
+
+
+LR_SPACE = {"params": {"train.lr": {"low": 0.01, "high": 0.1}}}
+QUADRATIC_MATRICES = [[[1.0, "0"], [0.0, 0.3]], [[0.3, 0.0], [0.0, 1.0]]]
+
+
+def _regression_cases(tmp: Path, config):
+    """An accuracy objective on a regression (tune, bench) and suites with a bad seed or
+    target: each refused before anything runs."""
+    import re
+
+    regression = {
+        "data": {"dataset": "diabetes", "validation_fraction": 0.2},
+        "algorithm": {"name": "fedavg"},
+    }
+    space = tmp / "space-accuracy.toml"
+    _write(space, {"objective": {"value": "final_test_accuracy"}, **LR_SPACE})
+    out = str(tmp / "tune-reg")
+    argv = ["tune", config(_merge(BASE, regression)), "--space", str(space), "--trials", "1", "--out", out]
+    yield "tune: accuracy objective on a regression", [*argv, "--quiet"]
+    smoke = (Path(__file__).resolve().parents[1] / "suites" / "smoke.toml").read_text()
+    diabetes = smoke.replace('dataset = "digits"', 'dataset = "diabetes"')
+    suites = {
+        "a seed no run accepts": re.sub(r"(?m)^seeds = 3$", "seeds = [1, -1]", smoke),
+        "target = true": re.sub(r"(?m)^target = 0.7$", "target = true", smoke),
+        "accuracy objective on a regression": diabetes.replace(
+            'partition = "dirichlet"', 'partition = "iid"'
+        ),
+    }
+    for index, (label, text) in enumerate(suites.items()):
+        path = tmp / f"suite{index}.toml"
+        path.write_text(text)
+        argv = ["bench", str(path), "--trials", "1", "--seeds", "1", "--out", str(tmp / f"bench{index}")]
+        yield f"bench: {label}", [*argv, "--quiet"]
+
+
+def _leaf_folder(root: Path, test_users: dict) -> str:
+    """A LEAF folder: one good training user, the given test users."""
+    import json
+
+    for split, users in (("train", {"a": ([[0.0, 1.0], [1.0, 0.0]], [0, 1])}), ("test", test_users)):
+        (root / split).mkdir(parents=True, exist_ok=True)
+        document = {
+            "users": list(users),
+            "num_samples": [len(y) for _, y in users.values()],
+            "user_data": {u: {"x": x, "y": y} for u, (x, y) in users.items()},
+        }
+        (root / split / "all.json").write_text(json.dumps(document))
+    return str(root)
+
+
+def _last_wave(tmp: Path, config):
+    """The features of the last wave under bad input: storage URLs, a regression judged by
+    accuracy, device names a file cannot hold, suites with a bad seed or target, quadratic
+    entries that are no numbers, LEAF folders without examples or features."""
+    import importlib.util
+
+    if importlib.util.find_spec("optuna") is not None:
+        yield from _storage_cases(tmp, config)
+        yield from _regression_cases(tmp, config)
+    for index, name in enumerate(("#7", "a\nb", "   ")):
+        path = tmp / f"devices{index}.pkl"
+        capacities = {
+            1: {"computation": 20.0, "communication": 800.0},
+            name: {"computation": 5.0, "communication": 90.0},
+        }
+        path.write_bytes(pickle.dumps(capacities))
+        yield f"devices: a name {name!r}", ["devices", str(path), "--out", str(tmp / f"devices{index}.csv")]
+    quadratic = {"dataset": "quadratic", "partition": "natural", "num_clients": 2, "fraction": 1.0}
+    entries = (("a boolean optimum", "quadratic_optima", [[5.0, True], [-3.0, 6.0]]),
+               ("a text matrix entry", "quadratic_matrices", QUADRATIC_MATRICES))  # fmt: skip
+    for label, key, value in entries:
+        doc = _merge(BASE, {"data": {**quadratic, key: value}, "algorithm": {"name": "fedavg"}})
+        doc["model"] = {"name": "linear"}
+        yield f"quadratic: {label}", ["run", config(doc)]
+    leaves = (
+        ("a split without examples", {"b": ([], [])}),
+        ("examples without features", {"b": ([[], []], [0, 1])}),
+    )
+    for index, (label, test_users) in enumerate(leaves):
+        folder = _leaf_folder(tmp / f"leaf{index}", test_users)
+        data = {"dataset": "leaf", "data_dir": folder, "partition": "natural", "num_clients": 1}
+        yield f"leaf: {label}", ["run", config(_merge(BASE, {"data": data}))]
 
 
 def _file_cases(tmp: Path, config):
