@@ -44,6 +44,19 @@ QUIET_FLOWER = {
 }
 
 
+def with_workers(config, workers: int, **run_keys):
+    """``config`` with ``workers`` worker processes (the ``processes`` pool's ``run.workers``;
+    one: the default pool) and other ``[run]`` keys, validated again."""
+    from fedhet.config import apply_overrides, from_dict
+
+    document = config.to_dict()
+    document["run"].pop("workers", None)
+    document["run"].update(run_keys)
+    if workers > 1:
+        document["run"].update(pool="processes", workers=workers)
+    return from_dict(apply_overrides(document, []))
+
+
 def machine_header(note: str = "") -> str:
     """One line: cores, load, torch's thread settings and version."""
     import torch

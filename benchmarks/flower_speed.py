@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import QUIET_FLOWER, machine_header  # noqa: E402
+from _common import QUIET_FLOWER, machine_header, with_workers  # noqa: E402
 
 for _key, _value in QUIET_FLOWER.items():
     os.environ.setdefault(_key, _value)
@@ -63,8 +63,7 @@ def embedded(rounds: int, salf: bool, memory_format: str = "contiguous", workers
     from fedhet.engine.loop import RunLoop
 
     stamps: list[float] = []
-    run_config = config(rounds, salf, memory_format)
-    run_config.run.workers = workers
+    run_config = with_workers(config(rounds, salf, memory_format), workers)
     with tempfile.TemporaryDirectory() as out:
         RunLoop(run_config, out, on_round=lambda row: stamps.append(time.perf_counter())).run()
     return (stamps[-2] - stamps[0]) / (len(stamps) - 2)  # the last round also evaluates

@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine_header  # noqa: E402
+from _common import machine_header, with_workers  # noqa: E402
 
 CLIENTS, COHORT, BATCH, STEPS, LR, EVAL_EVERY = 1000, 50, 10, 5, 0.1, 10
 
@@ -189,8 +189,10 @@ def child_block(args) -> int:
     from fedhet.world import build_world
 
     threads = "auto" if args.threads == 0 else args.threads
-    config = fedhet_config(args.data, args.cifar_dir, args.rounds, threads, args.seed, args.memory_format)
-    config.run.workers = args.workers
+    config = with_workers(
+        fedhet_config(args.data, args.cifar_dir, args.rounds, threads, args.seed, args.memory_format),
+        args.workers,
+    )
     with tempfile.TemporaryDirectory(prefix="fedhet-bench-") as tmp:
         if args.side == "pfl":
             world = build_world(config)

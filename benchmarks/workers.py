@@ -32,7 +32,7 @@ import tomllib
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import TABLE2_CNN, alternate, describe_ratio, machine_header, ratio, rotate  # noqa: E402
+from _common import TABLE2_CNN, alternate, describe_ratio, machine_header, ratio, rotate, with_workers  # noqa: E402
 
 TABLE2 = """
 [run]
@@ -60,10 +60,7 @@ def cifar_config(rounds: int, workers: int, data_dir: str, threads="auto"):
     from pfl_research import fedhet_config
 
     config = fedhet_config("cifar10", data_dir, rounds, 0, seed=1)
-    config.run.threads = threads
-    config.run.workers = workers
-    config.run.validate()
-    return config
+    return with_workers(config, workers, threads=threads)
 
 
 class Block:

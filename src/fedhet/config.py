@@ -290,11 +290,15 @@ class RunConfig(PluginSection):
     def legacy(cls, values: dict) -> dict:
         """``run.workers`` without ``run.pool`` (the process pool's option, once a key of
         ``[run]`` of its own) is still read: more than one worker means the process pool,
-        with a one-line note; one worker is the default pool's meaning anyway."""
+        with a one-line note; one worker is every other pool's meaning anyway (dropped)."""
         from fedhet.registry import resolve
 
-        workers = values.get("workers")
-        if workers is None or values.get("pool", "auto") != "auto":
+        workers, pool = values.get("workers"), values.get("pool", "auto")
+        if workers is None or pool == "processes":
+            return values
+        if type(workers) is int and workers == 1:  # one worker: any pool's own meaning
+            return {k: v for k, v in values.items() if k != "workers"}
+        if pool != "auto":  # another pool named: its unused option is reported, not read
             return values
         engine = resolve("engine", values.get("engine", "embedded"), "run.engine")
         if workers != 1 and not engine.cls.runs_workers:
@@ -302,10 +306,6 @@ class RunConfig(PluginSection):
                 f"run.workers = {workers!r}: the {engine.name} engine places clients itself; "
                 "run.workers applies to the embedded engine (set run.workers = 1)"
             )
-        values = dict(values)
-        if type(workers) is int and workers == 1:
-            values.pop("workers")
-            return values
         if ("run.workers", repr(workers)) not in _WARNED:
             _WARNED.add(("run.workers", repr(workers)))
             log.warning('run.workers = %r is the process pool\'s option: read as run.pool = "processes" '
