@@ -419,7 +419,7 @@ class LocalTrainer:
                 return grads
             except PerClient as reason:
                 engine.per_client.add(type(group.rule))
-                engine.row_by_row[per_client_reason(group.rule)] += len(members)
+                engine.row_by_row[per_client_reason(group.rule)] += len(group.members)
                 name = getattr(group.rule, "name", type(group.rule).__name__)
                 log.info("%s's local loss %s: its clients' losses are computed one by one", name, reason)
                 group.stacked = False
