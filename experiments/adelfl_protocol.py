@@ -152,8 +152,8 @@ def print_report(rows: list[dict]) -> None:
     p_values = [difference_p_value(test[cell][ADEL], test[cell][m]) for cell, m in pairs]
     found = {pair: (p, q) for pair, p, q in zip(pairs, p_values, holm(p_values), strict=True)}
     print(
-        "\nTest accuracy, mean ± 95% t-interval; after each other method: ADEL-FL minus it in points,"
-        " p (Holm):\n"
+        "\nTest accuracy (a run's: the mean of its evaluations at rounds 60, 80 and 100), mean ± 95%"
+        " t-interval; after each other method: ADEL-FL minus it in points, p (Holm):\n"
     )
     print("| P_u ~ U(low, ·), T_max | " + " | ".join(methods) + " |")
     print("|---|" + "---|" * len(methods))
