@@ -15,7 +15,8 @@ beside ADEL-FL, SALF and drop-stragglers, then 5 seeds on the test set.
 
 A run's score is the mean of its last three evaluations (rounds 60, 80 and 100; validation
 accuracy when tuning, test accuracy after). A run that stops unfinished (drop-stragglers
-with no client finishing a round) has no score; a method with no finished tuning run in a
+with no client finishing a round, a non-finite loss) has no score: a tuning run's row records
+how and when it stopped, and the report lists it; a method with no finished tuning run in a
 row is left out of that row's test grid. ADEL-FL is compared with every other method of
 its row by a two-sided paired t-test over the seeds, Holm-corrected over the table.
 """
@@ -45,6 +46,7 @@ COLUMNS = [
     "score",
     "final_accuracy",
     "fedhet",
+    "stopped",
 ]
 LAST = 3
 ADEL = "adel-fl"
@@ -62,11 +64,14 @@ def runs_table(folder: str, stage: str) -> list[dict]:
     rows = []
     for path in sorted(Path(folder).iterdir()):
         run = RunDirectory(path)
-        if not run.summary_path.exists() or not run.read_summary().get("finished"):
+        if not run.summary_path.exists():
             continue
         config = tomllib.loads((path / "config.toml").read_text())
         summary = run.read_summary()
+        finished = bool(summary.get("finished"))
         evaluated = [r["test_accuracy"] for r in run.read_metrics() if r.get("test_accuracy") is not None]
+        if not finished and stage == "test":
+            continue
         rows.append(
             {
                 "stage": stage,
@@ -76,9 +81,10 @@ def runs_table(folder: str, stage: str) -> list[dict]:
                 "algorithm": json.dumps(config["algorithm"], sort_keys=True),
                 "lr": f"{config['train']['lr']:g}",
                 "seed": config["run"]["seed"],
-                "score": f"{np.mean(evaluated[-LAST:]):.6f}",
-                "final_accuracy": f"{summary['final_test_accuracy']:.6f}",
+                "score": f"{np.mean(evaluated[-LAST:]):.6f}" if finished else "",
+                "final_accuracy": f"{summary['final_test_accuracy']:.6f}" if finished else "",
                 "fedhet": summary.get("fedhet", ""),
+                "stopped": "" if finished else _stopped(summary, run),
             }
         )
     if not rows:
@@ -86,12 +92,20 @@ def runs_table(folder: str, stage: str) -> list[dict]:
     return rows
 
 
+def _stopped(summary: dict, run: RunDirectory) -> str:
+    """How an unfinished run stopped, and in which round: ``non_finite at round 20``."""
+    rounds = [r["round"] for r in run.read_metrics()]
+    return f"{summary.get('stopped_by') or 'unfinished'} at round {int(max(rounds)) if rounds else 0}"
+
+
 def chosen_rates(rows: list[dict]) -> dict[tuple, dict]:
     """{(capability_low, time_budget, method): the tuning row with the best validation score}."""
     best: dict[tuple, dict] = {}
     for row in rows:
         key = (row["capability_low"], row["time_budget"], row["method"])
-        if row["stage"] == "tune" and (key not in best or float(row["score"]) > float(best[key]["score"])):
+        if row["stage"] != "tune" or not row["score"]:
+            continue
+        if key not in best or float(row["score"]) > float(best[key]["score"]):
             best[key] = row
     return best
 
@@ -142,6 +156,12 @@ def print_report(rows: list[dict]) -> None:
             for m in methods
         ]
         print(f"| {cell[0]}, {cell[1]} | " + " | ".join(shown) + " |")
+    stopped = [r for r in rows if r["stage"] == "tune" and r.get("stopped")]
+    if stopped:
+        print("\nTuning runs that stopped early (no score, so not chosen):\n")
+        for r in stopped:
+            row = f"{r['capability_low']}, {r['time_budget']}"
+            print(f"- {r['method']} at eta0 {r['lr']}, row {row}: {r['stopped']}")
     test: dict[tuple, dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
     for r in rows:
         if r["stage"] == "test":

@@ -10,7 +10,9 @@ The first table is the final test accuracy of `fedhet reproduce experiments/base
 `experiments/accuracy_at_times.py --csv` writes from the same runs) adds the accuracy at
 fractions of the budget, ``--tuned`` (the ``cells.csv`` of `experiments/baselines_tuned.toml`)
 the tuned runs. A run that stopped before its budget (a non-finite loss) is marked with how it
-stopped.
+stopped. Then the page's two questions, each tested per setting (lr 0.05, lr 0.02, tuned) as
+one Holm family: does a method that uses the steps a client finished beat dropping the
+stragglers, and waiting for them; and do FedProx, FedNova and FedDyn differ from each other.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import csv
 from collections import defaultdict
 from pathlib import Path
 
-from fedhet.studies.stats import estimate
+from fedhet.studies.stats import difference_p_value, estimate, holm
 
 NAMES = {  # algorithm -> its row on the page
     "fedavg": "fedavg (wait for all)",
@@ -31,6 +33,9 @@ NAMES = {  # algorithm -> its row on the page
     "feddyn": "feddyn",
 }
 FINISHED = {"budget", "rounds", "time_budget", "time-budget"}
+PARTIAL_WORK = ("fedprox", "fednova", "scaffold", "feddyn")  # use the steps a client finished
+NOT_USING = (("drop", "drop"), ("fedavg", "wait"))  # the two ways of not using them
+CLOSE = (("fedprox", "fednova"), ("fedprox", "feddyn"), ("fednova", "feddyn"))
 
 
 def read(path: str) -> list[dict]:
@@ -100,6 +105,63 @@ def tuned_table(rows: list[dict]) -> None:
             print(f"| {label} | {cell_text(by_name[name])} |")
 
 
+def by_seed(rows: list[dict]) -> dict[int, float]:
+    return {int(r["seed"]): float(r["final_test_accuracy"]) for r in rows}
+
+
+def difference_text(a: list[dict], b: list[dict], p: float | None, p_holm: float | None) -> str:
+    """``+7.0 (0.1; 0.5)``: mean of a - mean of b in accuracy points, then p and Holm p."""
+    x, y = by_seed(a), by_seed(b)
+    gap = 100 * (sum(x.values()) / len(x) - sum(y.values()) / len(y))
+    return f"{gap:+.1f} ({p:.2g}; {p_holm:.2g})" if p is not None and p_holm is not None else f"{gap:+.1f}"
+
+
+def tests_table(
+    columns: dict[str, dict[str, list[dict]]], pairs: list[tuple[str, str, str]], title: str
+) -> None:
+    """One row per pair (a, b, label), one column per setting; Holm over each column's tests."""
+    print(f"\n{title}\n")
+    print("| difference | " + " | ".join(columns) + " |")
+    print("|---|" + "---|" * len(columns))
+    cells: dict = {}
+    for setting, rows in columns.items():
+        raw = [difference_p_value(by_seed(rows[a]), by_seed(rows[b])) for a, b, _ in pairs]
+        for (a, b, _), p, p_holm in zip(pairs, raw, holm(raw), strict=True):
+            cells[a, b, setting] = difference_text(rows[a], rows[b], p, p_holm)
+    for a, b, label in pairs:
+        print(f"| {label} | " + " | ".join(cells[a, b, s] for s in columns) + " |")
+
+
+def settings(steps: list[dict], tuned: list[dict] | None) -> dict[str, dict[str, list[dict]]]:
+    """Each setting of the page (lr 0.05, lr 0.02, tuned): its runs by algorithm."""
+    columns: dict = defaultdict(lambda: defaultdict(list))
+    for row in sorted(steps, key=lambda r: -float(r["train.lr"])):
+        columns[f"lr {float(row['train.lr']):g}"][row["algorithm.name"]].append(row)
+    for row in tuned or []:
+        columns["tuned"][row["algorithm.name"]].append(row)
+    return columns
+
+
+def all_tests(steps: list[dict], tuned: list[dict] | None) -> None:
+    """The page's two questions, each one Holm family per setting."""
+    columns = settings(steps, tuned)
+    against = [(m, other, f"{m} - {label}") for m in PARTIAL_WORK for other, label in NOT_USING]
+    tests_table(
+        columns,
+        against,
+        "Using partial work against not using it: difference of means in accuracy points, then "
+        "the two-sided paired t-test's p over the seeds and its Holm-corrected value over the "
+        f"{len(against)} tests of the column",
+    )
+    close = [(a, b, f"{a} - {b}") for a, b in CLOSE]
+    tests_table(
+        columns,
+        close,
+        "FedProx, FedNova and FedDyn against each other: as above, Holm over the "
+        f"{len(close)} tests of the column",
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("steps", help="per-run table of experiments/baselines_steps.toml")
@@ -111,6 +173,7 @@ def main() -> None:
         times_table(read(args.times))
     if args.tuned:
         tuned_table(read(args.tuned))
+    all_tests(read(args.steps), read(args.tuned) if args.tuned else None)
 
 
 if __name__ == "__main__":
