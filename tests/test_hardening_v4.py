@@ -17,6 +17,33 @@ def test_an_option_of_another_model_is_reported_not_refused_when_its_owner_accep
     assert any("model.hidden is an option of model 'mlp'" in r.getMessage() for r in caplog.records)
 
 
+
+def test_an_option_several_plug_ins_share_names_them_all(caplog):
+    """``comm_time`` left in a file whose system model is ``full`` is an option of both
+    per-step and measured: the message names both (it used to name only 'measured', so a
+    per-step user read that the key belonged to another model)."""
+    with caplog.at_level(logging.WARNING, logger="fedhet"):
+        make_config({"system.model": "full", "system.comm_time": 0.25})
+    text = caplog.text
+    assert "system.comm_time is an option of system models 'measured', 'per-step'" in text
+
+
+def test_a_missing_dropout_trace_names_the_key_that_named_it(tmp_path):
+    """A trace dropout whose file is missing names ``system.dropout_trace`` (it used to name
+    ``system.availability_trace``, a key the file did not set)."""
+    import pytest
+
+    from fedhet.errors import FedhetError
+
+    config = make_config({"system.model": "full", "system.dropout": "trace",
+                          "system.dropout_trace": str(tmp_path / "none.txt")})  # fmt: skip
+    from fedhet.engine.loop import RunLoop
+
+    with pytest.raises(FedhetError) as raised:
+        RunLoop(config, tmp_path / "run").run()
+    assert "system.dropout_trace" in str(raised.value)
+    assert "availability_trace" not in str(raised.value)
+
 def _tune_files(tmp_path):
     import tomli_w
 

@@ -200,7 +200,7 @@ def _unused_options(cls: type[PluginSection], entries: dict, unused: dict) -> di
     """Keys of plug-ins other than the chosen ones (a grid's base for several system models,
     say): each checked by its owner's ``Options`` and kept for the resolved configuration,
     with a warning that the chosen plug-in does not use it."""
-    from fedhet.registry import KIND_LABELS, builtins
+    from fedhet.registry import KIND_LABELS, builtins, option_fields
 
     kept = {}
     for (slot, owner), values in sorted(unused.items()):
@@ -214,9 +214,11 @@ def _unused_options(cls: type[PluginSection], entries: dict, unused: dict) -> di
         for key in values:
             if (cls.SECTION, key, chosen) not in _WARNED:
                 _WARNED.add((cls.SECTION, key, chosen))
+                owners = [repr(n) for n, e in sorted(builtins(kind).items()) if key in option_fields(e.cls)]
+                label = KIND_LABELS[kind] + ("s " + ", ".join(owners) if len(owners) > 1 else f" {owners[0]}")
                 log.warning(
-                    "%s.%s is an option of %s %r; %s.%s = %r does not use it",
-                    cls.SECTION, key, KIND_LABELS[kind], owner, cls.SECTION, slot, chosen,
+                    "%s.%s is an option of %s; %s.%s = %r does not use it",
+                    cls.SECTION, key, label, cls.SECTION, slot, chosen,
                 )  # fmt: skip
     return kept
 

@@ -357,7 +357,7 @@ class TraceDropout(FailureWrapper):
     def build(cls, options: TraceFailureOptions, ctx: SystemContext) -> SystemModel:
         from fedhet.system.traces import read_trace
 
-        trace = read_trace(options.dropout_trace, ctx.num_clients)
+        trace = read_trace(options.dropout_trace, ctx.num_clients, "system.dropout_trace")
         return cls(ctx.wrapped, trace, options.dropout_marginal_draws, ctx.seed, options.dropout_keeps)
 
     @property

@@ -80,10 +80,13 @@ def _spans(line: str, where: str) -> list[tuple[float, float]]:
     return spans
 
 
-def read_trace(path: str | Path, num_clients: int) -> AvailabilityTrace:
-    """Parse a trace file; one-line errors name the file and line."""
+def read_trace(
+    path: str | Path, num_clients: int, key: str = "system.availability_trace"
+) -> AvailabilityTrace:
+    """Parse a trace file; one-line errors name the file and line, and a missing file the
+    configuration ``key`` that named it."""
     path = Path(path)
-    text = read_user_text(path, "availability trace (system.availability_trace)")
+    text = read_user_text(path, f"availability trace ({key})")
     period = None
     always: list[int] = []
     rows: list = []
