@@ -26,6 +26,14 @@ class ForgetsOnResume(FedAvg):
         return params + (new_params - params) / self.seen, new_buffers
 
 
+class FailsInRoundFour(FedAvg):
+    """Aggregates well for three rounds, then returns a model of the wrong size."""
+
+    def aggregate(self, params, buffers, updates, state, context, layout):
+        new_params, new_buffers = super().aggregate(params, buffers, updates, state, context, layout)
+        return (new_params[:-1] if context.plan.round >= 3 else new_params), new_buffers
+
+
 class NotAnAlgorithm:
     """Shaped like a plug-in (Options, build) but not derived from Algorithm."""
 
@@ -36,10 +44,10 @@ class NotAnAlgorithm:
         return cls()
 
 
-def _check(target: str) -> subprocess.CompletedProcess:
+def _check(target: str, *flags: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "fedhet", "check", target], capture_output=True, text=True,
-                          env=env, timeout=300)  # fmt: skip
+    return subprocess.run([sys.executable, "-m", "fedhet", "check", target, *flags], capture_output=True,
+                          text=True, env=env, timeout=300)  # fmt: skip
 
 
 def test_a_sound_plugin_passes_every_check(capsys):
@@ -60,3 +68,17 @@ def test_a_class_that_is_not_an_algorithm_fails_the_class_check():
     done = _check("test_check:NotAnAlgorithm")
     assert done.returncode == 1 and done.stdout.startswith("class: ")
     assert "not a subclass of fedhet.algorithms.Algorithm" in done.stdout
+
+
+def test_a_bug_from_round_four_fails_the_default_check_and_rounds_sets_the_length(capsys):
+    """The default check runs past round 3 (it used to stop there, so a hook that breaks in
+    round 4 passed); ``--rounds`` sets the run's length, and a length the resume check cannot
+    use is one line."""
+    done = _check("test_check:FailsInRoundFour")
+    assert done.returncode == 1, done.stdout
+    assert "rounds: algorithm 'test_check:FailsInRoundFour'.aggregate (round 4)" in done.stdout
+    assert _check("test_check:FailsInRoundFour", "--rounds", "3").returncode == 0
+    assert main(["check", "fedhet.algorithms.fedavg:FedAvg", "--rounds", "7"]) == 0
+    assert "rounds: ok (7 rounds" in capsys.readouterr().out
+    assert main(["check", "fedhet.algorithms.fedavg:FedAvg", "--rounds", "1"]) == 2
+    assert "--rounds 1: expected a whole number of rounds in 2..10000" in capsys.readouterr().err

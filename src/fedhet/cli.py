@@ -324,9 +324,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     """Try a plug-in (module:Class algorithm) or a configuration on a tiny run: one line per
     check (fedhet.plugin_check); exit status 1 when one fails."""
-    from fedhet.plugin_check import check
+    from fedhet.plugin_check import ROUNDS, check
 
-    return 0 if check(args.target) else 1
+    return 0 if check(args.target, rounds=ROUNDS if args.rounds is None else args.rounds) else 1
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -349,11 +349,12 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def _describe_plugin(kind: str, name: str) -> int:
-    """One plug-in: where it comes from, its docstring, its options with types and defaults."""
-    import dataclasses
+    """One plug-in: where it comes from, its docstring, and its entry of the configuration
+    reference (each option's type, default and meaning: fedhet.reference)."""
     import inspect
 
     from fedhet import registry
+    from fedhet.reference import plugin_text
 
     entry = registry.resolve(kind, name, f"fedhet list {kind}")
     where = f"{entry.cls.__module__}.{entry.cls.__qualname__}"
@@ -361,18 +362,7 @@ def _describe_plugin(kind: str, name: str) -> int:
     doc = inspect.getdoc(entry.cls) or ""
     if doc:
         print("\n" + doc)
-    options = getattr(entry.cls, "Options", None)
-    fields = dataclasses.fields(options) if options is not None and dataclasses.is_dataclass(options) else ()
-    print("\noptions:" if fields else "\noptions: none")
-    for field in fields:
-        default = field.default if field.default is not dataclasses.MISSING else (
-            field.default_factory() if field.default_factory is not dataclasses.MISSING else "required"
-        )  # fmt: skip
-        kind_name = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", field.type)
-        print(f"  {field.name:<22} {kind_name!s:<10} default {default!r}")
-    options_doc = inspect.getdoc(options) if options is not None else None
-    if options_doc:
-        print("\n" + options_doc)
+    print("\n" + plugin_text(entry))
     if kind == "algorithm":
         from fedhet.search_space import declared_params
 
@@ -554,6 +544,8 @@ def _add_tune_and_list(sub) -> None:
 
     p = sub.add_parser("check", help="try a plug-in or a configuration on a tiny run: which part fails, why")
     p.add_argument("target", help="an algorithm plug-in (package.module:ClassName) or a configuration file")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="rounds of the tiny run (default 5, at least 2)")  # fmt: skip
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("list", help="the plug-ins there are (of a kind; one plug-in's options)")

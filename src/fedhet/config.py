@@ -254,11 +254,11 @@ class RunConfig(PluginSection):
         "mlflow_uri": 'now the MLflow tracker\'s own option: track = [{ name = "mlflow", uri = "..." }]'
     }
 
-    name: str = "run"
-    seed: int = 0
-    rounds: int = resumable(100)
+    name: str = "run"  # the run folder's name (runs/<name> unless --out)
+    seed: int = 0  # fixes the data split, the model's start, every random stream
+    rounds: int = resumable(100)  # the number of rounds R (a time budget may stop it sooner)
     time_budget: float = 0.0  # simulated seconds; 0 = no budget (stop after `rounds`)
-    eval_every: int = resumable(1)
+    eval_every: int = resumable(1)  # evaluate the global model every this many rounds (and the last)
     # torch threads: "auto" (work size, free cores), 0 = torch default, or a count
     threads: Any = resumable("auto")
     memory_format: str = "contiguous"  # conv weights, images: contiguous | channels_last (faster)
@@ -395,13 +395,13 @@ class DataConfig(PluginSection):
     SECTION: ClassVar[str] = "data"
     SLOTS: ClassVar[dict[str, str]] = {"dataset": "dataset", "partition": "partitioner"}
 
-    dataset: str = "digits"
-    partition: str = "iid"
-    num_clients: int = 10
+    dataset: str = "digits"  # a dataset plug-in: digits, fmnist, mnist, cifar10, nsl-kdd, leaf, ...
+    partition: str = "iid"  # how the training examples are split over clients (a plug-in)
+    num_clients: int = 10  # the number of clients U (or N)
     fraction: float = 1.0  # keep this random fraction of train and test examples
     validation_fraction: float = 0.0  # hold out this share of the training examples; evaluate on it
     swap_fraction: float = 0.0  # label-swap: fraction of each label of a pair relabelled
-    swap_pairs: list = field(default_factory=lambda: [[0, 1], [8, 9]])
+    swap_pairs: list = field(default_factory=lambda: [[0, 1], [8, 9]])  # label-swap: the label pairs swapped
     swap_clients: str = "all"  # "all" or "second-half"
 
     def validate(self) -> None:
@@ -443,13 +443,15 @@ class TrainConfig(PluginSection):
     SECTION: ClassVar[str] = "train"
     SLOTS: ClassVar[dict[str, str]] = {"optimizer": "local_optimizer"}
 
-    lr: float = 0.05
+    lr: float = 0.05  # the client learning rate eta (its value in round 1)
+    # constant | inverse (eta / (1 + t), ADEL-FL) | salf-theorem (2 / (rho_c (gamma + t)), SALF Thm. 1)
     lr_schedule: str = "constant"
-    lr_rho_c: float = 1.0
-    lr_gamma: float = 1.0
-    batch_size: int = 16
-    local_steps: int = 1
-    optimizer: str = "sgd"
+    lr_rho_c: float = 1.0  # salf-theorem: rho_c
+    lr_gamma: float = 1.0  # salf-theorem: the offset gamma
+    batch_size: int = 16  # examples per local step
+    local_steps: int = 1  # local steps K asked of each client per round
+    optimizer: str = "sgd"  # the local optimizer (a plug-in: sgd, adam, ...) with its options here
+    # update postprocessors applied in order: [{ name = "clip-noise", ... }, ...]
     postprocess: list = field(default_factory=list)
 
     def validate(self) -> None:
@@ -488,9 +490,10 @@ class SystemConfig(PluginSection):
 
     model: str = "straggler-ratio"
     deadline: float = 1.0
+    # who takes part each round: always | uniform | two-group | list | cohort (a plug-in)
     participation: str = "always"
-    availability: str = "always"
-    dropout: str = "none"
+    availability: str = "always"  # who is online: always | trace (a plug-in)
+    dropout: str = "none"  # mid-round failures: none | hazard | trace (a plug-in)
 
     def validate(self) -> None:
         if self.deadline < 0:

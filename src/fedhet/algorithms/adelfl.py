@@ -66,8 +66,8 @@ class ADELFLOptions(SALFOptions):
     estimate_constants: bool = False
     warmup_batches: int = 8
     p1_margin: float = 0.05
-    batch_scale_min: float = 1.0
-    batch_scale_max: float = 64.0
+    batch_scale_min: float = 1.0  # the smallest batch scale m the planner may choose
+    batch_scale_max: float = 64.0  # the largest batch scale m the planner may choose
     max_iter: int = 3000
     plan: str = "optimised"
     batch_scale: float = 1.0  # plan = "equal": the fixed m

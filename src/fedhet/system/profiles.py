@@ -67,13 +67,13 @@ class CapabilityOptions:
     per-step, measured): ``capability_profile`` and its parameters."""
 
     capability_profile: str = "constant"
-    capability_low: float = 0.5
-    capability_high: float = 1.5
-    capability_mu: float = 0.0
-    capability_sigma: float = 0.5
-    capabilities: list = field(default_factory=list)
+    capability_low: float = 0.5  # "uniform": P_u ~ U(low, high), normalised to mean 1
+    capability_high: float = 1.5  # "uniform": the upper end
+    capability_mu: float = 0.0  # "lognormal": P_u = exp(mu + sigma z), normalised to mean 1
+    capability_sigma: float = 0.5  # "lognormal": the spread sigma
+    capabilities: list = field(default_factory=list)  # "list": one capability P_u per client
     device_profiles: str = ""  # a device-profile file (capability_profile = "devices")
-    device_assignment: str = "random"
+    device_assignment: str = "random"  # "devices": which client gets which device: random | in-order
 
     def validate(self) -> None:
         one_of("system.capability_profile", self.capability_profile, CAPABILITY_PROFILES)
