@@ -102,6 +102,17 @@ def coerce_value(key: str, value: Any, annotation: Any) -> Any:
     return value
 
 
+def path_option(default: str = "") -> Any:
+    """A field that names a file or folder: written relative in a configuration file, it is
+    read against that file's folder (:func:`fedhet.config.resolve_paths`)."""
+    return dataclasses.field(default=default, metadata={"path": True})
+
+
+def is_path_option(field: dataclasses.Field) -> bool:
+    """Whether ``field`` was declared with :func:`path_option`."""
+    return bool(field.metadata.get("path"))
+
+
 def option_types(options_cls: Any) -> dict[str, Any]:
     """The field types of an ``Options`` dataclass, with string annotations resolved where
     they can be (plain names otherwise)."""

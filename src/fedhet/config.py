@@ -10,8 +10,10 @@ Command-line overrides use ``section.key=value`` with TOML values (``0.5``, ``tr
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
+import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -772,9 +774,89 @@ def read_toml(path: str | Path) -> dict:
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}); not a TOML file") from None
     try:
-        return tomllib.loads(text)
+        raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML ({exc})") from None
+    return resolve_paths(raw, path)
+
+
+@functools.cache
+def path_keys() -> dict[str, frozenset[str]]:
+    """section -> the keys of it that name a file or folder (declared with
+    :func:`fedhet.checks.path_option` by a section or one of its slots' built-in plug-ins)."""
+    from fedhet.checks import is_path_option
+    from fedhet.registry import builtins
+
+    keys: dict[str, frozenset[str]] = {}
+    for name in PLUGIN_SECTIONS:
+        section: Any = SECTIONS[name]
+        classes = [section] + [
+            e.cls.Options for kind in section.SLOTS.values() for e in builtins(kind).values()
+        ]
+        found = {f.name for cls in classes for f in dataclasses.fields(cls) if is_path_option(f)}
+        keys[name] = frozenset(found)
+    return keys
+
+
+def resolve_paths(raw: dict, path: Path) -> dict:
+    """``raw`` (a configuration, experiment or suite file read from ``path``) with every
+    relative file or folder of a path key read against ``path``'s folder: in sections, in
+    ``[[cases]]``, ``[grid]`` and a suite's ``[scenarios.<name>]`` (dotted keys). A value
+    found only against the current folder, as fedhet read it before, is kept with a warning;
+    one found against both, where they differ, is the file's, with a warning naming both."""
+    keys, folder = path_keys(), path.parent
+    out = dict(raw)
+    for section, names in keys.items():
+        table = out.get(section)
+        if isinstance(table, dict):
+            out[section] = {k: _resolved(v, folder, f"{path}: {section}.{k}") if k in names else v
+                            for k, v in table.items()}  # fmt: skip
+    dotted = {f"{section}.{k}" for section, names in keys.items() for k in names}
+    if isinstance(out.get("cases"), list):
+        out["cases"] = [
+            _resolved_settings(case, dotted, folder, f"{path}: cases[{i}]: ")
+            for i, case in enumerate(out["cases"], 1)
+        ]
+    if isinstance(out.get("grid"), dict):
+        out["grid"] = _resolved_settings(out["grid"], dotted, folder, f"{path}: grid.", listed=True)
+    if isinstance(out.get("scenarios"), dict):
+        out["scenarios"] = {
+            name: _resolved_settings(table, dotted, folder, f"{path}: scenarios.{name}.")
+            for name, table in out["scenarios"].items()
+        }
+    return out
+
+
+def _resolved_settings(table: Any, dotted: set[str], folder: Path, where: str, listed: bool = False) -> Any:
+    """A table of dotted settings with its path keys resolved (``listed``: a grid's lists of
+    values, each resolved)."""
+    if not isinstance(table, dict):
+        return table
+    out = dict(table)
+    for key in dotted & set(table):
+        value = table[key]
+        if listed and isinstance(value, list):
+            out[key] = [_resolved(item, folder, f"{where}{key}") for item in value]
+        else:
+            out[key] = _resolved(value, folder, f"{where}{key}")
+    return out
+
+
+def _resolved(value: Any, folder: Path, where: str) -> Any:
+    """``value`` read against ``folder`` (see :func:`resolve_paths`)."""
+    if not isinstance(value, str) or not value or Path(value).is_absolute() or value.startswith("~"):
+        return value
+    in_file_folder = os.path.normpath(folder / value)
+    here, there = Path(value).exists(), Path(in_file_folder).exists()
+    if here and not there:
+        log.warning("%s = %r: read against the current folder, as before; fedhet reads a relative path in a "
+                    "file against the file's folder (%s), where it is not: write it relative to that folder",
+                    where, value, folder)  # fmt: skip
+        return value
+    if here and there and Path(value).resolve() != Path(in_file_folder).resolve():
+        log.warning("%s = %r: read against the file's folder (%s), not the current folder (%s, also there)",
+                    where, value, in_file_folder, Path(value).resolve())  # fmt: skip
+    return in_file_folder
 
 
 def require_algorithm(raw: dict, where: str | Path) -> None:

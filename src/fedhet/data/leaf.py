@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from fedhet.checks import path_option
 from fedhet.data.dataset import Dataset, DatasetSource
 from fedhet.errors import DataError
 from fedhet.registry import register
@@ -50,7 +51,7 @@ class LeafOptions:
     """``data_dir``: the LEAF data folder (with ``train/`` and ``test/``);
     ``hashed_features``: the bag-of-words size of text examples (Sent140)."""
 
-    data_dir: str = ""
+    data_dir: str = path_option()
     hashed_features: int = 1024
 
     def validate(self) -> None:

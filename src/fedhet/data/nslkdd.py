@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedhet.checks import one_of
+from fedhet.checks import one_of, path_option
 from fedhet.data.dataset import Dataset, DatasetSource
 from fedhet.errors import ConfigError, DataError
 from fedhet.registry import register
@@ -252,7 +252,7 @@ class NslKddOptions:
     (KDDTest+.txt) or "holdout" (a stratified ``test_fraction`` of the training file, drawn
     with ``holdout_seed``). Features are always min-max scaled on the training rows."""
 
-    data_dir: str = ""
+    data_dir: str = path_option()
     train_file: str = ""
     label_mode: str = "binary"
     test_set: str = "official"

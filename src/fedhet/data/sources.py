@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedhet.checks import one_of
+from fedhet.checks import one_of, path_option
 from fedhet.data.dataset import Dataset, DatasetSource
 from fedhet.errors import DataError
 from fedhet.registry import register
@@ -292,7 +292,7 @@ class ImageOptions:
 class ImageFolderOptions(ImageOptions):
     """``data_dir``: the folder of the dataset's files; ``normalize`` as for every image set."""
 
-    data_dir: str = ""
+    data_dir: str = path_option()
 
 
 @register("dataset")

@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fedhet import seeding
-from fedhet.checks import number_list
+from fedhet.checks import number_list, path_option
 from fedhet.errors import ConfigError
 from fedhet.registry import NoOptions, register
 from fedhet.system.base import SystemContext, SystemModel
@@ -326,7 +326,7 @@ class TraceFailureOptions:
     trace takes it offline. ``dropout_marginal_draws`` and ``dropout_keeps``: see
     :func:`check_failure_options`."""
 
-    dropout_trace: str = ""
+    dropout_trace: str = path_option()
     dropout_marginal_draws: int = 2000
     dropout_keeps: str = "nothing"
 

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedhet.checks import in_range
+from fedhet.checks import in_range, path_option
 from fedhet.data.task import default_task
 from fedhet.errors import ConfigError
 from fedhet.registry import register
@@ -146,7 +146,7 @@ class MeasuredOptions(CapabilityOptions):
     factor; ``comm_time`` and ``upload_bandwidth``: communication as in ``per-step`` (seconds
     per round, plus the update's bytes at that many bytes per second; 0 = free)."""
 
-    measured_times: str = ""
+    measured_times: str = path_option()
     step_jitter: float = 0.0
     comm_time: float = 0.0
     upload_bandwidth: float = 0.0

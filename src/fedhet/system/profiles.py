@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fedhet.checks import number_list, one_of
+from fedhet.checks import number_list, one_of, path_option
 from fedhet.errors import ConfigError
 from fedhet.system.devices import DEVICE_ASSIGNMENTS, DeviceProfiles, read_device_profiles
 
@@ -72,7 +72,7 @@ class CapabilityOptions:
     capability_mu: float = 0.0  # "lognormal": P_u = exp(mu + sigma z), normalised to mean 1
     capability_sigma: float = 0.5  # "lognormal": the spread sigma
     capabilities: list = field(default_factory=list)  # "list": one capability P_u per client
-    device_profiles: str = ""  # a device-profile file (capability_profile = "devices")
+    device_profiles: str = path_option()  # a device-profile file (capability_profile = "devices")
     device_assignment: str = "random"  # "devices": which client gets which device: random | in-order
 
     def validate(self) -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedhet.checks import path_option
 from fedhet.errors import ConfigError, DataError, read_fedscale_dict, read_user_text
 from fedhet.registry import register
 from fedhet.system.base import SystemContext, SystemModel
@@ -166,7 +167,7 @@ def _merged(spans: list[tuple[float, float]], period: float) -> list[tuple[float
 class TraceOptions:
     """``availability_trace``: the trace file (format above)."""
 
-    availability_trace: str = ""
+    availability_trace: str = path_option()
 
     def validate(self) -> None:
         if not self.availability_trace:
