@@ -9,6 +9,9 @@ p_avg/p_min = 25.5 and 250.5, where Guideline B says FedAvg (beta = 0) should wi
     # 2. after `fedhet reproduce experiments/fedstale_protocol.toml`: add the test runs
     python experiments/fedstale_protocol.py docs/results/data/fedstale-protocol.csv \
         --tune runs/fedstale_protocol_tune --test runs/fedstale_protocol
+    # 3. after `fedhet reproduce experiments/fedstale_protocol_seeds.toml`: add its runs
+    python experiments/fedstale_protocol.py docs/results/data/fedstale-protocol.csv \
+        --more-seeds runs/fedstale_protocol_seeds
     # any time: every number of the page's section from the committed table
     python experiments/fedstale_protocol.py docs/results/data/fedstale-protocol.csv
 
@@ -196,6 +199,41 @@ def print_report(rows: list[dict]) -> None:
         print("| " + " | ".join(row) + " |")
 
 
+def print_more_seeds(rows: list[dict]) -> None:
+    """The cells the ``more-seeds`` rows extend: U-FedAvg (beta = 0) against FedVARP
+    (beta = 1) over all their seeds, and over the new seeds alone (a replication of the
+    5-seed finding on seeds it did not see); Holm over these two tests per cell."""
+    more = [r for r in rows if r["stage"] == "more-seeds"]
+    if not more:
+        return
+    cells = sorted({(r["sigma_g2"], r["ratio"]) for r in more}, key=lambda k: (float(k[0]), float(k[1])))
+    print("\nMore seeds: beta = 0 - beta = 1 in points, mean ± 95% t-interval over the seeds both ran,"
+          " paired t-test p and Holm p over the cell's two tests:\n")  # fmt: skip
+    print("| sigma_g^2 | p_avg/p_min | seeds | beta=0 | beta=1 | beta=0 - beta=1 | p (Holm) |")
+    print("|---|---|---|---|---|---|---|")
+    for sigma, ratio in cells:
+        scores: dict[float, dict[int, float]] = defaultdict(dict)
+        for r in rows:
+            if r["stage"] in ("test", "more-seeds") and (r["sigma_g2"], r["ratio"]) == (sigma, ratio):
+                scores[float(r["beta"])][int(r["seed"])] = float(r["score"])
+        new = {int(r["seed"]) for r in more if (r["sigma_g2"], r["ratio"]) == (sigma, ratio)}
+        both = set(scores[0.0]) & set(scores[1.0])
+        spans = [sorted(both), sorted(new & both)]
+        tests = [difference_p_value({s: scores[0.0][s] for s in span}, {s: scores[1.0][s] for s in span})
+                 for span in spans]  # fmt: skip
+        for span, p, q in zip(spans, tests, holm(tests), strict=True):
+            a, b = ([scores[beta][s] for s in span] for beta in (0.0, 1.0))
+            gap = estimate([100 * (x - y) for x, y in zip(a, b, strict=True)], "ci95")
+            shown = [estimate(v, "ci95") for v in (a, b)]
+            print(f"| {sigma} | {ratio} | {span[0]}-{span[-1]} (n = {len(span)}) | "
+                  + " | ".join(f"{e.mean:.3f} ± {e.spread:.3f}" for e in shown)
+                  + f" | {gap.mean:+.1f} ± {gap.spread:.1f} | {_p_text(p, q)} |")  # fmt: skip
+
+
+def _p_text(p: float | None, q: float | None) -> str:
+    return "-" if p is None or q is None else f"{p:.3g} ({q:.3g})"
+
+
 def _difference(means: dict, raw: dict, adjusted: dict, key: tuple, a: float, b: float) -> str:
     """``+1.2, 0.034 (0.2)``: the difference of means in points, its p and Holm p."""
     return f"{100 * (means[a] - means[b]):+.1f}, {raw[(key, a, b)]:.3g} ({adjusted[(key, a, b)]:.3g})"
@@ -208,7 +246,7 @@ def main() -> int:
         COLUMNS,
         runs_table,
         write_grid,
-        print_report,
+        lambda rows: (print_report(rows), print_more_seeds(rows)),
     )
 
 

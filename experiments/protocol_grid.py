@@ -23,24 +23,29 @@ def protocol_main(
     write_grid: Callable[[list[dict], str, str, list[int]], None],
     print_report: Callable[[list[dict]], None],
 ) -> int:
-    """Parse ``TABLE [--tune DIR] [--test DIR] [--grid OUT]``: with ``--tune`` rewrite the
-    table from the finished grids (``runs_table(folder, stage)``); with ``--test`` alone keep
-    its tuning rows and replace its test rows; then read it, write the test grid with
-    ``--grid`` and print the report."""
+    """Parse ``TABLE [--tune DIR] [--test DIR] [--more-seeds DIR] [--grid OUT]``: with
+    ``--tune`` rewrite the table from the finished grids (``runs_table(folder, stage)``);
+    with ``--test`` alone keep its tuning rows and replace its test rows; with
+    ``--more-seeds`` alone keep both and replace its ``more-seeds`` rows (extra seeds of some
+    test cells, for a question the test grid left open); then read it, write the test grid
+    with ``--grid`` and print the report."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("table", help="the per-run table (written with --tune, read otherwise)")
     parser.add_argument("--tune", help="the finished tuning grid's folder")
     parser.add_argument("--test", help="the finished test grid's folder")
     parser.add_argument("--grid", help="write the test grid here (from the table's tuning rows)")
+    parser.add_argument("--more-seeds", help="a finished grid of more test seeds for some cells")
     parser.add_argument("--tune-config", default=tune_config)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     args = parser.parse_args()
-    if args.tune or args.test:
+    if args.tune or args.test or args.more_seeds:
         if args.tune:
             rows = runs_table(args.tune, "tune")
-        else:  # keep the table's tuning rows, replace its test rows
-            rows = [row for row in _read(args.table) if row["stage"] == "tune"]
+        else:  # keep the table's tuning rows (and test rows without --test), replace the rest
+            kept = ("tune",) if args.test else ("tune", "test")
+            rows = [row for row in _read(args.table) if row["stage"] in kept]
         rows += runs_table(args.test, "test") if args.test else []
+        rows += runs_table(args.more_seeds, "more-seeds") if args.more_seeds else []
         with open(args.table, "w", newline="") as handle:
             writer = csv.DictWriter(handle, columns)
             writer.writeheader()

@@ -246,7 +246,7 @@ def _experiment_kind(path: Path) -> str:
     "path", EXAMPLES + EXPERIMENTS, ids=[str(p.relative_to(ROOT)) for p in EXAMPLES + EXPERIMENTS]
 )
 def test_every_example_and_experiment_runs_its_first_cell_for_one_round(path, tmp_path, monkeypatch):
-    from fedhet.config import from_dict, load_config
+    from fedhet.config import from_dict, load_config, read_toml
     from fedhet.engine.launch import run
     from fedhet.studies.expansion import compare_cells
     from fedhet.studies.spec import load_experiment
@@ -261,7 +261,7 @@ def test_every_example_and_experiment_runs_its_first_cell_for_one_round(path, tm
     if kind == "experiment":
         config = load_experiment(path).cells[0].config
     else:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        raw = read_toml(path)  # as `fedhet run` reads it: relative paths against the file's folder
         config = compare_cells(raw, path)[0].config if raw.get("compare") else load_config(path)
     if config.data.dataset in NEEDS_FILES:
         pytest.skip(NEEDS_FILES[config.data.dataset])

@@ -17,7 +17,6 @@ def test_an_option_of_another_model_is_reported_not_refused_when_its_owner_accep
     assert any("model.hidden is an option of model 'mlp'" in r.getMessage() for r in caplog.records)
 
 
-
 def test_an_option_several_plug_ins_share_names_them_all(caplog):
     """``comm_time`` left in a file whose system model is ``full`` is an option of both
     per-step and measured: the message names both (it used to name only 'measured', so a
@@ -43,6 +42,7 @@ def test_a_missing_dropout_trace_names_the_key_that_named_it(tmp_path):
         RunLoop(config, tmp_path / "run").run()
     assert "system.dropout_trace" in str(raised.value)
     assert "availability_trace" not in str(raised.value)
+
 
 def _tune_files(tmp_path):
     import tomli_w

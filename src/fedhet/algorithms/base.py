@@ -147,6 +147,17 @@ class AlgorithmContext:
 class Algorithm:
     """Base class; subclasses set ``name``, ``Options`` and override the pieces they change.
 
+    **Declared capabilities** (class attributes, checked against the hooks when the class is
+    registered or named): ``partial_work``, one of ``"none"`` (a client that would not
+    finish gets no task), ``"layers"`` (it trains the layers it reaches, SALF's
+    back-to-front cut) or ``"steps"`` (it sends the whole local steps it finished);
+    ``driver``: ``"round"`` or ``"event"``; ``uses_deadline``; ``tracks_gradient_differences``.
+
+    **Round numbers** count from 0 in this API (``plan(round_index, ...)``,
+    ``RoundPlan.round``, ``RoundContext.plan.round``, ``lr_at``) and from 1 in everything a
+    user reads (messages such as "aggregate (round 4)", ``metrics.csv``'s ``round`` column,
+    ``fedhet run --resume``): round index t is the user's round t + 1.
+
     ``train`` is the run's ``[train]`` section (learning rate and its schedule, batch size,
     local steps)."""
 
