@@ -329,6 +329,16 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0 if check(args.target, rounds=ROUNDS if args.rounds is None else args.rounds) else 1
 
 
+def cmd_new(args: argparse.Namespace) -> int:
+    """Scaffold a plug-in package (fedhet.scaffold) and say what to do next."""
+    from fedhet.scaffold import new_rule
+
+    folder = new_rule(args.name, Path(args.out))
+    print(f"{folder}: the {args.name} rule's package; next:")
+    print(f"  cd {folder} && python -m pip install -e . && python -m pytest")
+    return 0
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     """Every plug-in of every kind; with a kind, that kind's; with a kind and a name, that
     plug-in's full description and its options (key, type, default)."""
@@ -547,6 +557,12 @@ def _add_tune_and_list(sub) -> None:
     p.add_argument("--rounds", type=int, default=None,
                    help="rounds of the tiny run (default 5, at least 2)")  # fmt: skip
     p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("new", help="scaffold a plug-in package: fedhet new rule NAME")
+    p.add_argument("kind", choices=["rule"], help="what to scaffold: rule (an aggregation rule)")
+    p.add_argument("name", help="its name: lower case letters, digits, - or _")
+    p.add_argument("--out", default=".", help="the folder to create it in (default: here)")
+    p.set_defaults(func=cmd_new)
 
     p = sub.add_parser("list", help="the plug-ins there are (of a kind; one plug-in's options)")
     p.add_argument("kind", nargs="?", help="a plug-in kind: algorithm, system-model, dataset, ...")

@@ -1,0 +1,227 @@
+"""``fedhet new rule NAME``: a plug-in package for a new aggregation rule, ready to install,
+test and bench.
+
+The package holds a rule that already runs (a steps-weighted average of the local work each
+client finished by the deadline, with every hook a rule may override written out and
+documented), its entry point, a test that runs ``fedhet check`` on it and a bench suite that
+compares it with SALF, drop-stragglers and FedAvg. ``pip install -e .`` and ``pytest`` pass
+on it as created; from there the author edits ``aggregate`` and the hooks."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from string import Template
+
+from fedhet.errors import ConfigError
+
+NAME = re.compile(r"[a-z][a-z0-9]*(?:[-_][a-z0-9]+)*")
+
+PYPROJECT = """[build-system]
+requires = ["setuptools>=64"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "$name"
+version = "0.1.0"
+description = "The $name aggregation rule for fedhet"
+requires-python = ">=3.11"
+dependencies = ["fedhet"]
+
+# Installed (pip install -e .), the rule answers to [algorithm] name = "$name".
+[project.entry-points."fedhet.algorithms"]
+$name = "$package.rule:$cls"
+
+[tool.setuptools.packages.find]
+where = ["src"]
+
+[tool.pytest.ini_options]
+testpaths = ["tests"]
+"""
+
+RULE = '''"""The $name rule: the server steps by the average of the clients' updates, each weighted by
+the local steps it finished by the deadline (a client that finished none sends nothing).
+
+Edit ``aggregate`` (and any hook below) to make it yours. Round numbers count from 0 in these
+hooks (``context.plan.round``) and from 1 in what fedhet prints."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from fedhet.algorithms import Algorithm
+from fedhet.errors import ConfigError
+
+
+@dataclass
+class ${cls}Options:
+    """The rule's ``[algorithm]`` keys: ``server_lr``, eta_s in w + eta_s sum_u a_u Delta_u."""
+
+    server_lr: float = 1.0  # eta_s, the server's step on the weighted average
+
+    def validate(self) -> None:
+        if not self.server_lr > 0:
+            raise ConfigError(f"algorithm.server_lr = {self.server_lr}: must be > 0")
+
+
+class $cls(Algorithm):
+    """A client delivers the whole local steps it finished by the deadline
+    (``partial_work = "steps"``); the server averages the updates with weights a_u
+    proportional to those steps."""
+
+    name = "$name"
+    summary = "steps-weighted average of the clients' finished local work"
+    Options = ${cls}Options
+    partial_work = "steps"  # "none": only finishers are asked; "layers": SALF's layer cut
+    # tuned by `fedhet bench` beside the learning rate (a search-space range per option)
+    hyperparameters: ClassVar[dict] = {"server_lr": {"low": 0.25, "high": 2.0, "log": True}}
+
+    # Server side. ``plan`` (deadline, learning rate, each client's batch and steps) and
+    # ``client_task`` (each client's task cut to its sampled outcome) are inherited; override
+    # them to decide who does what. ``init_state`` returns server memory kept across rounds
+    # (checkpointed with the run).
+
+    def aggregate(self, params, buffers, updates, state, context, layout):
+        """New global (params, buffers) from this round's updates (sorted by client)."""
+        weights = torch.tensor([float(u.steps) for u in updates])
+        if not updates or not weights.sum() > 0:
+            return params, buffers  # nobody delivered: keep the model
+        weights = weights / weights.sum()
+        step = sum(w * u.delta for w, u in zip(weights, updates, strict=True))
+        new_buffers = buffers
+        if buffers.numel():
+            buffer_step = sum(w * u.delta_buffers for w, u in zip(weights, updates, strict=True))
+            new_buffers = buffers + buffer_step
+        return params + self.options.server_lr * step, new_buffers
+
+    # Client side: each hook runs on the client, over its own state.
+
+    def gradient_correction(self, task, state, region, local, anchor):
+        """A term added to each local step's gradient over ``region`` (FedProx's
+        mu (w - w_t)); None: plain SGD."""
+        return None
+'''
+
+TEST = '''"""The $name rule passes `fedhet check` (class, rounds, interrupted and resumed), and its
+aggregation is the steps-weighted average it says it is."""
+
+from __future__ import annotations
+
+import torch
+
+from fedhet.cli import main
+
+
+def test_the_rule_passes_fedhet_check():
+    assert main(["check", "$package.rule:$cls", "--rounds", "5"]) == 0
+
+
+def test_aggregate_weights_updates_by_the_steps_they_finished():
+    from fedhet.algorithms.base import AlgorithmContext
+    from fedhet.messages import ClientUpdate, Coverage
+
+    from $package.rule import $cls
+
+    rule = $cls.build($cls.Options(), AlgorithmContext(train=None))
+    updates = [
+        ClientUpdate(client=u, coverage=Coverage(), steps=steps, num_samples=8, loss=0.0,
+                     delta=torch.tensor([value]))
+        for u, (steps, value) in enumerate([(1, 3.0), (3, -1.0)])
+    ]
+    params, _ = rule.aggregate(torch.zeros(1), torch.zeros(0), updates, {}, None, None)
+    assert torch.allclose(params, torch.tensor([0.0]))  # (1 x 3 + 3 x -1) / 4
+'''
+
+SUITE = """# $name against SALF, drop-stragglers and FedAvg on scikit-learn's digits, two straggler
+# scenarios, 4 tuning trials per method and scenario, 3 seeds (about a minute on two cores):
+#   fedhet bench suites/$name.toml
+[suite]
+name = "$name"
+description = "the $name rule against SALF, drop-stragglers and FedAvg"
+methods = ["$name", "salf", "drop", "fedavg"]   # "$name": the entry point pip install -e . made
+trials = 4
+seeds = 3
+validation_fraction = 0.2
+objective = "final_test_accuracy"
+random_trials = 2
+pruner = "none"
+
+[params]
+"train.lr" = { low = 0.02, high = 0.5, log = true }
+
+[run]
+seed = 1
+rounds = 100000           # the time budget ends every run
+time_budget = 30.0        # simulated seconds, the same for every method
+eval_every = 10
+
+[data]
+dataset = "digits"
+partition = "dirichlet"
+alpha = 0.5
+num_clients = 10
+
+[model]
+name = "mlp"
+hidden = [32]
+
+[train]
+batch_size = 16
+local_steps = 3
+
+[system]
+model = "per-step"
+time_per_sample_step = 0.002    # a step of 16 examples: 0.032 s / P_u
+capability_profile = "lognormal"
+capability_sigma = 0.8
+deadline = 0.2
+
+[scenarios.lognormal]
+description = "capabilities lognormal (sigma 0.8): slow clients finish fewer of their 3 steps"
+
+[scenarios.wide]
+description = "a wider spread of capabilities (sigma 1.2)"
+"system.capability_sigma" = 1.2
+"""
+
+README = """# $name
+
+A fedhet aggregation rule, as a plug-in package (made by `fedhet new rule $name`).
+
+```bash
+python -m pip install -e .            # registers [algorithm] name = "$name"
+python -m pytest                      # fedhet check on the rule, and its aggregation
+fedhet bench suites/$name.toml        # against SALF, drop-stragglers and FedAvg
+```
+
+The rule is `src/$package/rule.py`; edit `aggregate` and the hooks there.
+"""
+
+
+def new_rule(name: str, out: Path) -> Path:
+    """Write the package for rule ``name`` (lower case, digits, ``-`` or ``_``) into
+    ``out / name`` and return that folder; an existing folder is refused."""
+    if not NAME.fullmatch(name):
+        raise ConfigError(f"fedhet new rule {name!r}: a rule name is lower case letters, digits, - or _")
+    folder = out / name
+    if folder.exists():
+        raise ConfigError(f"{folder}: already exists; choose another name or --out")
+    package = name.replace("-", "_")
+    cls = "".join(part.capitalize() for part in re.split(r"[-_]", name))
+    values = {"name": name, "package": package, "cls": cls}
+    files = {
+        "pyproject.toml": PYPROJECT,
+        "README.md": README,
+        f"src/{package}/__init__.py": '"""The $name rule for fedhet."""\n',
+        f"src/{package}/rule.py": RULE,
+        "tests/test_rule.py": TEST,
+        f"suites/{name}.toml": SUITE,
+    }
+    for relative, template in files.items():
+        path = folder / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(Template(template).substitute(values))
+    return folder
