@@ -272,3 +272,18 @@ def test_a_method_table_sets_the_dotted_keys_its_method_needs(tmp_path):
     bad.write_text(path.read_text().replace('"model.name" = "mlp-exits"', '"model.nam" = "mlp-exits"'))
     with pytest.raises(ConfigError, match="method depthfl: model.nam"):
         load_suite(bad)
+
+
+@pytest.mark.slow
+def test_report_on_a_bench_folder_gives_its_leaderboard_page_with_marks(uninterrupted, tmp_path):
+    """``fedhet report`` on a bench folder points at (or copies) its leaderboard page (it used
+    to refuse it as "neither a run folder nor a folder of runs"), and the page renders the
+    markdown's marks: no literal ``*worse*`` or ``**best**``."""
+    from fedhet.cli import main
+
+    assert main(["report", str(uninterrupted)]) == 0
+    page = (uninterrupted / "leaderboard.html").read_text(encoding="utf-8")
+    assert "<strong>best</strong>" in page and "*worse*" not in page and "**" not in page
+    assert "<em>worse</em>" in page  # the legend's mark
+    assert main(["report", str(uninterrupted), "--out", str(tmp_path / "copy.html")]) == 0
+    assert (tmp_path / "copy.html").read_text(encoding="utf-8") == page

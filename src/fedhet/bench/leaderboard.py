@@ -392,6 +392,18 @@ def _ranks_figure(plt, board: Leaderboard, path: Path) -> Path:
     return path
 
 
+def inline_html(text: str) -> str:
+    """A line of the markdown page as HTML: escaped, ``**best**`` bold, ``*worse*`` in
+    italics, ```code``` as code (the page shows the marks, not the asterisks)."""
+    import html
+    import re
+
+    escaped = html.escape(text)
+    escaped = re.sub(r"`([^`]+)`", r"<code>\1</code>", escaped)
+    escaped = re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", escaped)
+    return re.sub(r"(?<![\w*])\*([^*\s][^*]*)\*(?![\w*])", r"<em>\1</em>", escaped)
+
+
 def html_page(markdown_text: str, images: list[Path]) -> str:
     """The markdown page as a self-contained HTML page with the figures embedded."""
     import base64
@@ -412,7 +424,7 @@ def html_page(markdown_text: str, images: list[Path]) -> str:
                 in_table = True
             body.append(
                 "<tr>"
-                + "".join(f"<{tag}>{html.escape(c).replace('**', '')}</{tag}>" for c in cells)
+                + "".join(f"<{tag}>{inline_html(c)}</{tag}>" for c in cells)
                 + "</tr>"
             )
             continue
@@ -429,9 +441,9 @@ def html_page(markdown_text: str, images: list[Path]) -> str:
         elif line.startswith("## "):
             body.append(f"<h2>{html.escape(line[3:])}</h2>")
         elif line.startswith("- "):
-            body.append(f"<li>{html.escape(line[2:])}</li>")
+            body.append(f"<li>{inline_html(line[2:])}</li>")
         elif line:
-            body.append(f"<p>{html.escape(line)}</p>")
+            body.append(f"<p>{inline_html(line)}</p>")
     if in_table:
         body.append("</table>")
     head = f"<meta charset='utf-8'><title>leaderboard</title><style>{STYLE}</style>"

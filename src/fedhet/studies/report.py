@@ -34,13 +34,32 @@ img { max-width: 100%; }
 """
 
 
+def _copied(page: Path, target: Path) -> Path:
+    import shutil
+
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(page, target)
+    except OSError as exc:
+        raise FedhetError(f"{target}: cannot write the report ({exc.strerror or exc})") from None
+    return target
+
+
 def write_report(path: str | Path, out: str | Path | None = None) -> list[Path]:
-    """Write the report of a run folder or a folder of runs; return the file written."""
+    """Write the report of a run folder or a folder of runs; return the file written. A
+    bench folder's report is its leaderboard page (copied to ``out`` when given)."""
     from fedhet.studies.plots import find_runs
 
     path = Path(path)
     if not path.is_dir():
         raise FedhetError(f"{path}: not a folder (give a run folder or a folder of runs)")
+    if (path / "bench.json").exists():  # a `fedhet bench` folder: its page is the leaderboard's
+        page = path / "leaderboard.html"
+        if not page.is_file():
+            raise FedhetError(f"{path}: a bench whose leaderboard is not written yet; run it again to finish")
+        if out is None:
+            return [page]
+        return [_copied(page, Path(out))]
     target = Path(out) if out else path / "report.html"
     if (path / "tune.json").exists():  # a `fedhet tune` folder
         body = _tune_page(path)
