@@ -287,3 +287,61 @@ def test_report_on_a_bench_folder_gives_its_leaderboard_page_with_marks(uninterr
     assert "<em>worse</em>" in page  # the legend's mark
     assert main(["report", str(uninterrupted), "--out", str(tmp_path / "copy.html")]) == 0
     assert (tmp_path / "copy.html").read_text(encoding="utf-8") == page
+
+
+EDITED_RULE = """
+from fedhet.algorithms.fedavg import FedAvg
+
+
+class Edited(FedAvg):
+    name = "edited"
+
+    def aggregate(self, params, buffers, updates, state, context, layout):
+        new_params, new_buffers = super().aggregate(params, buffers, updates, state, context, layout)
+        {body}
+"""
+BROKEN = 'raise RuntimeError("not written yet")'
+FIXED = "return params + 0.5 * (new_params - params), new_buffers"
+
+
+def _rows(out: Path) -> dict[str, str]:
+    lines = (out / "leaderboard.csv").read_text().splitlines()[1:]
+    return {",".join(line.split(",")[:2]): line for line in lines}
+
+
+@pytest.mark.slow
+def test_a_rule_edited_between_two_benches_runs_again_alone(tmp_path):
+    """A bench into a folder whose plug-in rule changed since its studies ran tunes and runs
+    that method again, says so in one line, and keeps every other row byte for byte; a rule
+    whose trials failed, once fixed, gives the leaderboard of a fresh bench (its failed
+    trials dropped with its older code)."""
+    module = tmp_path / "plugin"
+    module.mkdir()
+    rule = module / "edited_rule.py"
+    env = {**_env(), "PYTHONPATH": os.pathsep.join([str(module), _env()["PYTHONPATH"]])}
+    command = [sys.executable, "-m", "fedhet", "bench", str(SMOKE), "--method", "edited_rule:Edited",
+               "--trials", "2", "--seeds", "2", "--set", "run.time_budget=4", "--quiet"]  # fmt: skip
+
+    def bench(out: Path, body: str, *extra: str) -> subprocess.CompletedProcess:
+        rule.write_text(EDITED_RULE.format(body=body))
+        done = subprocess.run([*command, "--out", str(out), *extra], env=env, capture_output=True,
+                              text=True, timeout=600)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done
+
+    bench(tmp_path / "a", BROKEN)
+    before = _rows(tmp_path / "a")
+    broken = [line for key, line in before.items() if key.endswith(",Edited")]
+    assert broken and all(",failed," in line and not line.endswith(",0") for line in broken)  # failed trials
+    again = bench(tmp_path / "a", FIXED)
+    said = "bench: Edited: its code changed since its studies ran: its studies and seeds run again"
+    assert said in again.stderr
+    after = _rows(tmp_path / "a")
+    for key, line in before.items():
+        if not key.endswith(",Edited"):
+            assert after[key] == line, key  # the other methods' rows, byte for byte
+    bench(tmp_path / "fresh", FIXED)
+    assert after == _rows(tmp_path / "fresh")
+    rerun = bench(tmp_path / "a", FIXED, "--rerun", "fedavg")
+    assert "bench: fedavg: --rerun: its studies and seeds run again" in rerun.stderr
+    assert _rows(tmp_path / "a") == after  # the same code runs the same trials and seeds

@@ -314,7 +314,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from fedhet.bench.command import run_bench
 
     paths = run_bench(args.suite, args.method, args.trials, args.seeds, args.jobs, args.ray, args.out,
-                      args.set, quiet=args.quiet)  # fmt: skip
+                      args.set, quiet=args.quiet, rerun=tuple(args.rerun))  # fmt: skip
     print(paths[0].read_text(encoding="utf-8"), end="")
     for path in paths:
         print(path, file=sys.stderr)
@@ -541,6 +541,8 @@ def _add_tune_and_list(sub) -> None:
     p.add_argument("suite", help="a suite TOML file (scenarios, methods, budget), e.g. suites/smoke.toml")
     p.add_argument("--method", action="append", default=[], metavar="NAME_OR_PATH",
                    help="add a method: a built-in name or package.module:Class (repeatable)")  # fmt: skip
+    p.add_argument("--rerun", nargs="+", default=[], metavar="METHOD",
+                   help="tune and run these methods again (changed code does it by itself)")  # fmt: skip
     p.add_argument("--trials", type=_positive_int, help="tuning trials per method and scenario (the suite's)")
     p.add_argument("--seeds", type=_positive_int, help="seeds 1..S of each tuned setting (the suite's)")
     p.add_argument("--jobs", type=_positive_int, default=1, help="studies and seed runs at once (default 1)")

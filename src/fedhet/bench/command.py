@@ -47,8 +47,9 @@ def header(suite: Suite) -> dict:
 
 def run_bench(suite_path: str | Path, methods: list[str], trials: int | None, seeds: int | None, jobs: int,
               ray: str | None, out: str | Path | None, overrides: list[str], quiet: bool = False,
-              figures: bool = True) -> list[Path]:  # fmt: skip
-    """Run (or resume) a bench and write its leaderboard; return the files written."""
+              figures: bool = True, rerun: tuple[str, ...] = ()) -> list[Path]:  # fmt: skip
+    """Run (or resume) a bench and write its leaderboard; return the files written. A method
+    whose code changed since its studies ran, or named in ``rerun``, is tuned and run again."""
     if jobs < 1:
         raise FedhetError(f"--jobs {jobs}: must be >= 1")
     try:
@@ -56,9 +57,13 @@ def run_bench(suite_path: str | Path, methods: list[str], trials: int | None, se
     except ImportError:
         raise FedhetError("fedhet bench needs Optuna: pip install 'fedhet[bench]'") from None
     suite = load_suite(suite_path, methods, trials, seeds, overrides)
+    labels = [m.label for m in suite.methods]
+    for label in rerun:
+        if label not in labels:
+            raise FedhetError(f"--rerun {label}: not a method of this bench (methods: {', '.join(labels)})")
     folder = Path(out) if out else Path("runs") / f"bench-{suite.name}"
     with _Display(suite, quiet) as display:
-        bench = Bench(suite, folder, jobs, ray, on_progress=display.update)
+        bench = Bench(suite, folder, jobs, ray, on_progress=display.update, rerun=tuple(rerun))
         results = bench.run()
     (folder / "bench.json").write_text(json.dumps(results, indent=1, default=str), encoding="utf-8")
     board = leaderboard.build(results["rows"], suite.alpha)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedhet.checks import counted
 from fedhet.data.task import Score
 from fedhet.studies.stats import difference_p_value, estimate, holm
 
@@ -40,6 +41,7 @@ CSV_COLUMNS = (
     "reason",
     "caveats",
     "fedhet",
+    "failed_trials",
 )  # fmt: skip  (a classification's; another score names its own: mean_rmse, rmse_by_seed)
 
 
@@ -65,6 +67,7 @@ class Entry:
     folders: dict[int, str] = field(default_factory=dict)
     caveats: list[str] = field(default_factory=list)  # settings under which it is another rule
     builds: list[str] = field(default_factory=list)  # the fedhet builds its seed runs ran on
+    failed_trials: int = 0  # tuning trials that failed (with the method's current code)
     mean: float | None = None
     ci95: float | None = None
     rank: int | None = None
@@ -120,6 +123,7 @@ def build(rows: list[dict], alpha: float = 0.05) -> Leaderboard:
     for row in rows:
         entry = Entry(row["scenario"], row["method"], row["status"], row["reason"], row["lr_only"],
                       dict(row["params"]), row["validation"])  # fmt: skip
+        entry.failed_trials = int(row.get("failed_trials", 0))
         for seed, result in sorted(row["seeds"].items()):
             value = result.get("score", result.get("accuracy"))  # "accuracy": results written before
             if "failed" in result or value is None:
@@ -213,6 +217,7 @@ def csv_rows(board: Leaderboard) -> list[dict]:
                 "validation_value": _number(e.validation, 6),
                 "tuned": json.dumps(e.params, sort_keys=True), "lr_only": str(e.lr_only).lower(),
                 "reason": e.reason, "caveats": " | ".join(e.caveats), "fedhet": ";".join(sorted(e.builds)),
+                "failed_trials": e.failed_trials,
             })  # fmt: skip
     return rows
 
@@ -254,7 +259,8 @@ def scenario_lines(
         marker = " **best**" if e.best else (" *worse*" if e.worse else "")
         marker += " ⚠" if e.caveats else ""
         note = " (lr only)" if e.lr_only else ""
-        tuned = f"{_values(e.params)}{note} ({_number(e.validation)})"
+        failed = f"; {counted(e.failed_trials, 'trial')} failed" if e.failed_trials else ""
+        tuned = f"{_values(e.params)}{note} ({_number(e.validation)}){failed}"
         value = f"{e.mean:.4f}{interval} (n={len(e.scores)})"
         lines.append(
             f"| {e.rank} | {e.method}{marker} | {value} | {time} | {_p(e.p)} | {_p(e.p_holm)} | {tuned} |"
@@ -422,11 +428,7 @@ def html_page(markdown_text: str, images: list[Path]) -> str:
             if not in_table:
                 body.append("<table>")
                 in_table = True
-            body.append(
-                "<tr>"
-                + "".join(f"<{tag}>{inline_html(c)}</{tag}>" for c in cells)
-                + "</tr>"
-            )
+            body.append("<tr>" + "".join(f"<{tag}>{inline_html(c)}</{tag}>" for c in cells) + "</tr>")
             continue
         if in_table:
             body.append("</table>")

@@ -85,8 +85,10 @@ class Bench:
     """One bench of a suite into a folder (see the module's docstring)."""
 
     def __init__(self, suite: Suite, out: Path, jobs: int = 1, ray: str | None = None,
-                 on_progress: Callable[[Progress], None] | None = None):  # fmt: skip
+                 on_progress: Callable[[Progress], None] | None = None,
+                 rerun: tuple[str, ...] = ()):  # fmt: skip
         self.suite, self.out, self.jobs, self.ray = suite, out, jobs, ray
+        self.rerun = set(rerun)  # method labels tuned and run again whatever their code
         self.on_progress = on_progress or (lambda progress: None)
         self.progress = Progress()
         self.studies: dict[str, StudyResult] = {}
@@ -144,8 +146,9 @@ class Bench:
         try:
             create_sqlite_whole(self.out / DATABASE)
             todo: list[tuple[Scenario, Method]] = []
+            again: dict[str, str] = {}
             for scenario, method in self.suite.pairs():
-                study = open_study(self.suite, scenario, method, self.storage)
+                study = self._current_study(scenario, method, again)
                 requeue_interrupted(study)
                 result = status(study, self.suite.trials)
                 result.stopped = ""  # a stopped study runs again: it may have been fixed
@@ -154,11 +157,38 @@ class Bench:
                     self._queue_seeds(scenario, method, result)
                 else:
                     todo.append((scenario, method))
+            for label, why in again.items():
+                log.warning("bench: %s: %s: its studies and seeds run again", label, why)
             self._count()
             self._execute(todo)
         finally:
             lock.release()
         return self.results()
+
+    def _current_study(self, scenario: Scenario, method: Method, again: dict[str, str]):
+        """The pair's study, started afresh (its trials, trial runs and seed runs removed)
+        when the method's code changed since it ran or ``--rerun`` names it; ``again``
+        collects why, per method."""
+        import shutil
+
+        from fedhet.bench.study import code_fingerprint
+        from fedhet.studies.trials import delete_study
+
+        code = code_fingerprint(method)
+        study = open_study(self.suite, scenario, method, self.storage)
+        stored = study.user_attrs.get("code")
+        why = "--rerun" if method.label in self.rerun else ""
+        if not why and stored is not None and stored != code and study.get_trials(deepcopy=False):
+            why = "its code changed since its studies ran"
+        if why:
+            again[method.label] = why
+            delete_study(study.study_name, self.storage)
+            for part in ("trials", "seeds"):
+                shutil.rmtree(self.out / part / scenario.name / method.label, ignore_errors=True)
+            study = open_study(self.suite, scenario, method, self.storage)
+        if study.user_attrs.get("code") != code:
+            study.set_user_attr("code", code)
+        return study
 
     def _check_engines(self) -> None:
         """Every scenario's engine takes the bench's placement (``--jobs``, ``--ray``)."""
@@ -311,6 +341,8 @@ class Bench:
                 row: dict[str, Any] = {"scenario": scenario.name, "method": method.label,
                                        "lr_only": method.lr_only, "status": "ok", "reason": "",
                                        "params": {}, "validation": None, "seeds": {}}  # fmt: skip
+                if name in self.studies:
+                    row["failed_trials"] = self.studies[name].failed
                 if method.label in scenario.skip:
                     row.update(status="skipped", reason=scenario.skip[method.label])
                 elif name in self.not_applicable:

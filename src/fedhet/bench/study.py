@@ -73,6 +73,27 @@ def open_study(suite: Suite, scenario: Scenario, method: Method, storage: str):
     return study
 
 
+def code_fingerprint(method: Method) -> str:
+    """A short hash of the code a method runs: the source of every module of its algorithm
+    class's bases (its own module first) and fedhet's build. A re-run whose fingerprint
+    differs tunes and runs the method again."""
+    import hashlib
+    import inspect
+    import sys
+
+    from fedhet.build import fedhet_build
+    from fedhet.registry import resolve
+
+    cls = resolve("algorithm", method.name, f"method {method.label}").cls
+    digest = hashlib.sha256(fedhet_build().encode())
+    for module in dict.fromkeys(klass.__module__ for klass in cls.__mro__ if klass is not object):
+        try:
+            digest.update(inspect.getsource(sys.modules[module]).encode())
+        except (OSError, TypeError, KeyError):  # no source to read (a compiled module)
+            digest.update(module.encode())
+    return digest.hexdigest()[:16]
+
+
 def _settings(suite: Suite, scenario: Scenario, method: Method) -> dict:
     """What a study's trials depend on: the trial configuration without searched values,
     the searched ranges, the objective and the sampler."""

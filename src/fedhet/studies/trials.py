@@ -253,6 +253,16 @@ def open_study(name: str, storage: str, space: SearchSpace, sampler=None):
                                pruner=space.pruner_object(), load_if_exists=True)  # fmt: skip
 
 
+def delete_study(name: str, storage: str) -> None:
+    """Remove study ``name`` and its trials from ``storage`` (none there: nothing to do)."""
+    import optuna
+
+    try:
+        optuna.delete_study(study_name=name, storage=storage)
+    except KeyError:
+        pass
+
+
 def interrupted(study) -> set[int]:
     """The numbers of the trials a kill interrupted (failed, their values run again)."""
     marked = {t.number for t in study.get_trials(deepcopy=False) if t.user_attrs.get(INTERRUPTED)}
