@@ -19,7 +19,12 @@ PLUGIN = ROOT / "examples" / "plugin"
 sys.path.insert(0, str(PLUGIN / "src"))
 
 from fedhet_plugin_example.markov import MarkovOptions, MarkovStragglers  # noqa: E402
-from fedhet_plugin_example.rules import CoordinateMedian, CoordinateMedianOptions  # noqa: E402
+from fedhet_plugin_example.rules import (  # noqa: E402
+    CoordinateMedian,
+    CoordinateMedianOptions,
+    FinishedStepsMean,
+    FinishedStepsMeanOptions,
+)
 
 from fedhet.config import from_dict  # noqa: E402
 from fedhet.engine.loop import RunLoop  # noqa: E402
@@ -122,6 +127,29 @@ def test_median_is_the_coordinate_wise_median_of_the_finishers():
     params = torch.zeros(7)
     new, _ = rule.aggregate(params, torch.zeros(0), updates, {}, None, None)
     assert torch.equal(new, 0.5 * deltas.median(dim=0).values)
+
+
+def test_the_partial_work_example_uses_every_straggler_s_finished_steps(tmp_path):
+    """FinishedStepsMean (``partial_work = "steps"``) averages the updates weighted by the
+    steps each client finished; in a per-step run with a deadline, clients that finished
+    only some of their steps deliver them and count."""
+    rule = FinishedStepsMean(FinishedStepsMeanOptions(), None)
+    updates = [ClientUpdate(u, Coverage(1), steps, 10, 0.1, torch.tensor([value]))
+               for u, (steps, value) in enumerate([(1, 4.0), (3, 0.0)])]  # fmt: skip
+    new, _ = rule.aggregate(torch.zeros(1), torch.zeros(0), updates, {}, None, None)
+    assert torch.equal(new, torch.tensor([1.0]))  # (1 x 4 + 3 x 0) / 4
+    config = from_dict({
+        "run": {"name": "p", "seed": 1, "rounds": 3, "threads": 1},
+        "data": {"dataset": "digits", "num_clients": 6, "fraction": 0.5},
+        "model": {"name": "mlp", "hidden": [16]},
+        "train": {"lr": 0.1, "batch_size": 8, "local_steps": 4},
+        "system": {"model": "per-step", "time_per_sample_step": 0.02, "capability_profile": "uniform",
+                   "capability_low": 0.2, "capability_high": 1.8, "deadline": 1.0},
+        "algorithm": {"name": "fedhet_plugin_example.rules:FinishedStepsMean"},
+    })  # fmt: skip
+    result = RunLoop(config, tmp_path / "run").run()
+    steps = [row["mean_steps"] for row in result.metrics]
+    assert all(0 < s < 4 for s in steps), steps  # partial steps delivered and counted
 
 
 def test_markov_marginals_match_the_draws_given_the_previous_round():

@@ -48,3 +48,39 @@ class CoordinateMedian(Algorithm):
         if buffers.numel():
             new_buffers = buffers + torch.stack([u.delta_buffers for u in full]).mean(dim=0)
         return params + self.options.server_lr * median, new_buffers
+
+
+@dataclass
+class FinishedStepsMeanOptions:
+    """``server_lr``: eta_s in w + eta_s sum_u a_u Delta_u, a_u proportional to u's steps."""
+
+    server_lr: float = 1.0
+
+    def validate(self) -> None:
+        if not self.server_lr > 0:
+            raise ConfigError(f"algorithm.server_lr = {self.server_lr}: must be > 0")
+
+
+class FinishedStepsMean(Algorithm):
+    """A rule that uses partial work: ``partial_work = "steps"`` makes fedhet cut each
+    client's task to the whole local steps its sampled outcome lets it finish by the
+    deadline (``ClientUpdate.steps``), so a straggler still delivers what it did; the server
+    averages the updates weighted by those steps (a client that finished none sends nothing).
+    ``"layers"`` would cut by layers instead (SALF), ``"none"`` asks only finishers."""
+
+    name = "finished-steps-mean"
+    summary = "steps-weighted average of every client's finished local steps"
+    Options = FinishedStepsMeanOptions
+    partial_work = "steps"
+    hyperparameters: ClassVar[dict[str, dict]] = {"server_lr": {"low": 0.25, "high": 2.0, "log": True}}
+
+    def aggregate(self, params, buffers, updates, state, context, layout):
+        steps = torch.tensor([float(u.steps) for u in updates])
+        if not updates or not steps.sum() > 0:
+            return params, buffers
+        weights = steps / steps.sum()
+        step = sum(w * u.delta for w, u in zip(weights, updates, strict=True))
+        new_buffers = buffers
+        if buffers.numel():
+            new_buffers = buffers + sum(w * u.delta_buffers for w, u in zip(weights, updates, strict=True))
+        return params + self.options.server_lr * step, new_buffers
