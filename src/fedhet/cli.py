@@ -559,7 +559,10 @@ def _add_tune_and_list(sub) -> None:
     p.add_argument("--rounds", type=int, default=None,
                    help="rounds of the tiny run (default 5, at least 2)")  # fmt: skip
     p.set_defaults(func=cmd_check)
+    _add_new_and_list(sub)
 
+
+def _add_new_and_list(sub) -> None:
     p = sub.add_parser("new", help="scaffold a plug-in package: fedhet new rule NAME")
     p.add_argument("kind", choices=["rule"], help="what to scaffold: rule (an aggregation rule)")
     p.add_argument("name", help="its name: lower case letters, digits, - or _")

@@ -202,7 +202,7 @@ def _unused_options(cls: type[PluginSection], entries: dict, unused: dict) -> di
     """Keys of plug-ins other than the chosen ones (a grid's base for several system models,
     say): each checked by its owner's ``Options`` and kept for the resolved configuration,
     with a warning that the chosen plug-in does not use it."""
-    from fedhet.registry import KIND_LABELS, builtins, option_fields
+    from fedhet.registry import KIND_LABELS, builtins
 
     kept = {}
     for (slot, owner), values in sorted(unused.items()):
@@ -216,13 +216,31 @@ def _unused_options(cls: type[PluginSection], entries: dict, unused: dict) -> di
         for key in values:
             if (cls.SECTION, key, chosen) not in _WARNED:
                 _WARNED.add((cls.SECTION, key, chosen))
-                owners = [repr(n) for n, e in sorted(builtins(kind).items()) if key in option_fields(e.cls)]
+                accepting = _owners_accepting(kind, key, values[key], cls.SECTION) or [owner]
+                owners = [repr(name) for name in accepting]
                 label = KIND_LABELS[kind] + ("s " + ", ".join(owners) if len(owners) > 1 else f" {owners[0]}")
                 log.warning(
                     "%s.%s is an option of %s; %s.%s = %r does not use it",
                     cls.SECTION, key, label, cls.SECTION, slot, chosen,
                 )  # fmt: skip
     return kept
+
+
+def _owners_accepting(kind: str, key: str, value: Any, section: str) -> list[str]:
+    """The built-in plug-ins of ``kind`` with option ``key`` whose options accept ``value``
+    (mlp's ``hidden = [32, 16]`` is mlp's and mlp-exits', not char-mlp's)."""
+    from fedhet.registry import KIND_LABELS, builtins, option_fields
+
+    accepting = []
+    for name, entry in sorted(builtins(kind).items()):
+        if key not in option_fields(entry.cls):
+            continue
+        try:
+            typed_options(entry.cls.Options, {key: value}, section, f"{KIND_LABELS[kind]} {name}")
+        except ConfigError:
+            continue
+        accepting.append(name)
+    return accepting
 
 
 def _listed_plugins(section: Any, kind: str, key: str, items: list) -> list:
