@@ -139,19 +139,16 @@ def _owner_elsewhere(section: type[PluginSection], key: str, value: Any) -> tupl
     ``key``, for the message that says the key belongs to another choice: the first whose
     options accept ``value`` (mlp's ``hidden = [32, 16]`` is mlp's, not char-mlp's integer),
     else the first (whose check then says what is wrong)."""
-    from fedhet.registry import KIND_LABELS, builtins, option_fields
+    from fedhet.registry import builtins, option_fields
 
-    owners = [(slot, name, entry) for slot, kind in section.SLOTS.items()
-              for name, entry in sorted(builtins(kind).items())
-              if key in option_fields(entry.cls)]  # fmt: skip
-    for slot, name, entry in owners:
-        label = f"{KIND_LABELS[entry.kind]} {name}"
-        try:
-            typed_options(entry.cls.Options, {key: value}, section.SECTION, label)
-        except ConfigError:
-            continue
-        return slot, name
-    return (owners[0][0], owners[0][1]) if owners else None
+    first = None
+    for slot, kind in section.SLOTS.items():
+        accepting = _owners_accepting(kind, key, value, section.SECTION)
+        if accepting:
+            return slot, accepting[0]
+        owners = [name for name, entry in sorted(builtins(kind).items()) if key in option_fields(entry.cls)]
+        first = first or ((slot, owners[0]) if owners else None)
+    return first
 
 
 def parse_plugin_section(cls: type[PluginSection], values: Any) -> PluginSection:
