@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "suites" / "smoke.toml"
 PLUGIN = "bench_rules:TrimmedMean"
 # the smoke suite with the test package's method, at a smaller budget
-BENCH_ARGS = ["--method", PLUGIN, "--trials", "2", "--seeds", "2", "--set", "run.time_budget=4"]
+BENCH_ARGS = ["--method", PLUGIN, "--trials", "2", "--seeds", "2", "--tuning-repeats", "1",
+              "--set", "run.time_budget=4"]  # fmt: skip
 
 
 def _env() -> dict:
@@ -128,22 +129,33 @@ def test_parallel_and_ray_benches_give_the_same_leaderboard(tmp_path, uninterrup
     assert (tmp_path / "ray" / "leaderboard.csv").read_text() == expected
 
 
-def test_the_leaderboard_states_its_budget_and_marks_methods_tuned_on_the_learning_rate_alone(uninterrupted):
+def test_the_leaderboard_states_its_budget_and_flags_methods_with_knobs_of_their_own(uninterrupted):
+    """Every method searches the shared knobs (client and server learning rate), whatever
+    class it inherits; what it searches besides is its own, named in the table and flagged
+    beside its row; a bench tuned once says it is a smoke check, not a comparison."""
     import csv
+    import json
 
     rows = list(csv.DictReader((uninterrupted / "leaderboard.csv").open()))
     by_method = {(r["scenario"], r["method"]): r for r in rows}
-    assert by_method[("random-50", "salf")]["lr_only"] == "true"
-    assert by_method[("random-50", "fedprox")]["lr_only"] == "false"
-    assert '"algorithm.trim"' in by_method[("random-50", "TrimmedMean")]["tuned"]
+    for method in ("salf", "drop", "fedavg", "fedprox", "TrimmedMean"):
+        assert {"train.lr", "server.lr"} <= set(json.loads(by_method[("random-50", method)]["tuned"]))
+    assert by_method[("random-50", "salf")]["own_knobs"] == ""
+    assert by_method[("random-50", "fedprox")]["own_knobs"] == "algorithm.mu"
+    assert by_method[("random-50", "TrimmedMean")]["own_knobs"] == "algorithm.trim"
     assert sorted(r["rank"] for r in rows if r["scenario"] == "random-50")[0] == "1"
     import fedhet  # every row names the fedhet build its seed runs ran on
 
     assert all(r["fedhet"].startswith(fedhet.__version__) for r in rows if r["status"] == "ok")
     page = (uninterrupted / "leaderboard.md").read_text()
-    facts = ("2 trials per method and scenario", "validation split of 0.2", "2 (1, 2) of each tuned setting")
+    facts = ("2 trials per method and scenario", "validation split of 0.2", "2 (1, 2) of each tuned setting",
+             "shared knobs (every method): train.lr 0.02..0.5 log, server.lr 0.25..2 log",
+             "A smoke check, not a comparison", "fedprox: algorithm.mu")  # fmt: skip
     for fact in (*facts, "fedhet version", "Holm"):
         assert fact in page
+    import re
+
+    assert re.search(r"\| fedprox[^|]*\(\+1 own\) \|", page) and not re.search(r"\| salf[^|]*own", page)
     html = (uninterrupted / "leaderboard.html").read_text()
     assert html.count("data:image/png;base64,") == 2
 
@@ -163,8 +175,8 @@ def test_holm_decisions_and_t_intervals_agree_with_scipy():
         "farther": [0.70, 0.74, 0.69, 0.73, 0.71],
     }
     rows = [
-        {"scenario": "s", "method": m, "status": "ok", "reason": "", "lr_only": False, "params": {},
-         "validation": None, "seeds": {i + 1: {"accuracy": v} for i, v in enumerate(values)}}
+        {"scenario": "s", "method": m, "status": "ok", "reason": "", "tunings": [
+            {"params": {}, "validation": None, "seeds": {i + 1: {"accuracy": v} for i, v in enumerate(values)}}]}
         for m, values in seeds.items()
     ]  # fmt: skip
     board = build(rows, alpha=0.05)
@@ -309,6 +321,13 @@ def _rows(out: Path) -> dict[str, str]:
     return {",".join(line.split(",")[:2]): line for line in lines}
 
 
+def _failed_trials(out: Path, method: str) -> list[int]:
+    import csv
+
+    rows = csv.DictReader((out / "leaderboard.csv").open())
+    return [int(r["failed_trials"]) for r in rows if r["method"] == method and r["status"] == "failed"]
+
+
 @pytest.mark.slow
 def test_a_rule_edited_between_two_benches_runs_again_alone(tmp_path):
     """A bench into a folder whose plug-in rule changed since its studies ran tunes and runs
@@ -332,7 +351,8 @@ def test_a_rule_edited_between_two_benches_runs_again_alone(tmp_path):
     bench(tmp_path / "a", BROKEN)
     before = _rows(tmp_path / "a")
     broken = [line for key, line in before.items() if key.endswith(",Edited")]
-    assert broken and all(",failed," in line and not line.endswith(",0") for line in broken)  # failed trials
+    assert broken and len(_failed_trials(tmp_path / "a", "Edited")) == len(broken)
+    assert all(count > 0 for count in _failed_trials(tmp_path / "a", "Edited"))  # failed trials counted
     again = bench(tmp_path / "a", FIXED)
     said = "bench: Edited: its code changed since its studies ran: its studies and seeds run again"
     assert said in again.stderr

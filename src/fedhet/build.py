@@ -29,3 +29,20 @@ def fedhet_build() -> str:
     except (OSError, subprocess.SubprocessError):
         return __version__
     return f"{__version__}+g{commit}" + (".dirty" if dirty else "")
+
+
+@functools.lru_cache(maxsize=1)
+def source_fingerprint() -> str:
+    """The version and a short hash of the package's Python sources: what a result depends
+    on of fedhet, the same for every checkout, commit or install whose code is the same
+    (a change to docs or tests leaves it as it is)."""
+    import hashlib
+
+    from fedhet import __version__
+
+    package = Path(__file__).resolve().parent
+    digest = hashlib.sha256(__version__.encode())
+    for path in sorted(package.rglob("*.py")):
+        digest.update(str(path.relative_to(package)).encode())
+        digest.update(path.read_bytes())
+    return f"{__version__}+src.{digest.hexdigest()[:12]}"

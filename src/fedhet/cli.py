@@ -311,10 +311,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     """Every method of a suite tuned under the same budget in every scenario, run over seeds,
     ranked (fedhet.bench); prints the leaderboard's files."""
-    from fedhet.bench.command import run_bench
+    from fedhet.bench.command import BenchOptions, run_bench
 
-    paths = run_bench(args.suite, args.method, args.trials, args.seeds, args.jobs, args.ray, args.out,
-                      args.set, quiet=args.quiet, rerun=tuple(args.rerun))  # fmt: skip
+    options = BenchOptions(args.suite, args.method, args.trials, args.seeds, args.tuning_repeats, args.jobs,
+                           args.ray, args.out, args.set, quiet=args.quiet, rerun=tuple(args.rerun),
+                           storage=args.storage, against=args.against)  # fmt: skip
+    paths = run_bench(options)
     print(paths[0].read_text(encoding="utf-8"), end="")
     for path in paths:
         print(path, file=sys.stderr)
@@ -545,6 +547,15 @@ def _add_tune_and_list(sub) -> None:
                    help="tune and run these methods again (changed code does it by itself)")  # fmt: skip
     p.add_argument("--trials", type=_positive_int, help="tuning trials per method and scenario (the suite's)")
     p.add_argument("--seeds", type=_positive_int, help="seeds 1..S of each tuned setting (the suite's)")
+    p.add_argument("--tuning-repeats", type=_positive_int, metavar="R",
+                   help="independent tunings per method and scenario (the suite's)")  # fmt: skip
+    p.add_argument("--against", metavar="FIELD",
+                   help="a field's leaderboard.csv or bench folder: run only --method, merge")  # fmt: skip
+    p.add_argument(
+        "--storage",
+        metavar="URL",
+        help="an Optuna database URL (postgresql://user@host/db; default <out>/bench.db)",
+    )
     p.add_argument("--jobs", type=_positive_int, default=1, help="studies and seed runs at once (default 1)")
     p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
                    help="studies and seeds as Ray tasks: a local Ray, or the cluster at ADDRESS")  # fmt: skip

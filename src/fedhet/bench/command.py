@@ -4,6 +4,7 @@ progress display, write the leaderboard."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedhet.bench import leaderboard
@@ -12,16 +13,29 @@ from fedhet.bench.suite import Suite, load_suite
 from fedhet.errors import FedhetError
 
 
-def header(suite: Suite) -> dict:
-    """What the leaderboard page states about the bench."""
+def header(suite: Suite, against: str | None = None) -> dict:
+    """What the leaderboard page states about the bench (``against``: the field its suite's
+    own methods' rows were read from)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
         fedhet_version = version("fedhet")
     except PackageNotFoundError:
         fedhet_version = "unknown"
+    shared = suite.shared
     spaces = "; ".join(
-        f"{m.label}: " + ", ".join(f"{p.key} {p.describe()}" for p in m.params) for m in suite.methods
+        f"{m.label}: " + ", ".join(f"{p.key} {p.describe()}" for p in m.params if p.key in m.own)
+        for m in suite.methods
+        if m.own
+    )
+    repeats = (
+        f"{suite.tuning_repeats} independent tunings per method and scenario (sampler seeds "
+        f"{suite.sampler_seed}..{suite.sampler_seed + suite.tuning_repeats - 1}), each best setting run "
+        "on the seeds; the tuning is the unit of the intervals and tests"
+        if suite.tuning_repeats > 1
+        else "one tuning per method and scenario: the tests run over the seeds of one tuned setting, "
+        "so a lucky or unlucky search can decide a mark. A smoke check, not a comparison "
+        "(suite.tuning_repeats >= 2 makes one)"
     )
     settings = {
         "fedhet version": fedhet_version,
@@ -33,9 +47,18 @@ def header(suite: Suite) -> dict:
         "each client's training examples",
         "seeds": f"{len(suite.seeds)} ({', '.join(map(str, suite.seeds))}) of each tuned setting, "
         "on the test set",
-        "searched": spaces,
+        "tunings": repeats,
+        "shared knobs (every method)": ", ".join(f"{p.key} {p.describe()}" for p in shared)
+        + " (a server optimizer's preset, FedAdam, searches its own server_lr as the server rate)",
+        "own knobs": spaces or "none",
         "threads per run": str(suite.threads),
     }
+    if against:
+        settings["field"] = (
+            f"the rows of {', '.join(m.label for m in suite.methods if not m.plugin)} read from {against} "
+            "(same suite, data, budget and code: checked); only "
+            f"{', '.join(m.label for m in suite.methods if m.plugin)} ran"
+        )
     return {
         "suite": suite.name,
         "description": suite.description,
@@ -45,29 +68,80 @@ def header(suite: Suite) -> dict:
     }
 
 
-def run_bench(suite_path: str | Path, methods: list[str], trials: int | None, seeds: int | None, jobs: int,
-              ray: str | None, out: str | Path | None, overrides: list[str], quiet: bool = False,
-              figures: bool = True, rerun: tuple[str, ...] = ()) -> list[Path]:  # fmt: skip
+@dataclass
+class BenchOptions:
+    """What ``fedhet bench`` was asked: the suite, added methods, the budget's overrides,
+    the placement (``jobs``, ``ray``), the Optuna ``storage`` (an RDB URL; default the
+    folder's SQLite), ``against`` (a published field's leaderboard.csv or bench folder:
+    run only the added methods and merge), ``rerun`` and the output."""
+
+    suite: str | Path
+    methods: list[str] = field(default_factory=list)
+    trials: int | None = None
+    seeds: int | None = None
+    repeats: int | None = None
+    jobs: int = 1
+    ray: str | None = None
+    out: str | Path | None = None
+    overrides: list[str] = field(default_factory=list)
+    quiet: bool = False
+    figures: bool = True
+    rerun: tuple[str, ...] = ()
+    storage: str | None = None
+    against: str | None = None
+
+
+def run_bench(options: BenchOptions) -> list[Path]:
     """Run (or resume) a bench and write its leaderboard; return the files written. A method
-    whose code changed since its studies ran, or named in ``rerun``, is tuned and run again."""
-    if jobs < 1:
-        raise FedhetError(f"--jobs {jobs}: must be >= 1")
+    whose code changed since its studies ran, or named in ``rerun``, is tuned and run again;
+    with ``against``, the suite's own methods' rows come from that field, checked to be the
+    same suite, data, budget and code, and only the added methods run."""
+    if options.jobs < 1:
+        raise FedhetError(f"--jobs {options.jobs}: must be >= 1")
     try:
         import optuna  # noqa: F401
     except ImportError:
         raise FedhetError("fedhet bench needs Optuna: pip install 'fedhet[bench]'") from None
-    suite = load_suite(suite_path, methods, trials, seeds, overrides)
+    suite = load_suite(options.suite, options.methods, options.trials, options.seeds, options.overrides,
+                       options.repeats)  # fmt: skip
     labels = [m.label for m in suite.methods]
-    for label in rerun:
+    for label in options.rerun:
         if label not in labels:
             raise FedhetError(f"--rerun {label}: not a method of this bench (methods: {', '.join(labels)})")
-    folder = Path(out) if out else Path("runs") / f"bench-{suite.name}"
-    with _Display(suite, quiet) as display:
-        bench = Bench(suite, folder, jobs, ray, on_progress=display.update, rerun=tuple(rerun))
+    field_rows: list[dict] = []
+    if options.against:
+        from fedhet.bench.against import field_rows as read_field
+
+        field_rows = read_field(options.against, suite)
+    storage = check_storage(options.storage)
+    folder = Path(options.out) if options.out else Path("runs") / f"bench-{suite.name}"
+    skip = tuple(m.label for m in suite.methods if not m.plugin) if options.against else ()
+    with _Display(suite, options.quiet) as display:
+        bench = Bench(suite, folder, options.jobs, options.ray, on_progress=display.update,
+                      rerun=tuple(options.rerun), storage=storage, skip=skip)  # fmt: skip
         results = bench.run()
+    results["rows"] = _merged(suite, field_rows, results["rows"])
     (folder / "bench.json").write_text(json.dumps(results, indent=1, default=str), encoding="utf-8")
     board = leaderboard.build(results["rows"], suite.alpha)
-    return leaderboard.write(board, folder, header(suite), with_figures=figures)
+    return leaderboard.write(board, folder, header(suite, options.against), with_figures=options.figures)
+
+
+def _merged(suite: Suite, field_rows: list[dict], own: list[dict]) -> list[dict]:
+    """The field's rows and this bench's, in the suite's order (scenario, then method)."""
+    by_key = {(r["scenario"], r["method"]): r for r in [*field_rows, *own]}
+    return [by_key[(s.name, m.label)] for s in suite.scenarios for m in suite.methods
+            if (s.name, m.label) in by_key]  # fmt: skip
+
+
+def check_storage(url: str | None) -> str | None:
+    """``--storage``: an Optuna RDB URL (``postgresql://...``, ``mysql://...``,
+    ``sqlite:///...``) that opens; refused in one line otherwise
+    (:func:`fedhet.studies.trials.check_storage`)."""
+    if url is not None:
+        from fedhet.studies.trials import check_storage as check
+
+        check(url, "--storage")
+    return url
 
 
 class _Display:

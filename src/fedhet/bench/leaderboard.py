@@ -28,8 +28,10 @@ CSV_COLUMNS = (
     "rank",
     "mean_accuracy",
     "ci95",
+    "tunings",
     "seeds",
     "accuracy_by_seed",
+    "time_by_seed",
     "time_to_target",
     "target_reached",
     "p_vs_best",
@@ -37,12 +39,19 @@ CSV_COLUMNS = (
     "worse_than_best",
     "validation_value",
     "tuned",
-    "lr_only",
+    "own_knobs",
     "reason",
     "caveats",
     "fedhet",
     "failed_trials",
+    "code",
+    "settings",
+    "higher_is_better",
 )  # fmt: skip  (a classification's; another score names its own: mean_rmse, rmse_by_seed)
+"""leaderboard.csv: per seed, ``seed:value`` (``tuning/seed:value`` when tuned more than
+once); ``tuned`` the tuned values (a list, one per tuning, when more than once);
+``own_knobs`` the searched keys beyond the suite's shared ones; ``code`` and ``settings``
+the fingerprints that ``--against`` checks."""
 
 
 def csv_columns(score: Score) -> tuple[str, ...]:
@@ -52,22 +61,39 @@ def csv_columns(score: Score) -> tuple[str, ...]:
 
 
 @dataclass
-class Entry:
-    """One method in one scenario."""
+class Tuned:
+    """One tuning of a method in a scenario (repeat ``repeat`` of ``suite.tuning_repeats``):
+    its tuned values, validation value and its setting's results on the test seeds."""
 
-    scenario: str
-    method: str
-    status: str = "ok"  # ok | failed | skipped
-    reason: str = ""
-    lr_only: bool = False
+    repeat: int = 1
     params: dict[str, Any] = field(default_factory=dict)
     validation: float | None = None
     scores: dict[int, float] = field(default_factory=dict)  # seed -> final test score
     times: dict[int, float | None] = field(default_factory=dict)  # seed -> time to target
     folders: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def mean(self) -> float:
+        return sum(self.scores.values()) / len(self.scores)
+
+
+@dataclass
+class Entry:
+    """One method in one scenario: its tunings (one per repeat) and their statistics. The
+    unit of its interval and tests is the seed when it was tuned once (paired by seed), the
+    tuning (its seeds' mean) when it was tuned more than once (:meth:`units`)."""
+
+    scenario: str
+    method: str
+    status: str = "ok"  # ok | failed | skipped
+    reason: str = ""
+    own: list[str] = field(default_factory=list)  # searched keys beyond the suite's shared ones
+    tunings: list[Tuned] = field(default_factory=list)
     caveats: list[str] = field(default_factory=list)  # settings under which it is another rule
     builds: list[str] = field(default_factory=list)  # the fedhet builds its seed runs ran on
     failed_trials: int = 0  # tuning trials that failed (with the method's current code)
+    code: str = ""  # the fingerprint of the code its studies ran (fedhet.bench.study)
+    settings: str = ""  # the fingerprint of its studies' settings
     mean: float | None = None
     ci95: float | None = None
     rank: int | None = None
@@ -77,14 +103,41 @@ class Entry:
     worse: bool | None = None
     best: bool = False
 
+    def units(self) -> dict[int, float]:
+        """The values its statistics run over: seed -> score (tuned once), repeat -> the
+        mean over its seeds (tuned R > 1 times: the tuning is the unit)."""
+        scored = [t for t in self.tunings if t.scores]
+        if len(self.tunings) == 1:
+            return dict(scored[0].scores) if scored else {}
+        return {t.repeat: t.mean for t in scored}
+
+    @property
+    def paired(self) -> bool:
+        return len(self.tunings) == 1
+
+    @property
+    def seed_count(self) -> int:
+        return max((len(t.scores) for t in self.tunings), default=0)
+
     @property
     def reached(self) -> tuple[int, int]:
-        return sum(1 for t in self.times.values() if t is not None), len(self.times)
+        times = [v for t in self.tunings for v in t.times.values()]
+        return sum(1 for v in times if v is not None), len(times)
 
     @property
     def time_to_target(self) -> float | None:
-        hit = [t for t in self.times.values() if t is not None]
+        hit = [v for t in self.tunings for v in t.times.values() if v is not None]
         return sum(hit) / len(hit) if hit else None
+
+    @property
+    def folders(self) -> list[str]:
+        return [f for t in self.tunings for f in t.folders.values()]
+
+
+def difference(a: Entry, b: Entry) -> float | None:
+    """p of "a and b have the same mean": a paired t-test over the seeds both ran when each
+    was tuned once, Welch's t-test over the tunings' means when tuned more than once."""
+    return difference_p_value(a.units(), b.units(), paired=a.paired and b.paired)
 
 
 @dataclass
@@ -109,7 +162,7 @@ class Leaderboard:
 def results_score(rows: list[dict]) -> Score:
     """The score the seed runs report (their task's; accuracy when none finished)."""
     for row in rows:
-        for result in row["seeds"].values():
+        for result in (r for tuning in row["tunings"] for r in tuning["seeds"].values()):
             if "score_metric" in result:
                 return Score(result["score_metric"], bool(result["higher_is_better"]))
     return Score()
@@ -121,21 +174,12 @@ def build(rows: list[dict], alpha: float = 0.05) -> Leaderboard:
     score = results_score(rows)
     scenarios: dict[str, list[Entry]] = {}
     for row in rows:
-        entry = Entry(row["scenario"], row["method"], row["status"], row["reason"], row["lr_only"],
-                      dict(row["params"]), row["validation"])  # fmt: skip
-        entry.failed_trials = int(row.get("failed_trials", 0))
-        for seed, result in sorted(row["seeds"].items()):
-            value = result.get("score", result.get("accuracy"))  # "accuracy": results written before
-            if "failed" in result or value is None:
-                entry.reason = entry.reason or f"seed {seed}: {result.get('failed', f'no {score.metric}')}"
-                continue
-            entry.scores[int(seed)] = float(value)
-            entry.times[int(seed)] = result.get("time_to_target")
-            entry.folders[int(seed)] = result.get("folder", "")
-            entry.caveats += [c for c in result.get("caveats", []) if c not in entry.caveats]
-            if result.get("fedhet") and result["fedhet"] not in entry.builds:
-                entry.builds.append(result["fedhet"])
-        if entry.status == "ok" and not entry.scores:
+        entry = Entry(row["scenario"], row["method"], row["status"], row["reason"], list(row.get("own", [])),
+                      failed_trials=int(row.get("failed_trials", 0)), code=row.get("code", ""),
+                      settings=row.get("settings", ""))  # fmt: skip
+        for tuning in row["tunings"]:
+            entry.tunings.append(_tuned(entry, tuning, score))
+        if entry.status == "ok" and not entry.units():
             entry.status, entry.reason = "failed", entry.reason or "no seed finished"
         scenarios.setdefault(entry.scenario, []).append(entry)
     for entries in scenarios.values():
@@ -143,16 +187,34 @@ def build(rows: list[dict], alpha: float = 0.05) -> Leaderboard:
     return Leaderboard(scenarios, overall(scenarios), alpha, score)
 
 
+def _tuned(entry: Entry, tuning: dict, score: Score) -> Tuned:
+    """One tuning's results, read from a results row; failed seeds give the entry a reason."""
+    tuned = Tuned(int(tuning.get("repeat", 1)), dict(tuning["params"]), tuning["validation"])
+    for seed, result in sorted(tuning["seeds"].items(), key=lambda item: int(item[0])):
+        value = result.get("score", result.get("accuracy"))  # "accuracy": results written before
+        if "failed" in result or value is None:
+            entry.reason = entry.reason or f"seed {seed}: {result.get('failed', f'no {score.metric}')}"
+            continue
+        tuned.scores[int(seed)] = float(value)
+        tuned.times[int(seed)] = result.get("time_to_target")
+        tuned.folders[int(seed)] = result.get("folder", "")
+        entry.caveats += [c for c in result.get("caveats", []) if c not in entry.caveats]
+        if result.get("fedhet") and result["fedhet"] not in entry.builds:
+            entry.builds.append(result["fedhet"])
+    return tuned
+
+
 def rank_scenario(entries: list[Entry], alpha: float, score: Score | None = None) -> None:
     """Means, 95% t-intervals and ranks (the best score first: the highest accuracy, the
     lowest RMSE; ties share the lower rank,
-    and the mean-rank uses their average); the best method (rank 1, the first listed among
-    ties) against each other by a paired t-test over common seeds, Holm-corrected."""
+    and the mean-rank uses their average) over each entry's units (:meth:`Entry.units`); the
+    best method (rank 1, the first listed among ties) against each other
+    (:func:`difference`), Holm-corrected."""
     from scipy.stats import rankdata
 
     ranked = [e for e in entries if e.status == "ok"]
     for entry in ranked:
-        est = estimate(list(entry.scores.values()), "ci95")
+        est = estimate(list(entry.units().values()), "ci95")
         entry.mean, entry.ci95 = est.mean, (est.spread if est.n > 1 else None)
     if not ranked:
         return
@@ -163,7 +225,7 @@ def rank_scenario(entries: list[Entry], alpha: float, score: Score | None = None
     best = next(e for e in ranked if e.rank == 1)
     best.best = True
     others = [e for e in ranked if e is not best]
-    raw = [difference_p_value(best.scores, e.scores) for e in others]
+    raw = [difference(best, e) for e in others]
     for entry, p, adjusted in zip(others, raw, holm(raw), strict=True):
         entry.p, entry.p_holm = p, adjusted
         entry.worse = None if adjusted is None else bool(adjusted < alpha)
@@ -196,8 +258,28 @@ def _p(value: float | None) -> str:
 
 
 def _values(params: dict) -> str:
-    return ", ".join(f"{k.split('.', 1)[-1]}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
-                     for k, v in params.items())  # fmt: skip
+    """``lr=0.1, server.lr=0.8, mu=0.01``: a client (train) or algorithm key by its name,
+    any other with its section."""
+
+    def name(key: str) -> str:
+        section, _, rest = key.partition(".")
+        return rest if section in ("train", "algorithm") else key
+
+    return ", ".join(
+        f"{name(k)}={v:.3g}" if isinstance(v, float) else f"{name(k)}={v}" for k, v in params.items()
+    )
+
+
+def _by_seed(entry: Entry, values: str) -> str:
+    """``seed:value;...`` over every tuning's seeds (``tuning/seed:value`` when several)."""
+    parts = []
+    for t in entry.tunings:
+        mapping = t.scores if values == "scores" else t.times
+        for seed, value in sorted(mapping.items()):
+            key = f"{t.repeat}/{seed}" if not entry.paired else str(seed)
+            text = "" if value is None else (f"{value:.6f}" if values == "scores" else f"{value:.3f}")
+            parts.append(f"{key}:{text}")
+    return ";".join(parts)
 
 
 def csv_rows(board: Leaderboard) -> list[dict]:
@@ -205,21 +287,66 @@ def csv_rows(board: Leaderboard) -> list[dict]:
     for entries in board.scenarios.values():
         for e in sorted(entries, key=_order):
             reached, seeds = e.reached
+            tuned = [t.params for t in e.tunings]
             rows.append({
                 "scenario": e.scenario, "method": e.method, "status": e.status,
                 "rank": "" if e.rank is None else e.rank, f"mean_{metric}": _number(e.mean, 6),
-                "ci95": _number(e.ci95, 6), "seeds": len(e.scores),
-                f"{metric}_by_seed": ";".join(f"{s}:{v:.6f}" for s, v in sorted(e.scores.items())),
+                "ci95": _number(e.ci95, 6), "tunings": len(e.tunings), "seeds": e.seed_count,
+                f"{metric}_by_seed": _by_seed(e, "scores"), "time_by_seed": _by_seed(e, "times"),
                 "time_to_target": _number(e.time_to_target, 3),
                 "target_reached": f"{reached}/{seeds}" if seeds else "",
                 "p_vs_best": _number(e.p, 6), "p_holm": _number(e.p_holm, 6),
                 "worse_than_best": "" if e.worse is None else str(e.worse).lower(),
-                "validation_value": _number(e.validation, 6),
-                "tuned": json.dumps(e.params, sort_keys=True), "lr_only": str(e.lr_only).lower(),
-                "reason": e.reason, "caveats": " | ".join(e.caveats), "fedhet": ";".join(sorted(e.builds)),
-                "failed_trials": e.failed_trials,
+                "validation_value": ";".join(_number(t.validation, 6) for t in e.tunings),
+                "tuned": json.dumps(tuned[0] if len(tuned) == 1 else tuned, sort_keys=True),
+                "own_knobs": " ".join(e.own), "reason": e.reason, "caveats": " | ".join(e.caveats),
+                "fedhet": ";".join(sorted(e.builds)), "failed_trials": e.failed_trials,
+                "code": e.code, "settings": e.settings,
+                "higher_is_better": str(board.score.higher_is_better).lower(),
             })  # fmt: skip
     return rows
+
+
+def read_csv(path: Path) -> list[dict]:
+    """A leaderboard.csv read back as the results rows :func:`build` takes (what a row
+    keeps: per-seed scores and times to the target, tuned values, fingerprints; not the
+    runs' folders). Refused in one line when it is not a leaderboard's table."""
+    from fedhet.errors import FedhetError
+
+    with open(path, newline="", encoding="utf-8") as handle:
+        table = list(csv.DictReader(handle))
+    metric = next((c[5:] for c in (table[0] if table else {}) if c.startswith("mean_")), None)
+    missing = [c for c in ("scenario", "method", "status", "tuned", "own_knobs", "code", "settings")
+               if not table or c not in table[0]]  # fmt: skip
+    if metric is None or missing:
+        column = missing[0] if missing else "mean_<score>"
+        raise FedhetError(f"{path}: not a leaderboard.csv of this fedhet (no column {column})")
+    return [_row_from_csv(r, metric) for r in table]
+
+
+def _row_from_csv(r: dict, metric: str) -> dict:
+    """One leaderboard.csv row as a results row (see :func:`read_csv`)."""
+    tuned = json.loads(r["tuned"] or "{}")
+    params = tuned if isinstance(tuned, list) else [tuned]
+    validation = [float(v) if v else None for v in (r["validation_value"] or "").split(";")]
+    validation += [None] * len(params)
+    tunings = [{"repeat": i + 1, "params": p, "validation": validation[i], "seeds": {}}
+               for i, p in enumerate(params)]  # fmt: skip
+    higher = r.get("higher_is_better", "true") == "true"
+    times = dict(_pairs(r.get("time_by_seed", "")))
+    for key, value in _pairs(r[f"{metric}_by_seed"]):
+        repeat, _, seed = key.rpartition("/")
+        result = {"score": float(value), "score_metric": metric, "higher_is_better": higher,
+                  "time_to_target": float(times[key]) if times.get(key) else None,
+                  "caveats": [c for c in r["caveats"].split(" | ") if c], "fedhet": r["fedhet"]}  # fmt: skip
+        tunings[int(repeat or 1) - 1]["seeds"][int(seed)] = result
+    return {"scenario": r["scenario"], "method": r["method"], "status": r["status"], "reason": r["reason"],
+            "own": r["own_knobs"].split(), "failed_trials": int(r["failed_trials"] or 0), "code": r["code"],
+            "settings": r["settings"], "tunings": tunings}  # fmt: skip
+
+
+def _pairs(text: str) -> list[tuple[str, str]]:
+    return [tuple(part.split(":", 1)) for part in text.split(";") if part]  # type: ignore[misc]
 
 
 def _order(entry: Entry) -> tuple:
@@ -258,17 +385,28 @@ def scenario_lines(
         )
         marker = " **best**" if e.best else (" *worse*" if e.worse else "")
         marker += " ⚠" if e.caveats else ""
-        note = " (lr only)" if e.lr_only else ""
-        failed = f"; {counted(e.failed_trials, 'trial')} failed" if e.failed_trials else ""
-        tuned = f"{_values(e.params)}{note} ({_number(e.validation)}){failed}"
-        value = f"{e.mean:.4f}{interval} (n={len(e.scores)})"
-        lines.append(
-            f"| {e.rank} | {e.method}{marker} | {value} | {time} | {_p(e.p)} | {_p(e.p_holm)} | {tuned} |"
-        )
+        marker += f" (+{len(e.own)} own)" if e.own else ""
+        value = f"{e.mean:.4f}{interval} ({_units_text(e)})"
+        tests = f"{_p(e.p)} | {_p(e.p_holm)}"
+        lines.append(f"| {e.rank} | {e.method}{marker} | {value} | {time} | {tests} | {_tuned_text(e)} |")
     caveats = [(e.method, c) for e in sorted(entries, key=_order) for c in e.caveats]
     if caveats:
         lines += ["", *[f"- ⚠ {method}: {caveat}" for method, caveat in caveats]]
     return lines
+
+
+def _units_text(entry: Entry) -> str:
+    """``n=5`` seeds, or ``2 tunings × 5 seeds`` when the tuning is the unit."""
+    if entry.paired:
+        return f"n={entry.seed_count}"
+    return f"{len(entry.units())} tunings × {entry.seed_count} seeds"
+
+
+def _tuned_text(entry: Entry) -> str:
+    """Each tuning's values and validation value, and the trials that failed."""
+    failed = f"; {counted(entry.failed_trials, 'trial')} failed" if entry.failed_trials else ""
+    parts = [f"{_values(t.params)} ({_number(t.validation)})" for t in entry.tunings]
+    return " / ".join(parts) + failed
 
 
 def markdown(board: Leaderboard, header: dict) -> str:
@@ -277,13 +415,21 @@ def markdown(board: Leaderboard, header: dict) -> str:
     if header.get("description"):
         lines += [header["description"], ""]
     lines += [f"- {k}: {v}" for k, v in header["settings"].items()] + [""]
+    repeated = any(not e.paired for entries in board.scenarios.values() for e in entries if e.tunings)
+    unit = (
+        "mean over its tunings (each tuning's setting run on the seeds; the unit is a tuning's "
+        "mean over its seeds) with its 95% Student-t interval over the tunings. p vs best: Welch's "
+        "t-test against the scenario's best method over the tunings' means"
+        if repeated
+        else "mean over seeds with its 95% Student-t interval (n seeds). p vs best: a paired t-test "
+        "against the scenario's best method over the seeds both ran"
+    )
     lines += [
-        f"Test {board.score.metric}: mean over seeds with its 95% Student-t interval (n seeds). "
-        "p vs best: a paired t-test against the scenario's best method over the seeds both ran; "
-        "p Holm: Holm-corrected within the scenario; "
-        f"*worse*: Holm-corrected p < {board.alpha:g}. (lr only): the method "
-        "declares no hyperparameters of its own and was tuned on the learning rate alone. ⚠: under "
-        "this scenario's settings the method is provably another, simpler rule (the caveat says which).",
+        f"Test {board.score.metric}: {unit}; p Holm: Holm-corrected within the scenario; "
+        f"*worse*: Holm-corrected p < {board.alpha:g}. Every method searches the suite's shared "
+        "knobs; (+k own): it searched k knobs of its own besides (the searched line above names "
+        "them). ⚠: under this scenario's settings the method is provably another, simpler rule "
+        "(the caveat says which).",
         "",
         "## Across scenarios",
         "",
@@ -310,7 +456,7 @@ def _curves(entries: list[Entry], column: str = "test_accuracy") -> dict[str, tu
     series: dict[str, list[tuple[Any, Any]]] = {}
     horizon = 0.0
     for e in entries:
-        for folder in e.folders.values():
+        for folder in e.folders:
             path = Path(folder) / "metrics.csv"
             if not path.is_file():
                 continue

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from fedhet.bench.study import StudyResult, open_study, run_study, status
-from fedhet.bench.suite import Method, Scenario, Suite
+from fedhet.bench.suite import Suite, Tuning
 from fedhet.data.task import Score
 from fedhet.errors import FedhetError
 from fedhet.studies.executor import Executor, task_error
@@ -45,6 +45,7 @@ class SeedRun:
     raw: dict
     summary: dict | None = None
     fresh: bool = False  # its settings changed since it ran: start again
+    repeat: int = 1  # the tuning whose setting it runs
 
 
 @dataclass
@@ -76,9 +77,9 @@ def _seed_task(raw: dict, folder: str, fresh: bool, group: str) -> dict:
     return run(from_dict(raw), folder, resume=not fresh, overwrite=fresh, group=group).summary
 
 
-def _study_task(suite: Suite, scenario: Scenario, method: Method, storage: str, out: str) -> StudyResult:
+def _study_task(suite: Suite, tuning: Tuning, storage: str, out: str, prefix: str) -> StudyResult:
     _quiet_runs()
-    return run_study(suite, scenario, method, storage, out)
+    return run_study(suite, tuning, storage, out, prefix)
 
 
 class Bench:
@@ -86,8 +87,11 @@ class Bench:
 
     def __init__(self, suite: Suite, out: Path, jobs: int = 1, ray: str | None = None,
                  on_progress: Callable[[Progress], None] | None = None,
-                 rerun: tuple[str, ...] = ()):  # fmt: skip
+                 rerun: tuple[str, ...] = (), storage: str | None = None,
+                 skip: tuple[str, ...] = ()):  # fmt: skip
         self.suite, self.out, self.jobs, self.ray = suite, out, jobs, ray
+        self.given_storage = storage  # an Optuna RDB URL (a cluster's), or the folder's SQLite
+        self.skip = set(skip)  # methods whose rows come from elsewhere (--against): not run
         self.rerun = set(rerun)  # method labels tuned and run again whatever their code
         self.on_progress = on_progress or (lambda progress: None)
         self.progress = Progress()
@@ -101,9 +105,24 @@ class Bench:
     # -- the folder ----------------------------------------------------------------------
     @property
     def storage(self) -> str:
-        return f"sqlite:///{(self.out / DATABASE).resolve()}"
+        return self.given_storage or f"sqlite:///{(self.out / DATABASE).resolve()}"
 
-    def _seed_runs(self, scenario: Scenario, method: Method, params: dict) -> list[SeedRun]:
+    @property
+    def prefix(self) -> str:
+        """Study names in a shared database start with the suite's name (``smoke/random-50/
+        fedavg``); the folder's own database keeps them plain."""
+        return f"{self.suite.name}/" if self.given_storage else ""
+
+    def _pairs(self):
+        return [(s, m) for s, m in self.suite.pairs() if m.label not in self.skip]
+
+    def _tunings(self) -> list[Tuning]:
+        return [t for t in self.suite.tunings() if t.method.label not in self.skip]
+
+    def _name(self, tuning: Tuning) -> str:
+        return self.suite.study_name(tuning.scenario, tuning.method, tuning.repeat)
+
+    def _seed_runs(self, tuning: Tuning, params: dict) -> list[SeedRun]:
         """The seed runs of a tuned setting, each marked done (summary) or fresh (changed)."""
         from fedhet.config import from_dict
         from fedhet.results import RunDirectory
@@ -111,11 +130,12 @@ class Bench:
         from fedhet.studies.launcher import settings_changed
 
         runs = []
+        scenario, method = tuning.scenario, tuning.method
         for seed in self.suite.seeds:
-            name = f"{scenario.name}-{method.label}-seed-{seed}"
+            name = tuning.run_name(f"seed-{seed}")
             raw = self.suite.config(scenario, method, params, name, seed=seed)
-            folder = self.out / "seeds" / scenario.name / method.label / f"seed-{seed}"
-            run = SeedRun(scenario.name, method.label, seed, folder, raw)
+            folder = tuning.folder(self.out / "seeds") / f"seed-{seed}"
+            run = SeedRun(scenario.name, method.label, seed, folder, raw, repeat=tuning.repeat)
             directory = RunDirectory(folder)
             if directory.summary_path.exists():
                 try:
@@ -137,26 +157,26 @@ class Bench:
     def run(self) -> dict:
         """Run what is left; return the leaderboard's data (see :mod:`fedhet.bench.leaderboard`)."""
         from fedhet.results import RunLock, make_folder
-        from fedhet.studies.trials import create_sqlite_whole, requeue_interrupted
+        from fedhet.studies.trials import requeue_interrupted, storage_url
 
         self._check_engines()
         make_folder(self.out, "bench folder")
         lock = RunLock(self.out / ".bench.lock")
         lock.acquire()
         try:
-            create_sqlite_whole(self.out / DATABASE)
-            todo: list[tuple[Scenario, Method]] = []
+            storage_url(self.out / DATABASE, self.given_storage)  # checked; a SQLite file made whole
+            todo: list[Tuning] = []
             again: dict[str, str] = {}
-            for scenario, method in self.suite.pairs():
-                study = self._current_study(scenario, method, again)
+            for tuning in self._tunings():
+                study = self._current_study(tuning, again)
                 requeue_interrupted(study)
                 result = status(study, self.suite.trials)
                 result.stopped = ""  # a stopped study runs again: it may have been fixed
-                self.studies[study.study_name] = result
+                self.studies[self._name(tuning)] = result
                 if result.counted >= self.suite.trials:
-                    self._queue_seeds(scenario, method, result)
+                    self._queue_seeds(tuning, result)
                 else:
-                    todo.append((scenario, method))
+                    todo.append(tuning)
             for label, why in again.items():
                 log.warning("bench: %s: %s: its studies and seeds run again", label, why)
             self._count()
@@ -165,8 +185,8 @@ class Bench:
             lock.release()
         return self.results()
 
-    def _current_study(self, scenario: Scenario, method: Method, again: dict[str, str]):
-        """The pair's study, started afresh (its trials, trial runs and seed runs removed)
+    def _current_study(self, tuning: Tuning, again: dict[str, str]):
+        """The tuning's study, started afresh (its trials, trial runs and seed runs removed)
         when the method's code changed since it ran or ``--rerun`` names it; ``again``
         collects why, per method."""
         import shutil
@@ -174,8 +194,9 @@ class Bench:
         from fedhet.bench.study import code_fingerprint
         from fedhet.studies.trials import delete_study
 
+        method = tuning.method
         code = code_fingerprint(method)
-        study = open_study(self.suite, scenario, method, self.storage)
+        study = open_study(self.suite, tuning, self.storage, self.prefix)
         stored = study.user_attrs.get("code")
         why = "--rerun" if method.label in self.rerun else ""
         if not why and stored is not None and stored != code and study.get_trials(deepcopy=False):
@@ -184,8 +205,8 @@ class Bench:
             again[method.label] = why
             delete_study(study.study_name, self.storage)
             for part in ("trials", "seeds"):
-                shutil.rmtree(self.out / part / scenario.name / method.label, ignore_errors=True)
-            study = open_study(self.suite, scenario, method, self.storage)
+                shutil.rmtree(tuning.folder(self.out / part), ignore_errors=True)
+            study = open_study(self.suite, tuning, self.storage, self.prefix)
         if study.user_attrs.get("code") != code:
             study.set_user_attr("code", code)
         return study
@@ -198,28 +219,29 @@ class Bench:
 
         configs = [
             (f"scenario {s.name}, method {m.label}", from_dict(self.suite.config(s, m, {}, "check")))
-            for s, m in self.suite.pairs()
+            for s, m in self._pairs()
         ]
         check_placement(configs, parallel=self.jobs > 1, ray=self.ray is not None, command="fedhet bench")
         check_objective_metric(
             self.suite.objective, [(f"{self.suite.path}: {name}", c) for name, c in configs]
         )
 
-    def _queue_seeds(self, scenario: Scenario, method: Method, result: StudyResult) -> None:
+    def _queue_seeds(self, tuning: Tuning, result: StudyResult) -> None:
+        name = self._name(tuning)
         if result.best_value is None:
-            self.study_errors[result.name] = result.stopped or "no trial finished with a value"
+            self.study_errors[name] = result.stopped or "no trial finished with a value"
             return
-        self.seeds[result.name] = self._seed_runs(scenario, method, result.best_params)
+        self.seeds[name] = self._seed_runs(tuning, result.best_params)
 
     def _count(self) -> None:
         p, suite = self.progress, self.suite
-        pairs = suite.pairs()
-        p.studies_total, p.trials_total = len(pairs), len(pairs) * suite.trials
-        p.seeds_total = len(pairs) * len(suite.seeds)
+        tunings = self._tunings()
+        p.studies_total, p.trials_total = len(tunings), len(tunings) * suite.trials
+        p.seeds_total = len(tunings) * len(suite.seeds)
         p.scenario_units = {s.name: [0, 0] for s in suite.scenarios}
         p.trials_done = p.seeds_done = p.studies_done = 0
-        for scenario, method in pairs:
-            name = suite.study_name(scenario, method)
+        for tuning in tunings:
+            scenario, name = tuning.scenario, self._name(tuning)
             result = self.studies.get(name)
             trials = min(result.counted, suite.trials) if result else 0
             failed = name in self.study_errors
@@ -242,24 +264,24 @@ class Bench:
             self._reader = optuna.storages.RDBStorage(self.storage)
         for name in running:
             try:
-                study = optuna.load_study(study_name=name, storage=self._reader)
+                study = optuna.load_study(study_name=self.prefix + name, storage=self._reader)
                 self.studies[name] = status(study, self.suite.trials)
             except Exception:  # noqa: BLE001  (a busy database: the next poll reads it)
                 continue
         self._count()
 
-    def _execute(self, todo: list[tuple[Scenario, Method]]) -> None:
+    def _execute(self, todo: list[Tuning]) -> None:
         pending: dict[Future, tuple[str, Any]] = {}
         waiting_seeds = [r for runs in self.seeds.values() for r in runs if r.summary is None]
         if not todo and not waiting_seeds:
             return
         executor = Executor(self.jobs, self.ray, core_budget=0)  # runs use suite.threads
-        pairs = {self.suite.study_name(s, m): (s, m) for s, m in self.suite.pairs()}
+        pairs = {self._name(t): t for t in self._tunings()}
         try:
-            for scenario, method in todo:
-                future = executor.submit(_study_task, self.suite, scenario, method, self.storage,
-                                         str(self.out / "trials"))  # fmt: skip
-                pending[future] = ("study", self.suite.study_name(scenario, method))
+            for tuning in todo:
+                future = executor.submit(_study_task, self.suite, tuning, self.storage,
+                                         str(self.out / "trials"), self.prefix)  # fmt: skip
+                pending[future] = ("study", self._name(tuning))
             for run in waiting_seeds:
                 pending[self._submit_seed(executor, run)] = ("seed", run)
             last_poll = 0.0
@@ -289,7 +311,8 @@ class Bench:
     def _submit_seed(self, executor: Executor, run: SeedRun) -> Future:
         return executor.submit(_seed_task, run.raw, str(run.folder), run.fresh, self.group)
 
-    def _study_done(self, future: Future, name: str, pair, executor: Executor, pending: dict) -> None:
+    def _study_done(self, future: Future, name: str, tuning: Tuning, executor: Executor,
+                    pending: dict) -> None:  # fmt: skip
         try:
             result: StudyResult = future.result()
         except BrokenProcessPool:
@@ -313,7 +336,7 @@ class Bench:
             return
         values = ", ".join(f"{k}={_short(v)}" for k, v in result.best_params.items())
         self.progress.lines.append(f"{name}: tuned, validation {result.best_value:.4f} ({values})")
-        self._queue_seeds(pair[0], pair[1], result)
+        self._queue_seeds(tuning, result)
         for run in self.seeds[name]:
             if run.summary is None:
                 pending[self._submit_seed(executor, run)] = ("seed", run)
@@ -332,30 +355,41 @@ class Bench:
 
     # -- results -------------------------------------------------------------------------
     def results(self) -> dict:
-        """Per (scenario, method): status, tuned values and validation value, per-seed
-        results; what the leaderboard is made of."""
+        """Per (scenario, method): status, its searched keys beyond the shared ones, each
+        tuning's values, validation value and per-seed results; what the leaderboard is made
+        of (rows of methods run elsewhere, ``skip``, are left out)."""
+        from fedhet.bench.study import code_fingerprint, settings_fingerprint
+
         rows = []
         for scenario in self.suite.scenarios:
             for method in self.suite.methods:
-                name = self.suite.study_name(scenario, method)
-                row: dict[str, Any] = {"scenario": scenario.name, "method": method.label,
-                                       "lr_only": method.lr_only, "status": "ok", "reason": "",
-                                       "params": {}, "validation": None, "seeds": {}}  # fmt: skip
-                if name in self.studies:
-                    row["failed_trials"] = self.studies[name].failed
+                if method.label in self.skip:
+                    continue
+                settings = settings_fingerprint(self.suite, scenario, method)
+                row: dict[str, Any] = {"scenario": scenario.name, "method": method.label, "own": method.own,
+                                       "status": "ok", "reason": "", "tunings": [], "failed_trials": 0,
+                                       "code": code_fingerprint(method), "settings": settings}  # fmt: skip
+                tunings = [Tuning(scenario, method, r) for r in range(1, self.suite.tuning_repeats + 1)]
+                names = [self._name(t) for t in tunings]
+                row["failed_trials"] = sum(self.studies[n].failed for n in names if n in self.studies)
+                errors = [self.study_errors[n] for n in names if n in self.study_errors]
                 if method.label in scenario.skip:
                     row.update(status="skipped", reason=scenario.skip[method.label])
-                elif name in self.not_applicable:
-                    row.update(status="n/a", reason=self.not_applicable[name])
-                elif name in self.study_errors:
-                    row.update(status="failed", reason=self.study_errors[name])
+                elif names[0] in self.not_applicable:
+                    row.update(status="n/a", reason=self.not_applicable[names[0]])
+                elif errors:
+                    row.update(status="failed", reason=errors[0])
                 else:
-                    result = self.studies[name]
-                    row.update(params=result.best_params, validation=result.best_value)
-                    for run in self.seeds.get(name, []):
-                        row["seeds"][run.seed] = _seed_result(run, self.suite.target)
+                    row["tunings"] = [self._tuning_result(t) for t in tunings]
                 rows.append(row)
         return {"rows": rows}
+
+    def _tuning_result(self, tuning: Tuning) -> dict:
+        name = self._name(tuning)
+        result = self.studies[name]
+        seeds = {run.seed: _seed_result(run, self.suite.target) for run in self.seeds.get(name, [])}
+        return {"repeat": tuning.repeat, "params": result.best_params, "validation": result.best_value,
+                "seeds": seeds}  # fmt: skip
 
 
 def _short(value: Any) -> str:

@@ -15,13 +15,14 @@ does not apply there, and the leaderboard says why.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedhet.bench.suite import Method, Scenario, Suite
+from fedhet.bench.suite import Method, Suite, Tuning
 from fedhet.config import from_dict
 from fedhet.errors import FedhetError
 from fedhet.studies.trials import interrupted
@@ -53,14 +54,15 @@ def _space(suite: Suite, method: Method):
                        params=method.params, path=suite.path)  # fmt: skip
 
 
-def open_study(suite: Suite, scenario: Scenario, method: Method, storage: str):
-    """The study (created, or loaded to resume). Its first creation stores the settings it
-    tunes; a later bench with other settings for it is refused in one line."""
+def open_study(suite: Suite, tuning: Tuning, storage: str, prefix: str = ""):
+    """The tuning's study (created, or loaded to resume), named ``prefix`` + its name. Its
+    first creation stores the settings it tunes; a later bench with other settings for it
+    is refused in one line."""
     from fedhet.studies import trials
 
-    name = suite.study_name(scenario, method)
-    study = trials.open_study(name, storage, _space(suite, method))
-    settings = json.loads(json.dumps(_settings(suite, scenario, method), default=str))
+    name = prefix + suite.study_name(tuning.scenario, tuning.method, tuning.repeat)
+    study = trials.open_study(name, storage, _space(suite, tuning.method))
+    settings = settings_of(suite, tuning)
     stored = study.user_attrs.get("settings")
     if stored is None:
         study.set_user_attr("settings", settings)
@@ -73,19 +75,17 @@ def open_study(suite: Suite, scenario: Scenario, method: Method, storage: str):
     return study
 
 
-def code_fingerprint(method: Method) -> str:
-    """A short hash of the code a method runs: the source of every module of its algorithm
-    class's bases (its own module first) and fedhet's build. A re-run whose fingerprint
-    differs tunes and runs the method again."""
+@functools.lru_cache(maxsize=256)
+def _class_fingerprint(name: str, label: str) -> str:
     import hashlib
     import inspect
     import sys
 
-    from fedhet.build import fedhet_build
+    from fedhet.build import source_fingerprint
     from fedhet.registry import resolve
 
-    cls = resolve("algorithm", method.name, f"method {method.label}").cls
-    digest = hashlib.sha256(fedhet_build().encode())
+    cls = resolve("algorithm", name, f"method {label}").cls
+    digest = hashlib.sha256(source_fingerprint().encode())
     for module in dict.fromkeys(klass.__module__ for klass in cls.__mro__ if klass is not object):
         try:
             digest.update(inspect.getsource(sys.modules[module]).encode())
@@ -94,16 +94,43 @@ def code_fingerprint(method: Method) -> str:
     return digest.hexdigest()[:16]
 
 
-def _settings(suite: Suite, scenario: Scenario, method: Method) -> dict:
+def code_fingerprint(method: Method) -> str:
+    """A short hash of the code a method runs: the source of every module of its algorithm
+    class's bases (its own module first) and fedhet's sources
+    (:func:`fedhet.build.source_fingerprint`). A re-run whose fingerprint differs tunes and
+    runs the method again; ``--against`` merges only rows of the same fingerprint. Read once
+    per process (a bench reads it when it starts)."""
+    return _class_fingerprint(method.name, method.label)
+
+
+def settings_of(suite: Suite, tuning: Tuning) -> dict:
     """What a study's trials depend on: the trial configuration without searched values,
-    the searched ranges, the objective and the sampler."""
-    return {
-        "config": suite.config(scenario, method, {}, "trial"),
-        "params": {p.key: p.describe() for p in method.params},
+    the searched ranges, the objective, the trial budget and the sampler (as JSON values)."""
+    seed = suite.sampler_seed + tuning.repeat - 1
+    settings = {
+        "config": suite.config(tuning.scenario, tuning.method, {}, "trial"),
+        "params": {p.key: p.describe() for p in tuning.method.params},
         "objective": suite.objective,
-        "sampler": {"seed": suite.sampler_seed, "random_trials": suite.random_trials},
+        "sampler": {"seed": seed, "random_trials": suite.random_trials},
         "pruner": [suite.pruner, suite.startup_trials, suite.warmup_steps],
     }
+    return json.loads(json.dumps(settings, default=str))
+
+
+def settings_fingerprint(suite: Suite, scenario, method: Method) -> str:
+    """A short hash of what a method's rows depend on besides its code: every tuning's study
+    settings, the trial budget and the seeds the tuned settings run on."""
+    import hashlib
+
+    studies = [settings_of(suite, Tuning(scenario, method, r)) for r in range(1, suite.tuning_repeats + 1)]
+    for study in studies:
+        study["config"]["run"].pop("name", None)
+    seed_runs = suite.config(scenario, method, {}, "seed", seed=suite.seeds[0])
+    seed_runs["run"].pop("name", None)
+    seed_runs["run"].pop("seed", None)
+    what = {"studies": studies, "trials": suite.trials, "seeds": suite.seeds, "seed_runs": seed_runs,
+            "max_failures": suite.max_failures}  # fmt: skip
+    return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def _first_difference(a: Any, b: Any, where: str = "") -> str:
@@ -140,15 +167,16 @@ def _index(study) -> int:
     return len(study.get_trials(deepcopy=False)) - len(interrupted(study))
 
 
-def run_study(suite: Suite, scenario: Scenario, method: Method, storage: str, out: str) -> StudyResult:
-    """Run the study's remaining trials (in this process, one after another, each sampler
-    seeded by the trial's index); return where it stands. Each trial is a run folder
-    ``<out>/<scenario>/<method>/trial-<n>``."""
+def run_study(suite: Suite, tuning: Tuning, storage: str, out: str, prefix: str = "") -> StudyResult:
+    """Run the tuning's remaining trials (in this process, one after another, each sampler
+    seeded by the repeat's seed and the trial's index); return where it stands. Each trial
+    is a run folder ``<out>/<scenario>/<method>[/tuning-r]/trial-<n>``."""
     import optuna
 
     from fedhet.studies.trials import requeue_interrupted, run_trial, run_trials
 
-    study = open_study(suite, scenario, method, storage)
+    scenario, method = tuning.scenario, tuning.method
+    study = open_study(suite, tuning, storage, prefix)
     requeue_interrupted(study)
     if study.user_attrs.get("stopped"):  # run again: it may have been fixed
         study.set_user_attr("stopped", "")
@@ -156,13 +184,14 @@ def run_study(suite: Suite, scenario: Scenario, method: Method, storage: str, ou
     space, group = _space(suite, method), f"bench-{suite.name}"
 
     def make_run(values: dict, number: int):
-        name = f"{scenario.name}-{method.label}-trial-{number}"
-        return from_dict(suite.config(scenario, method, values, name)), Path(
-            out
-        ) / scenario.name / method.label / f"trial-{number}"
+        name = tuning.run_name(f"trial-{number}")
+        folder = tuning.folder(Path(out)) / f"trial-{number}"
+        return from_dict(suite.config(scenario, method, values, name)), folder
+
+    sampler_seed = suite.sampler_seed + tuning.repeat - 1
 
     def sampler_for(study):
-        return optuna.samplers.TPESampler(seed=suite.sampler_seed * 100_003 + _index(study),
+        return optuna.samplers.TPESampler(seed=sampler_seed * 100_003 + _index(study),
                                           n_startup_trials=suite.random_trials)  # fmt: skip
 
     remaining = suite.trials - status(study, suite.trials).counted

@@ -9,14 +9,16 @@ method is tuned under.
     methods = ["fedavg", "salf", { name = "salf", normalize = "all", label = "salf-all" },
                { name = "depthfl", "model.name" = "mlp-exits" }]   # dotted keys: its settings
     trials = 4                  # tuning trials per method and scenario (finished or pruned)
+    tuning_repeats = 2          # independent tunings of each (sampler seeds); the tests' unit
     seeds = 3                   # seeds 1..3 of each tuned setting on the test set (or a list)
     validation_fraction = 0.2   # the tuning trials are judged on this share of the training set
     objective = "final_test_accuracy"   # what a trial is judged by (as fedhet tune's objectives)
     target = 0.8                # the leaderboard's time-to-accuracy on the simulated clock
     base = "base.toml"          # optional: a configuration the sections below add to
 
-    [params]                    # searched for every method (default: the learning rate)
-    "train.lr" = { low = 0.005, high = 0.5, log = true }
+    [params]                    # the shared knobs, searched for every method alike
+    "train.lr" = { low = 0.005, high = 0.5, log = true }    # the defaults: the client's and
+    "server.lr" = { low = 0.25, high = 2.0, log = true }    # the [server] step's learning rate
 
     [algorithm_params.salf-all] # one method's ranges: replace or add to what it declares
     "algorithm.beta" = { low = 0.1, high = 0.9 }
@@ -33,10 +35,15 @@ method is tuned under.
     options.amsfl = { round_budget = 4.0 }    # a method's fixed options in this scenario
     skip.heterofl = "why it does not run here"
 
-Each method's searched keys are the suite's ``[params]`` (the learning rate by default), the
-hyperparameters its class declares (:attr:`fedhet.algorithms.Algorithm.hyperparameters`)
-and the suite's ``[algorithm_params.<label>]``; an option a method's table fixes is not
-searched. Every configuration a bench would run is built and checked when the suite is
+Each method's searched keys are the suite's shared ``[params]`` (the same for every method,
+whatever class it inherits: the client learning rate and the server learning rate of the
+``[server]`` step by default), the hyperparameters its class declares
+(:attr:`fedhet.algorithms.Algorithm.hyperparameters`) and the suite's
+``[algorithm_params.<label>]``; an option a method's table fixes is not searched. One server
+learning rate: a rule's own ``server_lr`` gives way to the shared ``server.lr``, except for a
+server optimizer's preset (FedAdam), whose ``server_lr`` is its optimizer's rate and stands
+for the shared knob. What a method searches beyond the shared keys is its own, flagged on the
+leaderboard. Every configuration a bench would run is built and checked when the suite is
 loaded, so a bad suite is refused in one line before anything runs.
 """
 
@@ -52,11 +59,15 @@ from fedhet.data.task import check_objective, objective_direction
 from fedhet.errors import ConfigError
 from fedhet.search_space import Param, declared_params, parse_param
 
-DEFAULT_PARAMS = {"train.lr": {"low": 0.005, "high": 0.5, "log": True}}
+SERVER_LR = "server.lr"
+DEFAULT_PARAMS = {
+    "train.lr": {"low": 0.005, "high": 0.5, "log": True},
+    SERVER_LR: {"low": 0.25, "high": 2.0, "log": True},  # the [server] step every rule has
+}
 SUITE_KEYS = {
     "name", "description", "methods", "trials", "seeds", "validation_fraction", "objective", "direction",
     "target", "base", "alpha", "random_trials", "pruner", "startup_trials", "warmup_steps",
-    "max_failures", "threads", "sampler_seed",
+    "max_failures", "threads", "sampler_seed", "tuning_repeats",
 }  # fmt: skip
 SCENARIO_KEYS = {"description", "options", "skip"}
 OBJECTIVES = ("final_test_accuracy", "best_test_accuracy", "final_test_loss", "final_test_rmse")  # examples
@@ -71,7 +82,7 @@ class Method:
     name: str
     options: dict[str, Any]
     params: list[Param]
-    lr_only: bool  # neither the class nor the suite gives it keys of its own
+    own: list[str] = field(default_factory=list)  # searched keys beyond the suite's shared ones
     plugin: bool = False  # added with --method
     settings: dict[str, Any] = field(default_factory=dict)  # dotted keys it needs (its model)
 
@@ -112,13 +123,19 @@ class Suite:
     max_failures: int = 3
     threads: int = 1
     sampler_seed: int = 1
+    tuning_repeats: int = 1
+    shared: list[Param] = field(default_factory=list)  # the knobs every method searches
 
     def pairs(self) -> list[tuple[Scenario, Method]]:
         """Every (scenario, method) that runs: the product, less each scenario's skips."""
         return [(s, m) for s in self.scenarios for m in self.methods if m.label not in s.skip]
 
-    def study_name(self, scenario: Scenario, method: Method) -> str:
-        return f"{scenario.name}/{method.label}"
+    def tunings(self) -> list[Tuning]:
+        """Every tuning a bench runs: each pair tuned ``tuning_repeats`` times."""
+        return [Tuning(s, m, r) for s, m in self.pairs() for r in range(1, self.tuning_repeats + 1)]
+
+    def study_name(self, scenario: Scenario, method: Method, repeat: int = 1) -> str:
+        return f"{scenario.name}/{method.label}" + (f"/tuning-{repeat}" if repeat > 1 else "")
 
     def config(self, scenario: Scenario, method: Method, values: dict[str, Any], run_name: str,
                seed: int | None = None) -> dict:  # fmt: skip
@@ -147,6 +164,31 @@ class Suite:
             data.pop("validation_fraction", None)
             run["seed"] = seed
         return raw
+
+
+@dataclass
+class Tuning:
+    """One tuning of a method in a scenario: repeat ``repeat`` (1..``suite.tuning_repeats``),
+    an independent study whose sampler is seeded ``suite.sampler_seed + repeat - 1``; its
+    best setting runs on the suite's seeds. The first keeps the plain names and folders."""
+
+    scenario: Scenario
+    method: Method
+    repeat: int = 1
+
+    @property
+    def part(self) -> str:
+        """Its folder under a method's (``""`` for the first) and its runs' name suffix."""
+        return f"tuning-{self.repeat}" if self.repeat > 1 else ""
+
+    def folder(self, root: Path) -> Path:
+        """``root/<scenario>/<method>[/tuning-r]``."""
+        base = root / self.scenario.name / self.method.label
+        return base / self.part if self.part else base
+
+    def run_name(self, what: str) -> str:
+        """``<scenario>-<method>[-tuning-r]-<what>`` (what: trial-3, seed-2)."""
+        return "-".join(x for x in (self.scenario.name, self.method.label, self.part, what) if x)
 
 
 def _set(raw: dict, key: str, value: Any, where: str) -> dict:
@@ -188,7 +230,7 @@ def _methods(entries: Any, extra: list[str], where: str) -> list[Method]:
             raise ConfigError(f"{where}: method {label!r}: its label must be a plain folder name") from None
         cls = registry.resolve("algorithm", name, f"{where}: method").cls
         settings = {key: table.pop(key) for key in [k for k in table if "." in k]}
-        methods.append(Method(label, name, table, [], False, plugin=entry in extra, settings=settings))
+        methods.append(Method(label, name, table, [], plugin=entry in extra, settings=settings))
         methods[-1].params = declared_params(cls, f"{where}: method {label}")
     labels = [m.label for m in methods]
     doubled = sorted({x for x in labels if labels.count(x) > 1})
@@ -199,9 +241,11 @@ def _methods(entries: Any, extra: list[str], where: str) -> list[Method]:
     return methods
 
 
-def _search(methods: list[Method], shared: dict, own: dict, where: str) -> None:
-    """Each method's searched keys: the shared ones, its declared ones, the suite's own for
-    it; keys its table fixes are not searched."""
+def _search(methods: list[Method], shared: dict, own: dict, where: str) -> list[Param]:
+    """Each method's searched keys: the suite's shared ones, the same for every method (the
+    client and the server learning rate by default), then its declared ones and the suite's
+    own for it; keys its table fixes are not searched. ``method.own`` lists what it searches
+    beyond the shared keys."""
     common = [parse_param(k, v, f"{where}: params") for k, v in {**DEFAULT_PARAMS, **shared}.items()]
     labels = {m.label for m in methods}
     for label in own:
@@ -213,11 +257,38 @@ def _search(methods: list[Method], shared: dict, own: dict, where: str) -> None:
             raise ConfigError(f"{where}: algorithm_params.{method.label}: expected a table of keys")
         suite_own = [parse_param(k, v, f"{where}: algorithm_params.{method.label}") for k, v in given.items()]
         keys: dict[str, Param] = {}
-        for param in [*common, *method.params, *suite_own]:
+        for param in [*_server_rate(method, common), *suite_own]:
             keys[param.key] = param
         fixed = {f"algorithm.{k}" for k in method.options}
         method.params = [p for k, p in keys.items() if k not in fixed]
-        method.lr_only = not any(p.key.startswith("algorithm.") for p in method.params)
+        shared_keys = {p.key for p in common} | {OWN_SERVER_LR}
+        method.own = [p.key for p in method.params if p.key not in shared_keys]
+    return common
+
+
+OWN_SERVER_LR = "algorithm.server_lr"
+
+
+def _server_rate(method: Method, common: list[Param]) -> list[Param]:
+    """The shared keys and the method's declared ones with one server learning rate: the
+    shared ``server.lr`` (the ``[server]`` step of every rule) in place of a rule's own
+    ``server_lr``; for a rule that is a server optimizer's preset (FedAdam), which steps
+    with its own rate and refuses a second step, its ``server_lr`` is the shared knob (its
+    declared range, the optimizer's)."""
+    from fedhet import registry
+    from fedhet.algorithms.base import Algorithm
+
+    cls = registry.resolve("algorithm", method.name, f"method {method.label}").cls
+    declared = {p.key: p for p in method.params}
+    shared = {p.key: p for p in common}
+    if SERVER_LR not in shared:
+        return [*common, *declared.values()]
+    if cls.preset_server_optimizer is Algorithm.preset_server_optimizer:
+        declared.pop(OWN_SERVER_LR, None)
+        return [*common, *declared.values()]
+    rate = declared.pop(OWN_SERVER_LR, None) or Param(OWN_SERVER_LR, **{
+        k: getattr(shared[SERVER_LR], k) for k in ("low", "high", "log", "integer", "choices")})  # fmt: skip
+    return [rate if p.key == SERVER_LR else p for p in common] + list(declared.values())
 
 
 def _scenarios(raw: Any, where: str) -> list[Scenario]:
@@ -274,9 +345,11 @@ def load_suite(
     trials: int | None = None,
     seeds: int | None = None,
     overrides: list[str] | None = None,
+    repeats: int | None = None,
 ) -> Suite:
-    """Read a suite; ``extra_methods`` (``--method``), ``trials`` and ``seeds`` (a count:
-    seeds 1..S) replace or add to the file's. Every configuration is checked (:func:`check`)."""
+    """Read a suite; ``extra_methods`` (``--method``), ``trials``, ``seeds`` (a count:
+    seeds 1..S) and ``repeats`` (tunings per pair) replace or add to the file's. Every
+    configuration is checked (:func:`check`)."""
     path = Path(path)
     raw = read_toml(path)
     where = str(path)
@@ -298,15 +371,15 @@ def load_suite(
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
     methods = _methods(table.get("methods", []), list(extra_methods or []), where)
-    _search(methods, raw.get("params", {}), raw.get("algorithm_params", {}), where)
+    shared = _search(methods, raw.get("params", {}), raw.get("algorithm_params", {}), where)
     suite = Suite(name, where, str(table.get("description", "")), _base(raw, path, overrides or []),
-                  _scenarios(raw.get("scenarios"), where), methods)  # fmt: skip
-    _settings(suite, table, trials, seeds)
+                  _scenarios(raw.get("scenarios"), where), methods, shared=shared)  # fmt: skip
+    _settings(suite, table, trials, seeds, repeats)
     check(suite)
     return suite
 
 
-def _settings(suite: Suite, table: dict, trials: int | None, seeds: int | None) -> None:
+def _settings(suite: Suite, table: dict, trials: int | None, seeds: int | None, repeats: int | None) -> None:
     """The suite's budget and statistics settings, checked."""
     where = suite.path
     suite.trials = trials if trials is not None else _int(table, "trials", where, 1, suite.trials)
@@ -354,6 +427,7 @@ def _settings(suite: Suite, table: dict, trials: int | None, seeds: int | None) 
     suite.max_failures = _int(table, "max_failures", where, 1, 3)
     suite.threads = _int(table, "threads", where, 1, 1)
     suite.sampler_seed = _int(table, "sampler_seed", where, 0, 1)
+    suite.tuning_repeats = repeats if repeats is not None else _int(table, "tuning_repeats", where, 1, 1)
 
 
 def check(suite: Suite) -> None:

@@ -39,12 +39,13 @@ def estimate(values: list[float], interval: str = "std") -> Estimate:
     return Estimate(float(x.mean()), float(t.ppf(0.975, x.size - 1)) * s / math.sqrt(x.size), int(x.size))
 
 
-def difference_p_value(a: dict, b: dict) -> float | None:
+def difference_p_value(a: dict, b: dict, paired: bool = True) -> float | None:
     """Two-sided p-value of "a and b have the same mean". ``a`` and ``b`` map a seed (or any
     pairing key) to a value: with >= 2 seeds in common, a paired t-test on the differences
-    of those seeds; otherwise Welch's t-test on all values; ``None`` when neither has enough
-    values. A constant nonzero paired difference gives 0, an identical pair 1."""
-    common = sorted(set(a) & set(b), key=str)
+    of those seeds; otherwise (or ``paired=False``: independent units, such as separate
+    tunings) Welch's t-test on all values; ``None`` when neither has enough values. A
+    constant nonzero paired difference gives 0, an identical pair 1."""
+    common = sorted(set(a) & set(b), key=str) if paired else []
     if len(common) >= 2:
         d = np.array([a[k] - b[k] for k in common], dtype=float)
         if not np.any(d):

@@ -1,0 +1,65 @@
+"""``fedhet bench SUITE --method mine:Rule --against FIELD``: a new method compared with a
+published field without running the field again. The field is a bench's
+``leaderboard.csv`` or its folder (its ``bench.json``, which keeps the runs' folders for the
+curves). Each row of the suite's own methods is taken only when it was made by the same
+study settings (suite, scenario, data, search space, trial budget, tunings, seeds: the
+``settings`` fingerprint) and the same code (the method's class and fedhet's sources: the
+``code`` fingerprint); anything else is refused in one line, before anything runs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from fedhet.bench.suite import Suite
+from fedhet.errors import FedhetError
+
+
+def read_rows(path: str | Path) -> list[dict]:
+    """The results rows of a field: a bench folder's ``bench.json`` (or its
+    ``leaderboard.csv``), or a ``leaderboard.csv``."""
+    from fedhet.bench.leaderboard import read_csv
+
+    path = Path(path)
+    if path.is_dir():
+        if (path / "bench.json").is_file():
+            try:
+                return list(json.loads((path / "bench.json").read_text(encoding="utf-8"))["rows"])
+            except (ValueError, KeyError, TypeError) as exc:
+                raise FedhetError(f"--against {path}: bench.json is not a bench's results ({exc})") from None
+        path = path / "leaderboard.csv"
+    if not path.is_file():
+        raise FedhetError(f"--against {path}: no such file (a leaderboard.csv or a bench folder)")
+    return read_csv(path)
+
+
+def field_rows(path: str | Path, suite: Suite) -> list[dict]:
+    """The field's rows of the suite's own (not ``--method``) methods, each checked against
+    what this bench would run; refused in one line naming the first row that differs."""
+    from fedhet.bench.study import code_fingerprint, settings_fingerprint
+
+    if not any(m.plugin for m in suite.methods):
+        raise FedhetError("--against: give the method to compare with --method NAME_OR_PATH")
+    rows = {(r["scenario"], r["method"]): r for r in read_rows(path)}
+    taken = []
+    for scenario in suite.scenarios:
+        for method in suite.methods:
+            if method.plugin:
+                continue
+            row = rows.get((scenario.name, method.label))
+            where = f"--against {path}: scenario {scenario.name}, method {method.label}"
+            if row is None:
+                raise FedhetError(f"{where}: not in the field (it ran another suite: run the whole bench)")
+            if row.get("settings") != settings_fingerprint(suite, scenario, method):
+                raise FedhetError(
+                    f"{where}: made with other settings (the suite, its data, search space, trial "
+                    "budget, tunings or seeds differ from this bench's): run the whole bench"
+                )
+            if row.get("code") != code_fingerprint(method):
+                raise FedhetError(
+                    f"{where}: made by other code (the method's class or fedhet's sources changed "
+                    "since the field ran): run the whole bench"
+                )
+            taken.append(row)
+    return taken
