@@ -176,7 +176,8 @@ def test_holm_decisions_and_t_intervals_agree_with_scipy():
     }
     rows = [
         {"scenario": "s", "method": m, "status": "ok", "reason": "", "tunings": [
-            {"params": {}, "validation": None, "seeds": {i + 1: {"accuracy": v} for i, v in enumerate(values)}}]}
+            {"params": {}, "validation": None,
+             "seeds": {i + 1: {"accuracy": v} for i, v in enumerate(values)}}]}
         for m, values in seeds.items()
     ]  # fmt: skip
     board = build(rows, alpha=0.05)

@@ -519,26 +519,8 @@ def _add_outputs(sub) -> None:
     p.set_defaults(func=cmd_report)
 
 
-def _add_tune_and_list(sub) -> None:
-    p = sub.add_parser("tune", help="search hyperparameters on Optuna; each trial is a run folder")
-    p.add_argument("config", help="TOML configuration file (a [compare] gives one study per algorithm)")
-    p.add_argument("--space", required=True, help="the search space TOML file")
-    p.add_argument("--trials", type=int, required=True, help="finished or pruned trials per study")
-    p.add_argument("--jobs", type=int, default=1, help="processes running trials at once")
-    p.add_argument("--storage", help="an Optuna storage URL (default: SQLite <out>/study.db)")
-    p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
-                   help="trial workers as Ray tasks: a local Ray, or the cluster at ADDRESS")  # fmt: skip
-    p.add_argument("--out", help="the tune folder (default runs/tune-<config name>)")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override a configuration value (repeatable)")  # fmt: skip
-    _add_unset(p)
-    p.add_argument("--max-failures", type=int, default=3,
-                   help="failed trials in a row that stop a study (default 3)")  # fmt: skip
-    p.add_argument("--allow-test-set", action="store_true",
-                   help="tune without data.validation_fraction, judging trials on the test set")  # fmt: skip
-    p.add_argument("--quiet", action="store_true", help="no line per trial, no progress bar")
-    p.set_defaults(func=cmd_tune)
-
+def _add_bench(sub) -> None:
+    """``fedhet bench``'s arguments."""
     p = sub.add_parser("bench", help="tune every method of a suite under one budget, run seeds, rank them")
     p.add_argument("suite", help="a suite TOML file (scenarios, methods, budget), e.g. suites/smoke.toml")
     p.add_argument("--method", action="append", default=[], metavar="NAME_OR_PATH",
@@ -564,6 +546,29 @@ def _add_tune_and_list(sub) -> None:
                    help="override a value of the suite's base configuration (repeatable)")  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no progress display, no line per study")
     p.set_defaults(func=cmd_bench)
+
+
+def _add_tune_and_list(sub) -> None:
+    p = sub.add_parser("tune", help="search hyperparameters on Optuna; each trial is a run folder")
+    p.add_argument("config", help="TOML configuration file (a [compare] gives one study per algorithm)")
+    p.add_argument("--space", required=True, help="the search space TOML file")
+    p.add_argument("--trials", type=int, required=True, help="finished or pruned trials per study")
+    p.add_argument("--jobs", type=int, default=1, help="processes running trials at once")
+    p.add_argument("--storage", help="an Optuna storage URL (default: SQLite <out>/study.db)")
+    p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
+                   help="trial workers as Ray tasks: a local Ray, or the cluster at ADDRESS")  # fmt: skip
+    p.add_argument("--out", help="the tune folder (default runs/tune-<config name>)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a configuration value (repeatable)")  # fmt: skip
+    _add_unset(p)
+    p.add_argument("--max-failures", type=int, default=3,
+                   help="failed trials in a row that stop a study (default 3)")  # fmt: skip
+    p.add_argument("--allow-test-set", action="store_true",
+                   help="tune without data.validation_fraction, judging trials on the test set")  # fmt: skip
+    p.add_argument("--quiet", action="store_true", help="no line per trial, no progress bar")
+    p.set_defaults(func=cmd_tune)
+
+    _add_bench(sub)
 
     p = sub.add_parser("check", help="try a plug-in or a configuration on a tiny run: which part fails, why")
     p.add_argument("target", help="an algorithm plug-in (package.module:ClassName) or a configuration file")

@@ -22,21 +22,6 @@ def header(suite: Suite, against: str | None = None) -> dict:
         fedhet_version = version("fedhet")
     except PackageNotFoundError:
         fedhet_version = "unknown"
-    shared = suite.shared
-    spaces = "; ".join(
-        f"{m.label}: " + ", ".join(f"{p.key} {p.describe()}" for p in m.params if p.key in m.own)
-        for m in suite.methods
-        if m.own
-    )
-    repeats = (
-        f"{suite.tuning_repeats} independent tunings per method and scenario (sampler seeds "
-        f"{suite.sampler_seed}..{suite.sampler_seed + suite.tuning_repeats - 1}), each best setting run "
-        "on the seeds; the tuning is the unit of the intervals and tests"
-        if suite.tuning_repeats > 1
-        else "one tuning per method and scenario: the tests run over the seeds of one tuned setting, "
-        "so a lucky or unlucky search can decide a mark. A smoke check, not a comparison "
-        "(suite.tuning_repeats >= 2 makes one)"
-    )
     settings = {
         "fedhet version": fedhet_version,
         "scenarios": ", ".join(s.name for s in suite.scenarios),
@@ -47,10 +32,7 @@ def header(suite: Suite, against: str | None = None) -> dict:
         "each client's training examples",
         "seeds": f"{len(suite.seeds)} ({', '.join(map(str, suite.seeds))}) of each tuned setting, "
         "on the test set",
-        "tunings": repeats,
-        "shared knobs (every method)": ", ".join(f"{p.key} {p.describe()}" for p in shared)
-        + " (a server optimizer's preset, FedAdam, searches its own server_lr as the server rate)",
-        "own knobs": spaces or "none",
+        **_search_settings(suite),
         "threads per run": str(suite.threads),
     }
     if against:
@@ -65,6 +47,30 @@ def header(suite: Suite, against: str | None = None) -> dict:
         "settings": settings,
         "target": suite.target,
         "scenarios": {s.name: s.description for s in suite.scenarios},
+    }
+
+
+def _search_settings(suite: Suite) -> dict[str, str]:
+    """The page's lines on the search: the tunings, the shared knobs, each method's own."""
+    spaces = "; ".join(
+        f"{m.label}: " + ", ".join(f"{p.key} {p.describe()}" for p in m.params if p.key in m.own)
+        for m in suite.methods
+        if m.own
+    )
+    repeats = (
+        f"{suite.tuning_repeats} independent tunings per method and scenario (sampler seeds "
+        f"{suite.sampler_seed}..{suite.sampler_seed + suite.tuning_repeats - 1}), each best setting run "
+        "on the seeds; the tuning is the unit of the intervals and tests"
+        if suite.tuning_repeats > 1
+        else "one tuning per method and scenario: the tests run over the seeds of one tuned setting, "
+        "so a lucky or unlucky search can decide a mark. A smoke check, not a comparison "
+        "(suite.tuning_repeats >= 2 makes one)"
+    )
+    return {
+        "tunings": repeats,
+        "shared knobs (every method)": ", ".join(f"{p.key} {p.describe()}" for p in suite.shared)
+        + " (a server optimizer's preset, FedAdam, searches its own server_lr as the server rate)",
+        "own knobs": spaces or "none",
     }
 
 

@@ -271,13 +271,15 @@ def _values(params: dict) -> str:
 
 
 def _by_seed(entry: Entry, values: str) -> str:
-    """``seed:value;...`` over every tuning's seeds (``tuning/seed:value`` when several)."""
+    """``seed:value;...`` over every tuning's seeds (``tuning/seed:value`` when several),
+    each value as it was (its shortest exact text), so that the table reads back to the
+    same statistics (``--against``)."""
     parts = []
     for t in entry.tunings:
         mapping = t.scores if values == "scores" else t.times
         for seed, value in sorted(mapping.items()):
             key = f"{t.repeat}/{seed}" if not entry.paired else str(seed)
-            text = "" if value is None else (f"{value:.6f}" if values == "scores" else f"{value:.3f}")
+            text = "" if value is None else repr(float(value))
             parts.append(f"{key}:{text}")
     return ";".join(parts)
 
@@ -486,6 +488,16 @@ def figures(board: Leaderboard, out: Path) -> list[Path]:
             _ranks_figure(plt, board, out / "leaderboard-ranks.png")]  # fmt: skip
 
 
+def _evaluations(mean) -> list[int]:
+    """The grid points where a curve takes a new value (its evaluations): marked, so that a
+    method evaluated once or twice in a run (a slow round) shows as points, not nothing."""
+    import numpy as np
+
+    finite = np.isfinite(mean)
+    changed = finite & ~np.concatenate([[False], np.isclose(mean[1:], mean[:-1]) & finite[:-1]])
+    return [int(i) for i in np.flatnonzero(changed)]
+
+
 def _curves_figure(plt, board: Leaderboard, path: Path) -> Path:
     """Each scenario's mean test score of every method against simulated time."""
     import warnings
@@ -500,7 +512,8 @@ def _curves_figure(plt, board: Leaderboard, path: Path) -> Path:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             for method, (grid, mean) in _curves(board.scenarios[name], board.score.column).items():
-                ax.plot(grid, mean, label=method, color=algorithm_color(method))
+                ax.plot(grid, mean, label=method, color=algorithm_color(method), marker="o", markersize=3,
+                        markevery=_evaluations(mean))  # fmt: skip
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("simulated time (s)")
         ax.set_ylabel(f"test {board.score.metric}")
@@ -514,7 +527,7 @@ def _curves_figure(plt, board: Leaderboard, path: Path) -> Path:
     handles, labels = list(legend.values()), list(legend)
     fig.legend(handles, labels, loc="lower center", ncol=min(6, len(labels) or 1), fontsize=8)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=90, bbox_inches="tight")  # long plug-in names in the legend are not cut
     plt.close(fig)
     return path
 
@@ -530,16 +543,20 @@ def _ranks_figure(plt, board: Leaderboard, path: Path) -> Path:
             if e.rank is not None:
                 matrix[methods.index(e.method), j] = e.rank
     fig, ax = plt.subplots(figsize=(1.2 * len(names) + 3, 0.4 * len(methods) + 1.5))
-    ax.imshow(np.ma.masked_invalid(matrix), cmap="viridis_r", aspect="auto")
+    image = ax.imshow(np.ma.masked_invalid(matrix), cmap="viridis_r", aspect="auto")
     ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
     ax.set_yticks(range(len(methods)), methods, fontsize=8)
     for i in range(len(methods)):
         for j in range(len(names)):
-            text = "–" if math.isnan(matrix[i, j]) else f"{int(matrix[i, j])}"
-            ax.text(j, i, text, ha="center", va="center", fontsize=8, color="white")
+            missing = math.isnan(matrix[i, j])
+            red, green, blue, _ = (1.0, 1.0, 1.0, 1.0) if missing else image.cmap(image.norm(matrix[i, j]))
+            light = 0.299 * red + 0.587 * green + 0.114 * blue > 0.5  # dark text on a light cell
+            text = "–" if missing else f"{int(matrix[i, j])}"
+            ax.text(j, i, text, ha="center", va="center", fontsize=9, fontweight="bold",
+                    color="black" if light else "white")  # fmt: skip
     ax.set_title(f"rank per scenario (1 = best mean test {board.score.metric})", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=90, bbox_inches="tight")
     plt.close(fig)
     return path
 

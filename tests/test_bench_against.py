@@ -1,0 +1,128 @@
+"""``fedhet bench --against FIELD``: a new method compared with a published field without
+running the field again gives the leaderboard of the whole bench; a field made with other
+settings or other code is refused in one line. And the tuning as the unit: with
+``tuning_repeats`` R > 1 the interval and the tests run over the tunings' means (Welch),
+and leaderboard.csv reads back to the same leaderboard."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_bench import PLUGIN, SMOKE, _env
+
+ARGS = ["--trials", "2", "--seeds", "2", "--tuning-repeats", "2", "--set", "run.time_budget=4", "--quiet"]
+
+
+def _bench(out: Path, *extra: str, ok: bool = True) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "fedhet", "bench", str(SMOKE), *ARGS, "--out", str(out), *extra]
+    done = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=900)
+    if ok:
+        assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+@pytest.fixture(scope="module")
+def field(tmp_path_factory) -> Path:
+    """The smoke suite's own four methods, tuned twice each: the published field."""
+    out = tmp_path_factory.mktemp("field") / "field"
+    _bench(out)
+    return out
+
+
+@pytest.mark.slow
+def test_a_method_against_a_published_field_runs_alone_and_gives_the_whole_benchs_leaderboard(
+    field, tmp_path
+):
+    _bench(tmp_path / "whole", "--method", PLUGIN)
+    expected = (tmp_path / "whole" / "leaderboard.csv").read_text()
+    assert list((tmp_path / "whole").glob("seeds/*/fedavg/tuning-2/seed-1/summary.json"))  # tuned twice
+    for name, source in (("from-csv", field / "leaderboard.csv"), ("from-folder", field)):
+        _bench(tmp_path / name, "--method", PLUGIN, "--against", str(source))
+        assert (tmp_path / name / "leaderboard.csv").read_text() == expected, name
+        ran = {
+            p.relative_to(tmp_path / name / "seeds").parts[1]
+            for p in (tmp_path / name).glob("seeds/**/seed-*")
+        }
+        assert ran == {"TrimmedMean"}, ran  # only the new method ran
+        page = (tmp_path / name / "leaderboard.md").read_text()
+        assert f"read from {source}" in page and "only TrimmedMean ran" in page
+
+
+def _refused(done: subprocess.CompletedProcess, *words: str) -> None:
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "Traceback" not in done.stderr and all(w in done.stderr for w in words), done.stderr
+
+
+@pytest.mark.slow
+def test_a_field_of_another_budget_or_other_code_is_refused_in_one_line(field, tmp_path):
+    against = ["--method", PLUGIN, "--against", str(field / "leaderboard.csv")]
+    other_budget = subprocess.run(
+        [sys.executable, "-m", "fedhet", "bench", str(SMOKE), *ARGS, "--seeds", "3", *against,
+         "--out", str(tmp_path / "a")], env=_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    _refused(other_budget, "scenario random-50, method fedavg: made with other settings")
+    rows = list(csv.DictReader((field / "leaderboard.csv").open()))
+    for row in rows:
+        if row["method"] == "drop":
+            row["code"] = "0" * 16  # as if drop's class had changed since the field ran
+    edited = tmp_path / "edited.csv"
+    with edited.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    _refused(_bench(tmp_path / "b", "--method", PLUGIN, "--against", str(edited), ok=False),
+             "method drop: made by other code")  # fmt: skip
+    _refused(
+        _bench(tmp_path / "c", "--against", str(field), ok=False), "give the method to compare with --method"
+    )
+    _refused(_bench(tmp_path / "d", "--method", PLUGIN, "--against", str(tmp_path / "none.csv"), ok=False),
+             "no such file")  # fmt: skip
+    assert not any((tmp_path / name).exists() for name in "abcd")
+
+
+def _rows(methods: dict[str, list[list[float]]]) -> list[dict]:
+    return [
+        {"scenario": "s", "method": m, "status": "ok", "reason": "", "tunings": [
+            {"repeat": r + 1, "params": {"train.lr": 0.1 * (r + 1)}, "validation": 0.5,
+             "seeds": {s + 1: {"score": v, "score_metric": "accuracy", "higher_is_better": True,
+                               "time_to_target": None} for s, v in enumerate(values)}}
+            for r, values in enumerate(tunings)]}
+        for m, tunings in methods.items()
+    ]  # fmt: skip
+
+
+def test_with_several_tunings_the_tuning_is_the_unit_of_the_interval_and_the_welch_test(tmp_path):
+    """Tuned R = 3 times: a method's mean and 95% interval are those of its 3 tunings' means
+    (t with 2 degrees of freedom), its test against the best Welch's over those means, so
+    that one lucky tuning cannot make a difference significant on its own; the CSV reads
+    back to the same leaderboard."""
+    from scipy import stats
+
+    from fedhet.bench import leaderboard
+
+    methods = {
+        "steady": [[0.90, 0.91, 0.90], [0.89, 0.90, 0.91], [0.90, 0.90, 0.89]],
+        "lucky": [[0.95, 0.95, 0.96], [0.70, 0.71, 0.70], [0.72, 0.71, 0.73]],
+    }
+    board = leaderboard.build(_rows(methods))
+    entries = {e.method: e for e in board.scenarios["s"]}
+    means = {m: [float(np.mean(t)) for t in tunings] for m, tunings in methods.items()}
+    for method, values in means.items():
+        low, high = stats.t.interval(0.95, 2, loc=np.mean(values), scale=stats.sem(values))
+        assert entries[method].mean == pytest.approx(np.mean(values))
+        assert entries[method].ci95 == pytest.approx((high - low) / 2)
+    assert entries["steady"].best
+    assert entries["lucky"].p == pytest.approx(
+        stats.ttest_ind(means["steady"], means["lucky"], equal_var=False).pvalue
+    )
+    seeds_alone = stats.ttest_rel(methods["steady"][0], methods["lucky"][0]).pvalue  # one tuning's seeds
+    assert seeds_alone < 0.05 < entries["lucky"].p  # the seeds of one tuning would have called it
+    path = leaderboard.write_csv(board, tmp_path / "leaderboard.csv")
+    again = leaderboard.build(leaderboard.read_csv(path))
+    assert leaderboard.write_csv(again, tmp_path / "again.csv").read_text() == path.read_text()
+    assert "1/2:0.91;1/3:0.9;2/1:0.89" in path.read_text()  # tuning/seed keys

@@ -1,0 +1,171 @@
+"""``fedhet bench`` on a cluster: its Optuna studies in a real PostgreSQL server (``--storage
+postgresql://...``) and its studies and seeds as tasks of a two-node Ray cluster
+(``--ray ADDRESS``), giving the leaderboard.csv of a bench on one process with SQLite.
+
+Both servers are started and stopped by the tests themselves on this machine: PostgreSQL
+with ``initdb`` and ``pg_ctl`` (as the ``postgres`` user when the tests run as root), Ray
+with ``ray start --head`` and a second ``ray start --address`` with its own temp folder.
+Where either is missing, the test skips with the reason."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from test_bench import SMOKE, _env
+
+ARGS = ["--trials", "2", "--seeds", "2", "--tuning-repeats", "1", "--set", "run.time_budget=4", "--quiet"]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _as_postgres_user() -> list[str]:
+    """``runuser -u postgres --`` when running as root (initdb refuses root), else nothing."""
+    if os.geteuid() != 0:
+        return []
+    import pwd
+
+    try:
+        pwd.getpwnam("postgres")
+    except KeyError:
+        pytest.skip("the tests run as root and there is no postgres user to run PostgreSQL as")
+    if shutil.which("runuser") is None:
+        pytest.skip("the tests run as root and runuser is missing to start PostgreSQL as postgres")
+    return ["runuser", "-u", "postgres", "--"]
+
+
+@pytest.fixture(scope="module")
+def postgres():
+    """A PostgreSQL server of its own on a free loopback port: its URL."""
+    initdb, pg_ctl = shutil.which("initdb"), shutil.which("pg_ctl")
+    if not initdb or not pg_ctl:
+        pytest.skip("PostgreSQL's initdb and pg_ctl are not on this machine")
+    pytest.importorskip("psycopg2", reason="the PostgreSQL driver (psycopg2-binary) is not installed")
+    user = _as_postgres_user()
+    folder = Path(tempfile.mkdtemp(prefix="fedhet-pg-"))
+    if user:
+        shutil.chown(folder, "postgres")
+    data, port = folder / "data", _free_port()
+    subprocess.run([*user, initdb, "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8"],
+                   check=True, capture_output=True)  # fmt: skip
+    options = f"-p {port} -k {folder} -h 127.0.0.1"
+    subprocess.run([*user, pg_ctl, "-D", str(data), "-o", options, "-l", str(folder / "log"), "-w", "start"],
+                   check=True, capture_output=True)  # fmt: skip
+    try:
+        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run([*user, pg_ctl, "-D", str(data), "-m", "immediate", "-w", "stop"], capture_output=True)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _processes_of(marker: str) -> list[int]:
+    """The processes whose command line names ``marker`` (a node's temp folder), and theirs."""
+    parents: dict[int, int] = {}
+    named = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                named.add(int(entry.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    found, grew = set(named), True
+    while grew:
+        children = {pid for pid, parent in parents.items() if parent in found} - found
+        found |= children
+        grew = bool(children)
+    return sorted(found)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A head node and a second node, one CPU each, each with its own temp folder: the
+    address, and the two folders (their logs say where tasks ran)."""
+    pytest.importorskip("ray")
+    ray = Path(sys.executable).parent / "ray"
+    if not ray.exists():
+        pytest.skip("the ray command is not installed beside this Python")
+    root = Path(tempfile.mkdtemp(prefix="fedhet-ray-"))
+    head, second, port = root / "head", root / "second", _free_port()
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    try:
+        start = {"check": True, "capture_output": True, "env": env, "timeout": 180}
+        subprocess.run([str(ray), "start", "--head", f"--port={port}", "--num-cpus=1",
+                        "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={head}"],
+                       **start)  # type: ignore[call-overload]  # fmt: skip
+        subprocess.run([str(ray), "start", f"--address=127.0.0.1:{port}", "--num-cpus=1",
+                        f"--temp-dir={second}"], **start)  # type: ignore[call-overload]  # fmt: skip
+        yield f"127.0.0.1:{port}", head, second
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for pid in _processes_of(str(root)):
+                try:
+                    os.kill(pid, sig)
+                except OSError:
+                    pass
+            time.sleep(1.0)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _bench(out: Path, *extra: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "fedhet", "bench", str(SMOKE), *ARGS, "--out", str(out), *extra]
+    env = {**_env(), "RAY_USAGE_STATS_ENABLED": "0"}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def _worker_logs(node: Path) -> list[Path]:
+    return list(node.glob("session_*/logs/worker-*"))
+
+
+@pytest.mark.slow
+def test_a_bench_on_a_two_node_ray_cluster_with_postgresql_studies_gives_the_one_process_leaderboard(
+    tmp_path, postgres, ray_cluster
+):
+    """Studies in PostgreSQL (named after the suite, so that benches share one database),
+    studies and seeds run by the tasks of both Ray nodes: the same leaderboard.csv as
+    ``--jobs 1`` with the folder's SQLite; run again, it resumes (nothing runs twice)."""
+    import optuna
+
+    address, head, second = ray_cluster
+    _bench(tmp_path / "one")
+    _bench(tmp_path / "cluster", "--ray", address, "--jobs", "2", "--storage", postgres)
+    expected = (tmp_path / "one" / "leaderboard.csv").read_text()
+    assert (tmp_path / "cluster" / "leaderboard.csv").read_text() == expected
+    assert not (tmp_path / "cluster" / "bench.db").exists()
+    names = optuna.get_all_study_names(storage=postgres)
+    assert "smoke/random-50/salf" in names and len(names) == 2 * 4
+    assert _worker_logs(head) and _worker_logs(second), "both nodes ran tasks"
+    seeds = sorted((tmp_path / "cluster").glob("seeds/*/*/seed-*/summary.json"))
+    stamps = [p.stat().st_mtime_ns for p in seeds]
+    _bench(tmp_path / "cluster", "--ray", address, "--jobs", "2", "--storage", postgres)
+    assert [p.stat().st_mtime_ns for p in seeds] == stamps  # resumed: no seed ran again
+    assert (tmp_path / "cluster" / "leaderboard.csv").read_text() == expected
+
+
+def test_a_storage_url_that_does_not_open_is_refused_in_one_line(tmp_path):
+    port = _free_port()  # nothing listens there
+    command = [sys.executable, "-m", "fedhet", "bench", str(SMOKE), *ARGS, "--out", str(tmp_path / "out"),
+               "--storage", f"postgresql://postgres@127.0.0.1:{port}/postgres"]  # fmt: skip
+    done = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and done.stderr.count("\n") == 1, done.stderr
+    assert (
+        "--storage 'postgresql://postgres@127.0.0.1" in done.stderr
+        and "cannot open the database" in done.stderr
+    )
+    assert not (tmp_path / "out").exists()
