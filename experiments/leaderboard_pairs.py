@@ -1,7 +1,9 @@
-"""The paired comparisons docs/results/leaderboard.md makes beyond the leaderboard's own
-(each paper's method against the baselines it claims to beat, in its own scenario), from
-the committed per-method table: a paired t-test over the seeds both ran, Holm-corrected
-within each paper's family of comparisons.
+"""The comparisons docs/results/leaderboard.md makes beyond the leaderboard's own (each
+paper's method against the baselines it claims to beat, in its own scenario), from the
+committed per-method table, with the leaderboard's own test (``fedhet.bench.leaderboard.
+difference``: over the tunings' means, Welch, when each method was tuned more than once; a
+paired t-test over the seeds both ran when tuned once), Holm-corrected within each paper's
+family of comparisons.
 
     python experiments/leaderboard_pairs.py docs/results/data/leaderboard.csv
 """
@@ -9,10 +11,11 @@ within each paper's family of comparisons.
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
+from pathlib import Path
 
-from fedhet.studies.stats import difference_p_value, holm
+from fedhet.bench.leaderboard import Entry, build, difference, read_csv
+from fedhet.studies.stats import holm
 
 STRAGGLERS = ["random-50", "random-90", "persistent-50", "persistent-90"]
 FAMILIES = {
@@ -26,36 +29,32 @@ FAMILIES = {
 }
 
 
-def accuracy_by_seed(row: dict) -> dict[int, float]:
-    """A leaderboard row's ``accuracy_by_seed`` ("1:0.78;2:0.79;...") as {seed: accuracy}."""
-    return {int(k): float(v) for k, v in (pair.split(":") for pair in row["accuracy_by_seed"].split(";"))}
+def entries(table: str | Path) -> dict[tuple[str, str], Entry]:
+    """A bench's leaderboard.csv as its leaderboard's entries, by (scenario, method)."""
+    board = build(read_csv(Path(table)))
+    return {(e.scenario, e.method): e for listed in board.scenarios.values() for e in listed}
 
 
-def paired_tests(pairs: list[tuple[str, str, str]], seeds) -> list[tuple]:
-    """(scenario, a, b, difference of means, p, Holm p) for each pair (scenario, a, b): a
-    paired t-test over the seeds both ran (``seeds(scenario, method)`` -> {seed: value}),
-    Holm-corrected over ``pairs``."""
-    p_values = [difference_p_value(seeds(s, a), seeds(s, b)) for s, a, b in pairs]
+def tests(pairs: list[tuple[str, str, str]], by_key: dict[tuple[str, str], Entry]) -> list[tuple]:
+    """(scenario, a, b, difference of means, p, Holm p) for each pair (scenario, a, b), the
+    leaderboard's test, Holm-corrected over ``pairs``."""
+    p_values = [difference(by_key[(s, a)], by_key[(s, b)]) for s, a, b in pairs]
     out = []
     for (scenario, a, b), p, adjusted in zip(pairs, p_values, holm(p_values), strict=True):
-        x, y = seeds(scenario, a), seeds(scenario, b)
-        out.append((scenario, a, b, sum(x.values()) / len(x) - sum(y.values()) / len(y), p, adjusted))
+        gap = (by_key[(scenario, a)].mean or 0.0) - (by_key[(scenario, b)].mean or 0.0)
+        out.append((scenario, a, b, gap, p, adjusted))
     return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("table", help="a bench's leaderboard.csv")
-    rows = {(r["scenario"], r["method"]): r for r in csv.DictReader(open(parser.parse_args().table))}
-
-    def seeds(scenario: str, method: str) -> dict[int, float]:
-        return accuracy_by_seed(rows[(scenario, method)])
-
+    by_key = entries(parser.parse_args().table)
     print("| family | scenario | method | vs | difference of means | p | p Holm |")
     print("|---|---|---|---|---:|---:|---:|")
     for family, pairs in FAMILIES.items():
-        for scenario, a, b, difference, p, adjusted in paired_tests(pairs, seeds):
-            print(f"| {family} | {scenario} | {a} | {b} | {difference:+.4f} | {p:.3g} | {adjusted:.3g} |")
+        for scenario, a, b, gap, p, adjusted in tests(pairs, by_key):
+            print(f"| {family} | {scenario} | {a} | {b} | {gap:+.4f} | {p:.3g} | {adjusted:.3g} |")
     return 0
 
 

@@ -1,6 +1,7 @@
-"""The paired comparisons docs/results/peers.md makes beyond the leaderboard's own: SALF
-against each of its peers in every scenario both ran, from a bench's per-method table (a
-paired t-test over the seeds both ran), Holm-corrected over the whole table.
+"""The comparisons docs/results/peers.md makes beyond the leaderboard's own: SALF against
+each of its peers in every scenario both ran, from a bench's per-method table (the
+leaderboard's test: a paired t-test over the seeds both ran, these benches having tuned each
+method once), Holm-corrected over the whole table.
 
     python experiments/peers_pairs.py docs/results/data/peers.csv
     python experiments/peers_pairs.py docs/results/data/peers-cnn.csv
@@ -9,10 +10,9 @@ paired t-test over the seeds both ran), Holm-corrected over the whole table.
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 
-from leaderboard_pairs import accuracy_by_seed, paired_tests
+from leaderboard_pairs import entries, tests
 
 REFERENCE = "salf"
 
@@ -22,20 +22,14 @@ def main() -> int:
     parser.add_argument("table", help="a bench's leaderboard.csv")
     parser.add_argument("--reference", default=REFERENCE, help="the method compared with the others")
     args = parser.parse_args()
-    with open(args.table, newline="") as handle:
-        rows = [r for r in csv.DictReader(handle) if r["status"] == "ok"]
-    by_key = {(r["scenario"], r["method"]): r for r in rows}
-
-    def seeds(scenario: str, method: str) -> dict[int, float]:
-        return accuracy_by_seed(by_key[(scenario, method)])
-
+    by_key = {key: e for key, e in entries(args.table).items() if e.status == "ok"}
     pairs = [
-        (r["scenario"], args.reference, r["method"]) for r in rows
-        if r["method"] != args.reference and (r["scenario"], args.reference) in by_key
+        (scenario, args.reference, method) for scenario, method in by_key
+        if method != args.reference and (scenario, args.reference) in by_key
     ]  # fmt: skip
     print(f"| scenario | {args.reference} vs | difference of means | p | p Holm |")
     print("|---|---|---:|---:|---:|")
-    for scenario, _, b, difference, p, adjusted in paired_tests(pairs, seeds):
+    for scenario, _, b, difference, p, adjusted in tests(pairs, by_key):
         print(f"| {scenario} | {b} | {difference:+.4f} | {p:.3g} | {adjusted:.3g} |")
     return 0
 

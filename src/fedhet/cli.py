@@ -378,9 +378,12 @@ def _describe_plugin(kind: str, name: str) -> int:
     if kind == "algorithm":
         from fedhet.search_space import declared_params
 
-        declared = declared_params(entry.cls, name)
-        ranges = ", ".join(f"{p.key.split('.', 1)[1]} {p.describe()}" for p in declared)
-        print(f"\ntuned by fedhet bench: the learning rate{', ' + ranges if ranges else ' alone'}")
+        from fedhet.bench.suite import OWN_SERVER_LR
+
+        own = [p for p in declared_params(entry.cls, name) if p.key != OWN_SERVER_LR]
+        ranges = ", ".join(f"{p.key.split('.', 1)[1]} {p.describe()}" for p in own)
+        print(f"\ntuned by fedhet bench: the suite's shared knobs (train.lr and server.lr by default)"
+              f"{', and its own: ' + ranges if ranges else ''}")  # fmt: skip
     return 0
 
 

@@ -312,14 +312,14 @@ def csv_rows(board: Leaderboard) -> list[dict]:
 def read_csv(path: Path) -> list[dict]:
     """A leaderboard.csv read back as the results rows :func:`build` takes (what a row
     keeps: per-seed scores and times to the target, tuned values, fingerprints; not the
-    runs' folders). Refused in one line when it is not a leaderboard's table."""
+    runs' folders; a table written before the fingerprints reads without them). Refused in
+    one line when it is not a leaderboard's table."""
     from fedhet.errors import FedhetError
 
     with open(path, newline="", encoding="utf-8") as handle:
         table = list(csv.DictReader(handle))
     metric = next((c[5:] for c in (table[0] if table else {}) if c.startswith("mean_")), None)
-    missing = [c for c in ("scenario", "method", "status", "tuned", "own_knobs", "code", "settings")
-               if not table or c not in table[0]]  # fmt: skip
+    missing = [c for c in ("scenario", "method", "status", "tuned") if not table or c not in table[0]]
     if metric is None or missing:
         column = missing[0] if missing else "mean_<score>"
         raise FedhetError(f"{path}: not a leaderboard.csv of this fedhet (no column {column})")
@@ -330,7 +330,7 @@ def _row_from_csv(r: dict, metric: str) -> dict:
     """One leaderboard.csv row as a results row (see :func:`read_csv`)."""
     tuned = json.loads(r["tuned"] or "{}")
     params = tuned if isinstance(tuned, list) else [tuned]
-    validation = [float(v) if v else None for v in (r["validation_value"] or "").split(";")]
+    validation = [float(v) if v else None for v in (r.get("validation_value") or "").split(";")]
     validation += [None] * len(params)
     tunings = [{"repeat": i + 1, "params": p, "validation": validation[i], "seeds": {}}
                for i, p in enumerate(params)]  # fmt: skip
@@ -340,11 +340,11 @@ def _row_from_csv(r: dict, metric: str) -> dict:
         repeat, _, seed = key.rpartition("/")
         result = {"score": float(value), "score_metric": metric, "higher_is_better": higher,
                   "time_to_target": float(times[key]) if times.get(key) else None,
-                  "caveats": [c for c in r["caveats"].split(" | ") if c], "fedhet": r["fedhet"]}  # fmt: skip
+                  "caveats": [c for c in r.get("caveats", "").split(" | ") if c], "fedhet": r.get("fedhet", "")}  # fmt: skip
         tunings[int(repeat or 1) - 1]["seeds"][int(seed)] = result
     return {"scenario": r["scenario"], "method": r["method"], "status": r["status"], "reason": r["reason"],
-            "own": r["own_knobs"].split(), "failed_trials": int(r["failed_trials"] or 0), "code": r["code"],
-            "settings": r["settings"], "tunings": tunings}  # fmt: skip
+            "own": r.get("own_knobs", "").split(), "failed_trials": int(r.get("failed_trials") or 0),
+            "code": r.get("code", ""), "settings": r.get("settings", ""), "tunings": tunings}  # fmt: skip
 
 
 def _pairs(text: str) -> list[tuple[str, str]]:
