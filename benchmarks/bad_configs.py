@@ -290,6 +290,20 @@ EXTRA: list[tuple[str, dict]] = [
     ("timelyfl without a time law", {"algorithm": {"name": "timelyfl"}}),
 ]
 
+# client selection: its options only mean something with their rule, so each case names it
+SELECTION_BAD: list[tuple[str, dict]] = [
+    ("selection rule unknown", {"selection": {"rule": "oortt"}}),
+    ("selection rule not a name", {"selection": {"rule": 3}}),
+    *[(f"uniform clients_per_round = {v!r}", {"selection": {"rule": "uniform", "clients_per_round": v}})
+      for v in (0, -2, *INTS_BAD)],
+    *[(f"power-of-choice candidates = {v!r}",
+       {"selection": {"rule": "power-of-choice", "clients_per_round": 2, "candidates": v}})
+      for v in (1, 0, *INTS_BAD)],
+    ("uniform selection of an event-driven rule",
+     {"selection": {"rule": "uniform", "clients_per_round": 2}, "algorithm": {"name": "fedbuff"}}),
+]  # fmt: skip
+EXTRA += SELECTION_BAD
+
 ALGORITHM_BAD: list[dict] = [
     {"name": "fedsgd"},
     {"name": 5},

@@ -376,9 +376,8 @@ def _describe_plugin(kind: str, name: str) -> int:
         print("\n" + doc)
     print("\n" + plugin_text(entry))
     if kind == "algorithm":
-        from fedhet.search_space import declared_params
-
         from fedhet.bench.suite import OWN_SERVER_LR
+        from fedhet.search_space import declared_params
 
         own = [p for p in declared_params(entry.cls, name) if p.key != OWN_SERVER_LR]
         ranges = ", ".join(f"{p.key.split('.', 1)[1]} {p.describe()}" for p in own)

@@ -530,6 +530,18 @@ class ServerConfig(PluginSection):
 
 
 @dataclass
+class SelectionConfig(PluginSection):
+    """``[selection]``: which of the present clients the server asks each round (``rule``:
+    all, uniform, power-of-choice, a plug-in; its options in the same table, e.g.
+    ``clients_per_round``)."""
+
+    SECTION: ClassVar[str] = "selection"
+    SLOTS: ClassVar[dict[str, str]] = {"rule": "selection"}
+
+    rule: str = "all"
+
+
+@dataclass
 class CompareConfig:
     algorithms: list = field(default_factory=list)
 
@@ -561,6 +573,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     system: SystemConfig = field(default_factory=SystemConfig)
     server: ServerConfig = field(default_factory=ServerConfig)
+    selection: SelectionConfig = field(default_factory=SelectionConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     compare: CompareConfig = field(default_factory=CompareConfig)
 
@@ -600,6 +613,8 @@ class Config:
             del out["model"]["classifier"]
         if out["server"] == {"optimizer": "sgd", "lr": 1.0}:
             del out["server"]
+        if out["selection"] == {"rule": "all"}:
+            del out["selection"]
         return out
 
     def to_toml(self) -> str:
@@ -615,9 +630,10 @@ SECTIONS = {
     "train": TrainConfig,
     "system": SystemConfig,
     "server": ServerConfig,
+    "selection": SelectionConfig,
     "compare": CompareConfig,
 }
-PLUGIN_SECTIONS = ("run", "data", "model", "train", "system", "server")
+PLUGIN_SECTIONS = ("run", "data", "model", "train", "system", "server", "selection")
 
 
 def _section(name: str, cls: Any, values: Any):

@@ -182,16 +182,21 @@ def hold_out(
     return train, held
 
 
-def build_system(config: Config, num_clients: int, num_layers: int, measure=None) -> SystemModel:
+def build_system(config: Config, num_clients: int, num_layers: int, measure=None,
+                 client_sizes=None) -> SystemModel:  # fmt: skip
     """The configured system model (``system.model``, a plug-in) wrapped in its dropout,
     availability and participation plug-ins (``system.dropout``, ``system.availability``,
-    ``system.participation``; "none" and "always" leave it as it is)."""
+    ``system.participation``; "none" and "always" leave it as it is), then in the client
+    selection (``[selection] rule``; "all" leaves it as it is)."""
     s = config.system
-    ctx = SystemContext(num_clients, num_layers, config.round_deadline, config.run.seed, measure)
+    ctx = SystemContext(num_clients, num_layers, config.round_deadline, config.run.seed, measure,
+                        client_sizes=client_sizes)  # fmt: skip
     model = s.entry("model").cls.build(s.options("model"), ctx)
-    for slot in ("dropout", "availability", "participation"):
+    for section, slot in (("system", "dropout"), ("system", "availability"), ("system", "participation"),
+                          ("selection", "rule")):  # fmt: skip
         ctx.base = model
-        model = s.entry(slot).cls.build(s.options(slot), ctx)
+        plugins = getattr(config, section)
+        model = plugins.entry(slot).cls.build(plugins.options(slot), ctx)
     return model
 
 
@@ -237,7 +242,8 @@ def build_world(config: Config, client_side: bool = False, dataset: Dataset | No
     if not client_side:
         choose_threads(config.run.threads, step_flops)
 
-    system = None if client_side else _system(config, flat, dataset, train_labels, len(parts))
+    sizes = np.array([len(p) for p in parts])
+    system = None if client_side else _system(config, flat, dataset, train_labels, len(parts), sizes)
     t = config.train
     algorithm = algorithm_entry.cls.build(config.algorithm.options, AlgorithmContext(t))
     worker = build_trainer(config, flat, dataset.task)
@@ -250,7 +256,8 @@ def build_world(config: Config, client_side: bool = False, dataset: Dataset | No
     )  # fmt: skip
 
 
-def _system(config: Config, flat: FlatModel, dataset: Dataset, train_labels, num_clients: int):
+def _system(config: Config, flat: FlatModel, dataset: Dataset, train_labels, num_clients: int,
+            client_sizes=None):  # fmt: skip
     """The run's system model; ``measured`` calibrates itself on this host's model and data."""
 
     def measure():
@@ -258,7 +265,7 @@ def _system(config: Config, flat: FlatModel, dataset: Dataset, train_labels, num
 
         return calibrate(config, flat, dataset.x_train, train_labels, loss_of=dataset.task.loss)
 
-    return build_system(config, num_clients, flat.num_layers, measure)
+    return build_system(config, num_clients, flat.num_layers, measure, client_sizes)
 
 
 def client_holdout(config: Config, parts: list) -> tuple[list, list]:

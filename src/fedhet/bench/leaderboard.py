@@ -340,7 +340,8 @@ def _row_from_csv(r: dict, metric: str) -> dict:
         repeat, _, seed = key.rpartition("/")
         result = {"score": float(value), "score_metric": metric, "higher_is_better": higher,
                   "time_to_target": float(times[key]) if times.get(key) else None,
-                  "caveats": [c for c in r.get("caveats", "").split(" | ") if c], "fedhet": r.get("fedhet", "")}  # fmt: skip
+                  "caveats": [c for c in r.get("caveats", "").split(" | ") if c],
+                  "fedhet": r.get("fedhet", "")}  # fmt: skip
         tunings[int(repeat or 1) - 1]["seeds"][int(seed)] = result
     return {"scenario": r["scenario"], "method": r["method"], "status": r["status"], "reason": r["reason"],
             "own": r.get("own_knobs", "").split(), "failed_trials": int(r.get("failed_trials") or 0),

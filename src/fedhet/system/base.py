@@ -39,8 +39,8 @@ from fedhet.system.types import Marginals, Outcomes, Workload
 class SystemContext:
     """What a system model (or a wrapper) is built from: the run's shape, the configured
     per-round deadline, the run's seed (setup draws use named streams of it), a function
-    that times the model on this host (the ``measured`` model) and, for wrappers, ``base``:
-    the model they wrap."""
+    that times the model on this host (the ``measured`` model), each client's data size and,
+    for wrappers, ``base``: the model they wrap."""
 
     num_clients: int
     num_layers: int
@@ -48,6 +48,7 @@ class SystemContext:
     seed: int = 0
     measure: Callable[[], dict] | None = None
     base: SystemModel | None = None
+    client_sizes: np.ndarray | None = None  # each client's training examples (client selection)
 
     def stream(self, name: str) -> np.random.Generator:
         """A named random stream of the run's seed, for a model's setup draws."""

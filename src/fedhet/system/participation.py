@@ -378,13 +378,18 @@ class CohortSampling(PresenceWrapper):
         with probability ``presence[u]`` independently."""
         if reach is None:
             reach = self.base.marginals(work).reach_prob
-        q = np.asarray(presence, float)[:, None]
-        if np.all(reach == 1.0) and np.all(q == 1.0):
-            return np.zeros(self.num_layers)  # every cohort member reaches every layer
-        ones = np.ones(self.num_clients)
-        return np.array(
-            [
-                random_subset_product(1.0 - q[:, 0] * reach[:, layer], ones, self.cohort_size)
-                for layer in range(self.num_layers)
-            ]
-        )
+        return cohort_no_reach(reach, presence, self.cohort_size)
+
+
+def cohort_no_reach(reach: np.ndarray, presence: np.ndarray, cohort_size: int) -> np.ndarray:
+    """p_l = P[no client of a uniform cohort of ``cohort_size`` reaches layer l], client u
+    reaching it with probability ``reach[u, l]`` and present with ``presence[u]``: the mean
+    over the C(N, K) cohorts of prod (1 - presence_u reach_ul) (:func:`random_subset_product`)."""
+    q = np.asarray(presence, float)
+    num_clients, num_layers = reach.shape
+    if np.all(reach == 1.0) and np.all(q == 1.0):
+        return np.zeros(num_layers)  # every cohort member reaches every layer
+    ones = np.ones(num_clients)
+    return np.array(
+        [random_subset_product(1.0 - q * reach[:, layer], ones, cohort_size) for layer in range(num_layers)]
+    )

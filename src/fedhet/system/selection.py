@@ -1,0 +1,316 @@
+"""Client selection: which of the clients present in a round the server asks to train. A
+plug-in kind (``[selection] rule = "..."``) that composes with every round rule and every
+system model, participation and availability plug-in: it wraps them as the outermost
+presence wrapper, choosing among the clients they make present.
+
+A selector sees what a real server would: each client's data size, the mean training loss
+and example count it reported with its last update, and when that update arrived (a client
+asked but heard from with nothing is known only to have missed the deadline); never the
+system model's draws. Built-ins:
+
+- ``all`` (the default): every present client; no wrapper, so runs are what they were
+  before selection existed, bit for bit.
+- ``uniform``: ``clients_per_round`` (m) of the present clients, uniformly without
+  replacement.
+- ``power-of-choice`` (Cho, Wang, Joshi, "Towards Understanding Biased Client Selection in
+  Federated Learning", AISTATS 2022, arXiv:2010.01243): d = ``candidates`` present clients
+  drawn without replacement with probability proportional to their data fractions p_k, then
+  the m of them with the highest local loss. The losses are those the candidates last
+  reported (the paper's computation-free variant rpow-d: no extra forward pass); a client
+  never heard from ranks first, so that each is tried once.
+
+Every selector's choice is drawn from its own stream of the run's seed per round
+(``selection``), so the system model's draws are those of the same run without selection.
+
+Inclusion probabilities pi_i (what rules weighted by p_i take: FedStale's memory, SALF's p_l,
+ADEL-FL's plans) are exact for ``uniform`` over clients that are always present (m/N, with
+the cohort's p_l, as ``system.participation = "cohort"``) and otherwise estimated: the share
+of rounds so far in which the client was asked, given it was present, (asked + 1) /
+(present + 2), times its presence probability. The run's ``selection.json`` says which.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedhet import seeding
+from fedhet.errors import ConfigError
+from fedhet.registry import NoOptions, register
+from fedhet.system.base import SystemContext, SystemModel
+from fedhet.system.participation import PresenceWrapper, cohort_no_reach
+from fedhet.system.types import Marginals
+
+
+@dataclass
+class ServerView:
+    """What the server knows of its clients when it selects: data sizes, each client's last
+    reported mean training loss (nan: never heard from), when its last update arrived after
+    the round started (nan: never), the round it was last asked (-1: never) and how often it
+    was asked. Selectors read it; the wrapper keeps it."""
+
+    sizes: np.ndarray
+    loss: np.ndarray
+    duration: np.ndarray
+    last_asked: np.ndarray
+    times_asked: np.ndarray
+    round: int = 0
+
+    @classmethod
+    def empty(cls, sizes: np.ndarray) -> ServerView:
+        n = len(sizes)
+        nan = np.full(n, np.nan)
+        return cls(np.asarray(sizes, float), nan.copy(), nan.copy(), np.full(n, -1), np.zeros(n, int))
+
+    def state_dict(self) -> dict:
+        fields = dataclasses.asdict(self).items()
+        return {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in fields}
+
+    def load_state_dict(self, state: dict) -> None:
+        for key, value in state.items():
+            current = getattr(self, key)
+            setattr(
+                self,
+                key,
+                np.asarray(value, dtype=current.dtype) if isinstance(current, np.ndarray) else value,
+            )
+
+
+class Selector:
+    """Base of the kind: ``name``, ``Options``, :meth:`choose` and the declared
+    :attr:`exact_inclusion`. A selector keeps what it learns beyond the
+    :class:`ServerView` in :meth:`state_dict` (checkpointed with the run)."""
+
+    name = "base"
+    Options: type = NoOptions
+    summary = ""
+
+    def __init__(self, options) -> None:
+        self.options = options
+
+    @classmethod
+    def build(cls, options, ctx: SystemContext) -> SystemModel:
+        """The wrapper that applies this selector to the model ``ctx`` wraps."""
+        return Selection(ctx.wrapped, cls(options), ctx)
+
+    def exact_inclusion(self, base: SystemModel) -> bool:
+        """Whether pi_i has a closed form around ``base`` (estimated otherwise)."""
+        return False
+
+    def inclusion(self, num_clients: int) -> np.ndarray | None:
+        """The exact pi_i given presence, where :meth:`exact_inclusion` holds."""
+        return None
+
+    def choose(self, present: np.ndarray, view: ServerView, rng: np.random.Generator) -> np.ndarray:
+        """The clients asked this round (a boolean mask within ``present``)."""
+        raise NotImplementedError
+
+    def observe(self, view: ServerView, reported: np.ndarray) -> None:
+        """Learn from the round's reports (``reported``: the clients heard from); the view is
+        already updated. Nothing by default."""
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
+
+@register("selection", "all")
+class AllPresent:
+    """Every present client is asked (no selection): the run is what it was without one."""
+
+    name = "all"
+    Options = NoOptions
+    summary = "every present client (no selection)"
+
+    @classmethod
+    def build(cls, options, ctx: SystemContext) -> SystemModel:
+        return ctx.wrapped
+
+
+def _chosen(config, options) -> bool:
+    """Whether ``options`` are those of the configured rule (not a stray key's owner)."""
+    return isinstance(options, config.selection.entry("rule").cls.Options)
+
+
+def check_round_rule(config, key: str = "selection.rule") -> None:
+    """Selection asks clients each round: an event-driven rule (FedBuff, FedAsync), which
+    hands work to clients as they come back, is refused in one line."""
+    from fedhet.registry import resolve
+
+    cls = resolve("algorithm", config.algorithm_name, "algorithm.name").cls
+    if cls.driver == "event":
+        raise ConfigError(
+            f"{key} = {config.selection.rule!r} with algorithm {config.algorithm_name!r}: an event-driven "
+            "rule hands work to each client as it comes back, not by rounds; selection applies to round rules"
+        )
+
+
+@dataclass
+class UniformOptions:
+    """``clients_per_round`` m: the clients asked each round (every present one when fewer
+    are present)."""
+
+    clients_per_round: int = 10  # m, the clients asked each round (every present one when fewer)
+
+    def validate(self) -> None:
+        if isinstance(self.clients_per_round, bool) or self.clients_per_round < 1:
+            raise ConfigError(f"selection.clients_per_round = {self.clients_per_round!r}: must be >= 1")
+
+    def validate_in(self, config) -> None:
+        if _chosen(config, self):
+            check_round_rule(config)
+
+
+@register("selection", "uniform")
+class UniformSelection(Selector):
+    """m of the present clients, uniformly without replacement (FedAvg's client sampling)."""
+
+    name = "uniform"
+    Options = UniformOptions
+    summary = "m of the present clients, uniformly at random"
+
+    def exact_inclusion(self, base: SystemModel) -> bool:
+        """m of N always-present clients: pi = m/N; p_l is the cohort's where the clients'
+        outcomes are independent, the wrapped model's own when every client is asked."""
+        everyone = self.options.clients_per_round >= base.num_clients
+        return bool(base.always_present) and (everyone or bool(base.independent_clients))
+
+    def inclusion(self, num_clients: int) -> np.ndarray | None:
+        return np.full(num_clients, min(1.0, self.options.clients_per_round / num_clients))
+
+    def choose(self, present, view, rng):
+        chosen = np.zeros(len(present), dtype=bool)
+        pool = np.flatnonzero(present)
+        m = min(self.options.clients_per_round, len(pool))
+        chosen[rng.choice(pool, m, replace=False)] = True
+        return chosen
+
+
+@dataclass
+class PowerOfChoiceOptions:
+    """``clients_per_round`` m and ``candidates`` d >= m (Cho et al.'s d; their experiments use
+    d between m and N); fewer present clients than d: all of them are candidates."""
+
+    clients_per_round: int = 10  # m, the clients asked each round among the candidates
+    candidates: int = 20  # d >= m, drawn by data size among the present clients (all when fewer)
+
+    def validate(self) -> None:
+        UniformOptions(self.clients_per_round).validate()
+        if isinstance(self.candidates, bool) or self.candidates < 1:
+            raise ConfigError(f"selection.candidates = {self.candidates!r}: must be >= 1")
+
+    def validate_in(self, config) -> None:
+        if not _chosen(config, self):
+            return
+        check_round_rule(config)
+        if self.candidates < self.clients_per_round:
+            raise ConfigError(
+                f"selection.candidates = {self.candidates}: must be >= selection.clients_per_round "
+                f"({self.clients_per_round}): d candidates, the m highest losses among them"
+            )
+
+
+@register("selection", "power-of-choice")
+class PowerOfChoice(Selector):
+    """Cho et al. (arXiv:2010.01243), pi_pow-d: a candidate set A of d clients drawn without
+    replacement with probability p_k (data fractions), then the m clients of A with the
+    highest F_k(w); F_k here is the loss k last reported (rpow-d), +inf when never heard."""
+
+    name = "power-of-choice"
+    Options = PowerOfChoiceOptions
+    summary = "d candidates by data size, then the m with the highest last reported loss (Cho et al. 2022)"
+
+    def choose(self, present, view, rng):
+        chosen = np.zeros(len(present), dtype=bool)
+        pool = np.flatnonzero(present)
+        if not len(pool):
+            return chosen
+        weights = view.sizes[pool] / view.sizes[pool].sum()
+        d = min(self.options.candidates, len(pool))
+        candidates = rng.choice(pool, d, replace=False, p=weights)
+        loss = np.where(np.isnan(view.loss[candidates]), np.inf, view.loss[candidates])
+        order = np.lexsort((candidates, -loss))  # highest loss first; ties by client index
+        chosen[candidates[order[: self.options.clients_per_round]]] = True
+        return chosen
+
+
+class Selection(PresenceWrapper):
+    """Wraps a system model: each round the selector asks some of the clients it makes
+    present; the others sit the round out. Keeps the :class:`ServerView` (updated from the
+    delivered updates in :meth:`observe`) and the counts behind the estimated pi_i."""
+
+    def __init__(self, base: SystemModel, selector: Selector, ctx: SystemContext):
+        super().__init__(base)
+        sizes = np.ones(base.num_clients) if ctx.client_sizes is None else np.asarray(ctx.client_sizes, float)
+        self.selector, self.seed = selector, ctx.seed
+        self.view = ServerView.empty(sizes)
+        self.present_count = np.zeros(base.num_clients, int)
+        self.exact = selector.exact_inclusion(base)
+        self._arrival = np.full(base.num_clients, np.nan)
+        self.name = f"{base.name}+{selector.name}"
+
+    @property
+    def participation_prob(self) -> np.ndarray:  # type: ignore[override]
+        """pi_i given presence (the wrapped model's presence multiplies it in
+        :meth:`marginals`): exact, or the smoothed share of present rounds asked."""
+        exact = self.selector.inclusion(self.num_clients) if self.exact else None
+        if exact is not None:
+            return exact
+        return (self.view.times_asked + 1.0) / (self.present_count + 2.0)
+
+    @property
+    def independent_clients(self) -> bool:
+        return False  # a selection couples the clients it chooses among
+
+    def sample(self, work, rng):
+        out = self.base.sample(work, rng)
+        stream = seeding.round_stream(self.seed, "selection", self.view.round)
+        chosen = self.selector.choose(out.participates.copy(), self.view, stream) & out.participates
+        self.present_count += out.participates
+        self.view.times_asked += chosen
+        self.view.last_asked[chosen] = self.view.round
+        self.view.round += 1
+        self._arrival = np.where(chosen, out.finish_time, np.nan)  # from the round's start
+        return dataclasses.replace(out, participates=chosen)
+
+    def observe(self, updates) -> None:
+        self.base.observe(updates)
+        reported = np.zeros(self.num_clients, dtype=bool)
+        for update in updates:
+            c = update.client
+            self.view.loss[c] = float(update.loss)
+            self.view.duration[c] = float(self._arrival[c]) if np.isfinite(self._arrival[c]) else np.nan
+            reported[c] = True
+        self.selector.observe(self.view, reported)
+
+    def marginals(self, work) -> Marginals:
+        out = super().marginals(work)
+        m = getattr(self.selector.options, "clients_per_round", self.num_clients)
+        if self.exact and isinstance(self.selector, UniformSelection) and m < self.num_clients:
+            reach = self.base.marginals(work).reach_prob
+            out.no_reach_prob = cohort_no_reach(reach, np.ones(self.num_clients),
+                                                self.selector.options.clients_per_round)  # fmt: skip
+        return out
+
+    def wrapper_state_dict(self) -> dict:
+        return {"view": self.view.state_dict(), "present": self.present_count.tolist(),
+                "selector": self.selector.state_dict()}  # fmt: skip
+
+    def load_wrapper_state_dict(self, state: dict) -> None:
+        self.view.load_state_dict(state["view"])
+        self.present_count = np.asarray(state["present"], int)
+        self.selector.load_state_dict(state.get("selector", {}))
+
+    def reports(self) -> dict[str, dict]:
+        out = dict(self.base.reports())
+        out["selection"] = {
+            "rule": self.selector.name,
+            "inclusion": "exact" if self.exact else "estimated from the rounds so far",
+            "times_asked": self.view.times_asked.tolist(),
+            "rounds": self.view.round,
+        }
+        return out

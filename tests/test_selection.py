@@ -1,0 +1,123 @@
+"""Client selection (``[selection] rule``): the default leaves a run as it was, bit for bit;
+``uniform`` asks m of the present clients with the cohort's exact marginals;
+``power-of-choice`` asks the m highest reported losses among d candidates drawn by data
+size (Cho et al., arXiv:2010.01243); a selected run resumes bit-identically; bad options and
+an event-driven rule are refused in one line."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import config_from
+
+from fedhet.config import ConfigError, from_dict
+from fedhet.engine.loop import RunLoop
+from fedhet.system.selection import PowerOfChoice, PowerOfChoiceOptions, ServerView
+from fedhet.system.types import Workload
+from fedhet.world import build_system
+
+BASE = {
+    "run": {"seed": 3, "rounds": 8, "eval_every": 4, "threads": 1},
+    "data": {"dataset": "digits", "num_clients": 8, "partition": "dirichlet", "alpha": 0.5},
+    "model": {"name": "mlp", "hidden": [16]},
+    "train": {"lr": 0.2, "batch_size": 16},
+    "system": {"model": "straggler-ratio", "straggler_ratio": 0.5, "deadline": 0.2},
+    "algorithm": {"name": "salf"},
+}
+
+
+def _config(**sections):
+    return config_from(BASE, **sections)
+
+
+def test_the_default_selection_and_uniform_over_everyone_leave_a_run_as_it_was(tmp_path):
+    """``rule = "all"`` builds no wrapper and writes no [selection] into the resolved
+    configuration; ``uniform`` asking all 8 clients draws its choice from its own stream, so
+    the system model's draws, and the run, are those of no selection."""
+    plain = RunLoop(_config(), tmp_path / "plain").run()
+    explicit = RunLoop(_config(selection={"rule": "all"}), tmp_path / "all").run()
+    assert explicit.metrics == plain.metrics
+    assert "selection" not in (tmp_path / "all" / "config.toml").read_text()
+    everyone = RunLoop(_config(selection={"rule": "uniform", "clients_per_round": 8}), tmp_path / "u8").run()
+    assert everyone.metrics == plain.metrics
+
+
+def test_uniform_asks_m_of_the_present_clients_with_the_cohorts_exact_marginals(tmp_path):
+    independent = {"model": "uniform-depth", "deadline": 0.2}  # clients' outcomes drawn independently
+    config = config_from(
+        {**BASE, "system": independent}, selection={"rule": "uniform", "clients_per_round": 3}
+    )
+    result = RunLoop(config, tmp_path / "u3").run()
+    report = json.loads((tmp_path / "u3" / "selection.json").read_text())
+    assert report["inclusion"] == "exact" and sum(report["times_asked"]) == 3 * 8
+    assert all(row["participants"] <= 3 for row in result.metrics)
+    # over always-present clients, uniform selection is FedAvg's cohort sampling: same marginals
+    six = {"data": {"num_clients": 6}}
+    plain = from_dict({**six, "system": {"model": "uniform-depth"}})
+    cohort = from_dict(
+        {**six, "system": {"model": "uniform-depth", "participation": "cohort", "cohort_size": 2}}
+    )
+    chosen = from_dict({**six, "system": {"model": "uniform-depth"},
+                        "selection": {"rule": "uniform", "clients_per_round": 2}})  # fmt: skip
+    work = Workload(1.0, np.full(6, 16))
+    a, b = build_system(cohort, 6, 4).marginals(work), build_system(chosen, 6, 4).marginals(work)
+    np.testing.assert_allclose(b.participation_prob, a.participation_prob)
+    np.testing.assert_allclose(b.no_reach_prob, a.no_reach_prob)
+    np.testing.assert_allclose(b.reach_prob, a.reach_prob)
+    assert not np.allclose(b.no_reach_prob, build_system(plain, 6, 4).marginals(work).no_reach_prob)
+
+
+def _view(losses, sizes=None) -> ServerView:
+    view = ServerView.empty(np.ones(len(losses)) if sizes is None else np.asarray(sizes, float))
+    view.loss[:] = losses
+    return view
+
+
+def test_power_of_choice_asks_the_highest_reported_losses_among_its_candidates():
+    """With every client a candidate (d = N) the choice is the m highest losses, clients never
+    heard from first; with d < N the candidates are a draw without replacement weighted by
+    data size, and the choice is the m highest losses among them, by hand."""
+    losses = np.array([0.5, 2.0, np.nan, 1.0, 3.0, 0.1])
+    present = np.ones(6, dtype=bool)
+    rule = PowerOfChoice(PowerOfChoiceOptions(clients_per_round=3, candidates=6))
+    chosen = rule.choose(present, _view(losses), np.random.default_rng(0))
+    assert sorted(np.flatnonzero(chosen)) == [1, 2, 4]  # nan (never heard), 3.0, 2.0
+    absent = present.copy()
+    absent[4] = False  # only present clients are candidates
+    assert sorted(np.flatnonzero(rule.choose(absent, _view(losses), np.random.default_rng(0)))) == [1, 2, 3]
+    sizes = np.array([10, 50, 5, 100, 20, 15], float)
+    rule = PowerOfChoice(PowerOfChoiceOptions(clients_per_round=2, candidates=4))
+    for seed in range(20):
+        chosen = rule.choose(present, _view(losses, sizes), np.random.default_rng(seed))
+        candidates = np.random.default_rng(seed).choice(6, 4, replace=False, p=sizes / sizes.sum())
+        by_loss = sorted(candidates, key=lambda c: -np.inf if np.isnan(losses[c]) else -losses[c])
+        assert sorted(np.flatnonzero(chosen)) == sorted(by_loss[:2])
+
+
+def test_power_of_choice_learns_the_losses_and_a_selected_run_resumes_bit_identically(tmp_path):
+    selection = {"rule": "power-of-choice", "clients_per_round": 2, "candidates": 5}
+    config = _config(run={"rounds": 10}, algorithm={"name": "fedavg"}, selection=selection)
+    whole = RunLoop(config, tmp_path / "whole").run()
+    RunLoop(config, tmp_path / "cut").run(stop_after=4)
+    assert RunLoop(config, tmp_path / "cut").run(resume=True).metrics == whole.metrics
+    report = json.loads((tmp_path / "whole" / "selection.json").read_text())
+    assert report["inclusion"] == "estimated from the rounds so far"
+    assert sum(report["times_asked"]) == 2 * 10 and report["rounds"] == 10
+
+
+@pytest.mark.parametrize(
+    ("selection", "algorithm", "message"),
+    [
+        ({"rule": "oortt"}, "salf", "selection.rule = 'oortt': unknown"),
+        ({"rule": "uniform", "clients_per_round": 0}, "salf", "selection.clients_per_round = 0"),
+        ({"rule": "power-of-choice", "clients_per_round": 3, "candidates": 2}, "salf",
+         "selection.candidates = 2: must be >= selection.clients_per_round"),
+        ({"rule": "uniform", "clients_per_round": 2}, "fedbuff", "an event-driven rule"),
+    ],
+)  # fmt: skip
+def test_bad_selections_are_refused_in_one_line(selection, algorithm, message):
+    with pytest.raises(ConfigError, match=message) as caught:
+        _config(selection=selection, algorithm={"name": algorithm})
+    assert "\n" not in str(caught.value)
