@@ -290,6 +290,12 @@ EXTRA: list[tuple[str, dict]] = [
     ("timelyfl without a time law", {"algorithm": {"name": "timelyfl"}}),
 ]
 
+OORT_BAD = {
+    "exploration": [-0.1, 1.5, *NUMBERS_BAD], "exploration_decay": [2.0, *NUMBERS_BAD],
+    "exploration_min": [-1.0], "cutoff": [1.2], "straggler_penalty": [-1.0, *NUMBERS_BAD],
+    "pacer_percentile": [101.0, -5.0], "pacer_step": [150.0], "pacer_window": [0, *INTS_BAD],
+    "clients_per_round": [0],
+}  # fmt: skip
 # client selection: its options only mean something with their rule, so each case names it
 SELECTION_BAD: list[tuple[str, dict]] = [
     ("selection rule unknown", {"selection": {"rule": "oortt"}}),
@@ -299,6 +305,10 @@ SELECTION_BAD: list[tuple[str, dict]] = [
     *[(f"power-of-choice candidates = {v!r}",
        {"selection": {"rule": "power-of-choice", "clients_per_round": 2, "candidates": v}})
       for v in (1, 0, *INTS_BAD)],
+    *[(f"oort {key} = {v!r}", {"selection": {"rule": "oort", key: v}})
+      for key, values in OORT_BAD.items() for v in values],
+    *[(f"tifl {key} = {v!r}", {"selection": {"rule": "tifl", key: v}})
+      for key in ("tiers", "interval", "clients_per_round") for v in (0, -1, *INTS_BAD)],
     ("uniform selection of an event-driven rule",
      {"selection": {"rule": "uniform", "clients_per_round": 2}, "algorithm": {"name": "fedbuff"}}),
 ]  # fmt: skip

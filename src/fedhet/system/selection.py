@@ -18,6 +18,11 @@ system model's draws. Built-ins:
   the m of them with the highest local loss. The losses are those the candidates last
   reported (the paper's computation-free variant rpow-d: no extra forward pass); a client
   never heard from ranks first, so that each is tried once.
+- ``oort`` (Lai et al., OSDI 2021, arXiv:2010.06081): statistical utility times a penalty
+  for clients slower than the preferred round duration T, a staleness bonus, epsilon
+  exploration of clients never asked, and a pacer that moves T (:class:`Oort`).
+- ``tifl`` (Chai et al., HPDC 2020): tiers of clients by response time, one tier drawn per
+  round with probabilities that favour the tiers the model does worst on (:class:`Tifl`).
 
 Every selector's choice is drawn from its own stream of the run's seed per round
 (``selection``), so the system model's draws are those of the same run without selection.
@@ -236,6 +241,218 @@ class PowerOfChoice(Selector):
         order = np.lexsort((candidates, -loss))  # highest loss first; ties by client index
         chosen[candidates[order[: self.options.clients_per_round]]] = True
         return chosen
+
+
+def _fill(chosen: np.ndarray, pool: np.ndarray, count: int, rng, weights=None) -> None:
+    """Mark ``count`` more clients of ``pool`` in ``chosen`` (all when fewer are left), drawn
+    without replacement, with probabilities proportional to ``weights`` (one per client of
+    ``pool``) when given."""
+    left = ~chosen[pool]
+    pool = pool[left]
+    count = min(count, len(pool))
+    if count <= 0:
+        return
+    p = None
+    if weights is not None:
+        w = np.asarray(weights, float)[left]
+        p = w / w.sum() if np.count_nonzero(w) >= count else None
+    chosen[rng.choice(pool, count, replace=False, p=p)] = True
+
+
+@dataclass
+class OortOptions:
+    """Oort's knobs with the defaults of its paper (Lai et al., OSDI 2021, Sec. 4-5)."""
+
+    clients_per_round: int = 10  # K, the clients asked each round
+    straggler_penalty: float = 2.0  # alpha in (T / t_i)^alpha for a client slower than T
+    exploration: float = 0.9  # epsilon at the start: the share of K asked among unexplored clients
+    exploration_decay: float = 0.98  # epsilon times this every round
+    exploration_min: float = 0.2  # epsilon's floor
+    cutoff: float = 0.95  # c: exploited clients are those within c of the K-th highest utility
+    pacer_percentile: float = 50.0  # T starts at this percentile of the reported durations
+    pacer_window: int = 20  # W: rounds between the pacer's checks
+    pacer_step: float = 10.0  # percentile points T moves up when a window's utility fell
+
+    def validate(self) -> None:
+        UniformOptions(self.clients_per_round).validate()
+        for key in ("exploration", "exploration_decay", "exploration_min", "cutoff"):
+            value = getattr(self, key)
+            if not 0.0 <= value <= 1.0:
+                raise ConfigError(f"selection.{key} = {value!r}: must be in [0, 1]")
+        if not 0.0 <= self.straggler_penalty < float("inf"):
+            raise ConfigError(f"selection.straggler_penalty = {self.straggler_penalty!r}: must be >= 0")
+        if not 0.0 <= self.pacer_percentile <= 100.0 or not 0.0 <= self.pacer_step <= 100.0:
+            raise ConfigError(
+                f"selection.pacer_percentile = {self.pacer_percentile!r}, pacer_step = {self.pacer_step!r}: "
+                "percentiles in [0, 100]"
+            )
+        if isinstance(self.pacer_window, bool) or self.pacer_window < 1:
+            raise ConfigError(f"selection.pacer_window = {self.pacer_window!r}: must be >= 1")
+
+    def validate_in(self, config) -> None:
+        if _chosen(config, self):
+            check_round_rule(config)
+
+
+@register("selection", "oort")
+class Oort(Selector):
+    """Oort (Lai et al., "Oort: Efficient Federated Learning via Guided Participant
+    Selection", OSDI 2021, arXiv:2010.06081), Algorithm 1. A client heard from has the
+    utility
+
+        Util(i) = |B_i| sqrt(mean_k Loss(k)^2) * (T / t_i)^(alpha 1[T < t_i]) + sqrt(0.1 ln R / L_i)
+
+    (statistical utility, system penalty, staleness bonus: R the round, L_i the round it was
+    last asked); here the reported mean training loss stands for the root mean square of its
+    examples' losses, |B_i| is its example count and t_i when its update arrived. Each round
+    (1 - epsilon) K clients are exploited: those within ``cutoff`` of the K(1 - epsilon)-th
+    highest utility, drawn with probability proportional to their utility; epsilon K are
+    explored among the clients never asked, uniformly (the server knows nothing of their
+    speed); epsilon decays. The pacer: T is the ``pacer_percentile`` of the reported
+    durations, moved up ``pacer_step`` points whenever a window of ``pacer_window`` rounds
+    gathered less statistical utility than the window before (the paper's Sec. 4.3)."""
+
+    name = "oort"
+    Options = OortOptions
+    summary = "utility = statistical x system, epsilon exploration, pacer (Lai et al. OSDI 2021)"
+
+    def __init__(self, options: OortOptions) -> None:
+        super().__init__(options)
+        self.epsilon = options.exploration
+        self.percentile = options.pacer_percentile
+        self.windows: list[float] = [0.0]  # statistical utility gathered per pacer window
+
+    def utility(self, view: ServerView) -> np.ndarray:
+        """Util(i) of every client (nan for one never heard from)."""
+        statistical = view.sizes * view.loss
+        known = view.duration[np.isfinite(view.duration)]
+        preferred = float(np.percentile(known, self.percentile)) if len(known) else np.inf
+        slow = np.isfinite(view.duration) & (view.duration > preferred)
+        penalty = np.where(
+            slow, (preferred / np.where(slow, view.duration, 1.0)) ** self.options.straggler_penalty, 1.0
+        )
+        asked = np.maximum(view.last_asked, 0) + 1.0
+        bonus = np.sqrt(0.1 * np.log(max(view.round, 1)) / asked)
+        return statistical * penalty + bonus
+
+    def choose(self, present, view, rng):
+        chosen = np.zeros(len(present), dtype=bool)
+        k = self.options.clients_per_round
+        explored = present & np.isfinite(view.loss)
+        exploit = min(int(round((1.0 - self.epsilon) * k)), int(explored.sum()))
+        if exploit:
+            pool = np.flatnonzero(explored)
+            util = self.utility(view)[pool]
+            floor = self.options.cutoff * np.sort(util)[::-1][exploit - 1]
+            keep = pool[util >= floor]
+            _fill(chosen, keep, exploit, rng, weights=np.maximum(self.utility(view)[keep], 1e-12))
+        _fill(chosen, np.flatnonzero(present & (view.last_asked < 0)), k - int(chosen.sum()), rng)
+        _fill(chosen, np.flatnonzero(present), k - int(chosen.sum()), rng)  # too few unexplored
+        self.epsilon = max(self.options.exploration_min, self.epsilon * self.options.exploration_decay)
+        return chosen
+
+    def observe(self, view: ServerView, reported: np.ndarray) -> None:
+        """Adds the round's statistical utility to the pacer's window; at a window's end, T's
+        percentile moves up when the window gathered less than the one before."""
+        self.windows[-1] += float(np.nansum(view.sizes[reported] * view.loss[reported]))
+        if view.round % self.options.pacer_window == 0:
+            if len(self.windows) >= 2 and self.windows[-1] < self.windows[-2]:
+                self.percentile = min(100.0, self.percentile + self.options.pacer_step)
+            self.windows = [self.windows[-1], 0.0]
+
+    def state_dict(self) -> dict:
+        return {"epsilon": self.epsilon, "percentile": self.percentile, "windows": list(self.windows)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epsilon, self.percentile = float(state["epsilon"]), float(state["percentile"])
+        self.windows = [float(w) for w in state["windows"]]
+
+
+@dataclass
+class TiflOptions:
+    """TiFL's knobs (Chai et al., HPDC 2020)."""
+
+    clients_per_round: int = 10  # m, the clients asked each round, all from one tier
+    tiers: int = 5  # tiers of clients by their reported durations (equal-size groups)
+    interval: int = 10  # I: rounds between re-tiering and new tier probabilities
+
+    def validate(self) -> None:
+        UniformOptions(self.clients_per_round).validate()
+        for key in ("tiers", "interval"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or value < 1:
+                raise ConfigError(f"selection.{key} = {value!r}: must be >= 1")
+
+    def validate_in(self, config) -> None:
+        if _chosen(config, self):
+            check_round_rule(config)
+
+
+def _mean_loss(losses: np.ndarray) -> float:
+    """The mean of the reported losses (inf when none: a tier never heard from ranks worst)."""
+    known = losses[np.isfinite(losses)]
+    return float(known.mean()) if len(known) else float("inf")
+
+
+@register("selection", "tifl")
+class Tifl(Selector):
+    """TiFL (Chai et al., "TiFL: A Tier-based Federated Learning System", HPDC 2020): the
+    clients are grouped into ``tiers`` by their response times; each round one tier is drawn
+    and m of its present clients are asked, uniformly. Adaptive tier selection (its
+    Algorithm 2): every ``interval`` rounds the tiers are ranked by how badly the model does
+    on them, and the worse a tier the likelier it is drawn (probabilities proportional to
+    ``tiers``, ..., 1 down the ranking). TiFL ranks by each tier's test accuracy; here the
+    mean training loss its clients last reported stands for it (the server evaluates nothing
+    on the clients). Clients never heard from are profiled first: asked, uniformly, before
+    any tier is drawn."""
+
+    name = "tifl"
+    Options = TiflOptions
+    summary = "tiers by response time, tier drawn by adaptive probabilities (Chai et al. HPDC 2020)"
+
+    def __init__(self, options: TiflOptions) -> None:
+        super().__init__(options)
+        self.tier_of: list[int] = []  # each client's tier (0 = fastest), once profiled
+        self.probabilities: list[float] = []
+
+    def retier(self, view: ServerView) -> None:
+        """Tiers from the reported durations; tier probabilities from the tiers' losses."""
+        count = min(self.options.tiers, len(view.duration))
+        order = np.argsort(np.where(np.isfinite(view.duration), view.duration, np.inf), kind="stable")
+        tier_of = np.empty(len(order), int)
+        for tier, members in enumerate(np.array_split(order, count)):
+            tier_of[members] = tier
+        self.tier_of = tier_of.tolist()
+        losses = [_mean_loss(view.loss[tier_of == t]) for t in range(count)]
+        ranking = np.argsort(-np.asarray(losses), kind="stable")  # the worst (highest loss) first
+        weights = np.empty(count)
+        weights[ranking] = np.arange(count, 0, -1, dtype=float)
+        self.probabilities = (weights / weights.sum()).tolist()
+
+    def choose(self, present, view, rng):
+        chosen = np.zeros(len(present), dtype=bool)
+        m = self.options.clients_per_round
+        unknown = np.flatnonzero(present & ~np.isfinite(view.duration))
+        if len(unknown):  # profiling: every client is heard from before tiers exist
+            _fill(chosen, unknown, m, rng)
+            return chosen
+        if not self.tier_of or view.round % self.options.interval == 0:
+            self.retier(view)
+        tier_of = np.asarray(self.tier_of)
+        alive = [t for t in range(len(self.probabilities)) if (present & (tier_of == t)).any()]
+        if not alive:
+            return chosen
+        p = np.asarray([self.probabilities[t] for t in alive])
+        tier = alive[int(rng.choice(len(alive), p=p / p.sum()))]
+        _fill(chosen, np.flatnonzero(present & (tier_of == tier)), m, rng)
+        return chosen
+
+    def state_dict(self) -> dict:
+        return {"tier_of": list(self.tier_of), "probabilities": list(self.probabilities)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.tier_of = [int(t) for t in state["tier_of"]]
+        self.probabilities = [float(p) for p in state["probabilities"]]
 
 
 class Selection(PresenceWrapper):
