@@ -125,6 +125,7 @@ def run_bench(options: BenchOptions) -> list[Path]:
     with _Display(suite, options.quiet) as display:
         bench = Bench(suite, folder, options.jobs, options.ray, on_progress=display.update,
                       rerun=tuple(options.rerun), storage=storage, skip=skip)  # fmt: skip
+        bench.live = display.live  # without a progress bar, nothing reads the database while it runs
         results = bench.run()
     results["rows"] = _merged(suite, field_rows, results["rows"])
     (folder / "bench.json").write_text(json.dumps(results, indent=1, default=str), encoding="utf-8")
@@ -169,6 +170,7 @@ class _Display:
 
         self.quiet = quiet
         self.console = Console(stderr=True, highlight=False)
+        self.live = not quiet and self.console.is_terminal
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    TextColumn("left"), TimeRemainingColumn())  # fmt: skip
         self.bar = RichProgress(*columns, console=self.console, transient=True, disable=quiet)

@@ -92,6 +92,7 @@ class Bench:
         self.suite, self.out, self.jobs, self.ray = suite, out, jobs, ray
         self.given_storage = storage  # an Optuna RDB URL (a cluster's), or the folder's SQLite
         self.skip = set(skip)  # methods whose rows come from elsewhere (--against): not run
+        self.live = True  # a live display reads the running studies' trials from the database
         self.rerun = set(rerun)  # method labels tuned and run again whatever their code
         self.on_progress = on_progress or (lambda progress: None)
         self.progress = Progress()
@@ -295,7 +296,7 @@ class Bench:
                         self._seed_done(future, what)
                 # the display reads the studies in work (Ray's futures do not say: all, less often)
                 running = {w for f, (k, w) in pending.items() if k == "study" and (self.ray or f.running())}
-                if time.monotonic() - last_poll > (10.0 if self.ray else 2.0):
+                if self.live and time.monotonic() - last_poll > (10.0 if self.ray else 2.0):
                     self._poll(running)
                     last_poll = time.monotonic()
                 elif done:
