@@ -261,7 +261,9 @@ def _fill(chosen: np.ndarray, pool: np.ndarray, count: int, rng, weights=None) -
 
 @dataclass
 class OortOptions:
-    """Oort's knobs with the defaults of its paper (Lai et al., OSDI 2021, Sec. 4-5)."""
+    """Oort's knobs (Lai et al., OSDI 2021, Sec. 4-5). Defaults: epsilon 0.9 decaying by 0.98
+    per round to 0.2, alpha = 2, c = 0.95, W = 20 rounds, the values reproductions of the
+    paper take (the authors' public code decays epsilon by 0.95 instead)."""
 
     clients_per_round: int = 10  # K, the clients asked each round
     straggler_penalty: float = 2.0  # alpha in (T / t_i)^alpha for a client slower than T
