@@ -4,6 +4,7 @@ from fedhet.algorithms import (  # noqa: F401  (registration)
     adelfl,
     amsfl,
     asyncfl,
+    ca2fl,
     depthfl,
     drop,
     fedasync,

@@ -222,3 +222,18 @@ def _expect_bytes(path: Path, wanted: int, what: str) -> None:
             f"{path}: truncated ({what}: {size} of {wanted} bytes); the run cannot resume: start again "
             "with --overwrite"
         )
+
+
+def persisted(memory: ClientMemory) -> dict:
+    """A memory in an algorithm's checkpointed state: it writes what changed since the last
+    checkpoint into its files (the run folder's ``client-memory``) and is kept as the
+    reference it returns, named with the class that reads it back."""
+    kind = f"{type(memory).__module__}:{type(memory).__qualname__}"
+    return {"__persisted__": kind, "reference": memory.persist()}
+
+
+def restored(saved: dict, work_dir: Path | None, who: str) -> ClientMemory:
+    """The memory :func:`persisted` saved, rebuilt from its files as they were then."""
+    if work_dir is None:
+        raise ValueError(f"{who}'s client memory is restored from its run folder")
+    return ClientMemory.restore(saved["reference"], work_dir / FOLDER)

@@ -29,7 +29,7 @@ from fedhet.algorithms.aggregation import layerwise_mean_buffers
 from fedhet.algorithms.base import SERVER_LR_RANGE, Algorithm, RoundContext, RunSetting, register
 from fedhet.algorithms.fedau import FedAUEstimator
 from fedhet.algorithms.fedavg import FedAvgOptions
-from fedhet.algorithms.memory import DTYPES, STORAGES, ClientMemory
+from fedhet.algorithms.memory import DTYPES, STORAGES, ClientMemory, persisted, restored
 from fedhet.algorithms.memory import FOLDER as MEMORY_FOLDER
 from fedhet.errors import ConfigError
 from fedhet.messages import ClientUpdate
@@ -135,16 +135,11 @@ class MemoryAlgorithm(Algorithm):
         """The memory writes what changed since the last checkpoint into its files (the run
         folder's ``client-memory``) and is kept as the reference it returns (named with the
         class that reads it back)."""
-        memory = state["memory"]
-        kind = f"{type(memory).__module__}:{type(memory).__qualname__}"
-        return {**state, "memory": {"__persisted__": kind, "reference": memory.persist()}}
+        return {**state, "memory": persisted(state["memory"])}
 
     def load_state_dict(self, saved: dict, work_dir: Path | None = None) -> dict:
         """The memory rebuilt from its files as they were at the checkpoint."""
-        reference = saved["memory"]["reference"]
-        if work_dir is None:
-            raise ValueError("a memory-based algorithm's state is restored from its run folder")
-        return {**saved, "memory": ClientMemory.restore(reference, work_dir / MEMORY_FOLDER)}
+        return {**saved, "memory": restored(saved["memory"], work_dir, self.name)}
 
     def direction(
         self,
