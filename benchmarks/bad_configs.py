@@ -307,6 +307,8 @@ SELECTION_BAD: list[tuple[str, dict]] = [
       for v in (1, 0, *INTS_BAD)],
     *[(f"oort {key} = {v!r}", {"selection": {"rule": "oort", key: v}})
       for key, values in OORT_BAD.items() for v in values],
+    *[(f"refl clients_per_round = {v!r}", {"selection": {"rule": "refl", "clients_per_round": v}})
+      for v in (0, *INTS_BAD)],
     *[(f"tifl {key} = {v!r}", {"selection": {"rule": "tifl", key: v}})
       for key in ("tiers", "interval", "clients_per_round") for v in (0, -1, *INTS_BAD)],
     ("uniform selection of an event-driven rule",

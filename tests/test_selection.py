@@ -15,6 +15,7 @@ from conftest import config_from
 from fedhet.config import ConfigError, from_dict
 from fedhet.engine.loop import RunLoop
 from fedhet.system.selection import (
+    LeastAvailableFirst,
     Oort,
     OortOptions,
     PowerOfChoice,
@@ -148,12 +149,34 @@ def test_tifl_profiles_every_client_then_asks_one_tier_drawn_worst_first():
     assert abs(slow_share - 2 / 3) < 4.5 * np.sqrt(2 / 9 / 300)
 
 
+def test_refl_asks_the_least_available_present_clients_first(tmp_path):
+    """The m present clients seen present least often so far; in a run where half the
+    clients are present one round in ten, each of them is asked in every round it is present
+    (m = 4: the four rare clients are never more than the m asked)."""
+    from fedhet.system.selection import UniformOptions
+
+    view = _view([np.nan] * 4)
+    view.times_present[:] = [5, 1, 3, 0]
+    view.round = 5
+    rule = LeastAvailableFirst(UniformOptions(clients_per_round=2))
+    assert sorted(np.flatnonzero(rule.choose(np.ones(4, bool), view, np.random.default_rng(0)))) == [1, 3]
+    rare = {"participation": "two-group", "participation_min": 0.1, "participation_group": "second-half"}
+    config = _config(run={"rounds": 30}, algorithm={"name": "fedavg"}, system=rare,
+                     selection={"rule": "refl", "clients_per_round": 4})  # fmt: skip
+    RunLoop(config, tmp_path / "refl").run()
+    report = json.loads((tmp_path / "refl" / "selection.json").read_text())
+    asked, present = np.array(report["times_asked"]), np.array(report["times_present"])
+    assert np.array_equal(asked[4:], present[4:])  # 4 rare clients, 4 asked: a present one is always asked
+    assert present[4:].sum() > 0 and (asked[:4] < present[:4]).all()
+
+
 @pytest.mark.parametrize(
     "selection",
     [
         {"rule": "power-of-choice", "clients_per_round": 2, "candidates": 5},
         {"rule": "oort", "clients_per_round": 3, "pacer_window": 3},
         {"rule": "tifl", "clients_per_round": 2, "tiers": 3, "interval": 3},
+        {"rule": "refl", "clients_per_round": 3},
     ],
     ids=lambda s: s["rule"],
 )

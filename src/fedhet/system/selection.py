@@ -23,6 +23,8 @@ system model's draws. Built-ins:
   exploration of clients never asked, and a pacer that moves T (:class:`Oort`).
 - ``tifl`` (Chai et al., HPDC 2020): tiers of clients by response time, one tier drawn per
   round with probabilities that favour the tiers the model does worst on (:class:`Tifl`).
+- ``refl`` (Abdelmoniem et al., EuroSys 2023, arXiv:2111.13263): the present clients least
+  often available so far first (:class:`LeastAvailableFirst`).
 
 Every selector's choice is drawn from its own stream of the run's seed per round
 (``selection``), so the system model's draws are those of the same run without selection.
@@ -53,21 +55,24 @@ from fedhet.system.types import Marginals
 class ServerView:
     """What the server knows of its clients when it selects: data sizes, each client's last
     reported mean training loss (nan: never heard from), when its last update arrived after
-    the round started (nan: never), the round it was last asked (-1: never) and how often it
-    was asked. Selectors read it; the wrapper keeps it."""
+    the round started (nan: never), the round it was last asked (-1: never), how often it
+    was asked and in how many rounds it was present (checked in). Selectors read it; the
+    wrapper keeps it."""
 
     sizes: np.ndarray
     loss: np.ndarray
     duration: np.ndarray
     last_asked: np.ndarray
     times_asked: np.ndarray
+    times_present: np.ndarray
     round: int = 0
 
     @classmethod
     def empty(cls, sizes: np.ndarray) -> ServerView:
         n = len(sizes)
         nan = np.full(n, np.nan)
-        return cls(np.asarray(sizes, float), nan.copy(), nan.copy(), np.full(n, -1), np.zeros(n, int))
+        return cls(np.asarray(sizes, float), nan.copy(), nan.copy(), np.full(n, -1), np.zeros(n, int),
+                   np.zeros(n, int))  # fmt: skip
 
     def state_dict(self) -> dict:
         fields = dataclasses.asdict(self).items()
@@ -457,6 +462,29 @@ class Tifl(Selector):
         self.probabilities = [float(p) for p in state["probabilities"]]
 
 
+@register("selection", "refl")
+class LeastAvailableFirst(Selector):
+    """REFL's participant selection (Abdelmoniem et al., "REFL: Resource-Efficient Federated
+    Learning", EuroSys 2023, arXiv:2111.13263): of the present clients, the m least likely to
+    be available later are asked first, so that rarely available clients' data is not lost to
+    frequently available ones. REFL predicts availability with a model of each device's
+    history; here a client's predicted availability is the share of rounds so far in which
+    it was present, (present + 1) / (rounds + 2); ties are broken at random. (REFL's other
+    half, staleness-aware aggregation of late updates, is a round rule's business.)"""
+
+    name = "refl"
+    Options = UniformOptions
+    summary = "the m present clients least often available so far first (REFL, EuroSys 2023)"
+
+    def choose(self, present, view, rng):
+        chosen = np.zeros(len(present), dtype=bool)
+        pool = np.flatnonzero(present)
+        availability = (view.times_present[pool] + 1.0) / (view.round + 2.0)
+        order = np.lexsort((rng.random(len(pool)), availability))  # least available first
+        chosen[pool[order[: self.options.clients_per_round]]] = True
+        return chosen
+
+
 class Selection(PresenceWrapper):
     """Wraps a system model: each round the selector asks some of the clients it makes
     present; the others sit the round out. Keeps the :class:`ServerView` (updated from the
@@ -467,7 +495,6 @@ class Selection(PresenceWrapper):
         sizes = np.ones(base.num_clients) if ctx.client_sizes is None else np.asarray(ctx.client_sizes, float)
         self.selector, self.seed = selector, ctx.seed
         self.view = ServerView.empty(sizes)
-        self.present_count = np.zeros(base.num_clients, int)
         self.exact = selector.exact_inclusion(base)
         self._arrival = np.full(base.num_clients, np.nan)
         self.name = f"{base.name}+{selector.name}"
@@ -479,7 +506,7 @@ class Selection(PresenceWrapper):
         exact = self.selector.inclusion(self.num_clients) if self.exact else None
         if exact is not None:
             return exact
-        return (self.view.times_asked + 1.0) / (self.present_count + 2.0)
+        return (self.view.times_asked + 1.0) / (self.view.times_present + 2.0)
 
     @property
     def independent_clients(self) -> bool:
@@ -489,7 +516,7 @@ class Selection(PresenceWrapper):
         out = self.base.sample(work, rng)
         stream = seeding.round_stream(self.seed, "selection", self.view.round)
         chosen = self.selector.choose(out.participates.copy(), self.view, stream) & out.participates
-        self.present_count += out.participates
+        self.view.times_present += out.participates
         self.view.times_asked += chosen
         self.view.last_asked[chosen] = self.view.round
         self.view.round += 1
@@ -516,12 +543,10 @@ class Selection(PresenceWrapper):
         return out
 
     def wrapper_state_dict(self) -> dict:
-        return {"view": self.view.state_dict(), "present": self.present_count.tolist(),
-                "selector": self.selector.state_dict()}  # fmt: skip
+        return {"view": self.view.state_dict(), "selector": self.selector.state_dict()}
 
     def load_wrapper_state_dict(self, state: dict) -> None:
         self.view.load_state_dict(state["view"])
-        self.present_count = np.asarray(state["present"], int)
         self.selector.load_state_dict(state.get("selector", {}))
 
     def reports(self) -> dict[str, dict]:
@@ -530,6 +555,7 @@ class Selection(PresenceWrapper):
             "rule": self.selector.name,
             "inclusion": "exact" if self.exact else "estimated from the rounds so far",
             "times_asked": self.view.times_asked.tolist(),
+            "times_present": self.view.times_present.tolist(),
             "rounds": self.view.round,
         }
         return out
