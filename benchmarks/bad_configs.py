@@ -354,6 +354,8 @@ ALGORITHM_BAD: list[dict] = [
     *({"name": "fedbuff", "max_concurrency": v} for v in (-1, 1.5)),
     {"name": "fedbuff", "server_lr": NAN},
     *({"name": "ca2fl", "buffer_size": v} for v in (0, -1, 100)),
+    *({"name": "fedrolex", "rates": v} for v in ([], [0.5], [1.0, 0.0], [1.0, "a"])),
+    {"name": "fedrolex", "fixed_rate": 1.5},
     *({"name": "ca2fl", key: v} for key in ("memory_dtype", "memory_storage") for v in ("float64", 3)),
     {"name": "ca2fl", "server_lr": 0.0},
     *({"name": "fedasync", "alpha": v} for v in (0.0, 1.5, NAN)),

@@ -28,6 +28,7 @@ SETTINGS = {
     "amsfl": ({}, PER_STEP, {"round_budget": 20.0}),
     "timelyfl": ({}, PER_STEP, {}),
     "fedbuff": ({}, STRAGGLERS, {"buffer_size": 4}),
+    "ca2fl": ({}, STRAGGLERS, {"buffer_size": 4}),
 }
 MODELS = {"depthfl": {"name": "mlp-exits", "hidden": [8]}}
 

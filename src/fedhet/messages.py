@@ -30,10 +30,12 @@ Payload = dict[str, Any]  # named tensors (float32) or scalars (int, float, str,
 @dataclass(frozen=True)
 class Coverage:
     """Which parameter elements a client trains or delivered: layers ``depth..L`` at width
-    rate ``width``. ``depth = L + 1`` covers nothing."""
+    rate ``width``, the kept units of each hidden layer of K starting at unit ``offset`` mod K
+    (0: the leading ones, HeteroFL's; FedRolex rolls it). ``depth = L + 1`` covers nothing."""
 
     depth: int = 1
     width: float = 1.0
+    offset: int = 0
 
     def region(self, layout) -> slice:
         """The flat slice of the covered parameters in ``layout`` (a ModelLayout)."""
@@ -108,6 +110,7 @@ class ClientTask:
             "local_steps": self.local_steps,
             "coverage.depth": self.coverage.depth,
             "coverage.width": float(self.coverage.width),
+            "coverage.offset": int(self.coverage.offset),
             "deadline": float("nan") if self.deadline is None else float(self.deadline),
             "model_round": self.model_round,
             "kind": self.kind,
@@ -133,7 +136,11 @@ class ClientTask:
             lr=float(data["lr"]),
             batch_size=int(data["batch_size"]),
             local_steps=int(data["local_steps"]),
-            coverage=Coverage(int(data["coverage.depth"]), float(data["coverage.width"])),
+            coverage=Coverage(
+                int(data["coverage.depth"]),
+                float(data["coverage.width"]),
+                int(data.get("coverage.offset", 0)),
+            ),  # fmt: skip
             deadline=None if np.isnan(deadline) else deadline,
             model_round=int(data["model_round"]),
             kind=str(data["kind"]),
@@ -201,6 +208,7 @@ class ClientUpdate:
             "client": self.client,
             "coverage.depth": self.coverage.depth,
             "coverage.width": float(self.coverage.width),
+            "coverage.offset": int(self.coverage.offset),
             "steps": self.steps,
             "num_samples": self.num_samples,
             "loss": float(self.loss),
@@ -218,7 +226,11 @@ class ClientUpdate:
     def from_dict(cls, data: dict) -> ClientUpdate:
         return cls(
             client=int(data["client"]),
-            coverage=Coverage(int(data["coverage.depth"]), float(data["coverage.width"])),
+            coverage=Coverage(
+                int(data["coverage.depth"]),
+                float(data["coverage.width"]),
+                int(data.get("coverage.offset", 0)),
+            ),  # fmt: skip
             steps=int(data["steps"]),
             num_samples=int(data["num_samples"]),
             loss=float(data["loss"]),

@@ -18,7 +18,7 @@ Two choices the papers leave to the reader are options:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -154,15 +154,36 @@ class HeteroFL(Algorithm):
             return params, buffers
         total = torch.zeros_like(params)
         holders = torch.zeros_like(params)
-        masks: dict[float, torch.Tensor] = {}
+        masks: dict[tuple[float, int], torch.Tensor] = {}
         for u in updates:
-            rate = u.coverage.width
-            if rate not in masks:
-                masks[rate] = width_mask(layout, rate).to(params.dtype)
+            key = (u.coverage.width, u.coverage.offset)
+            if key not in masks:
+                masks[key] = width_mask(layout, *key).to(params.dtype)
             total.add_(u.delta)
-            holders.add_(masks[rate])
+            holders.add_(masks[key])
         if self.options.aggregate == "padded":
             count = float(len(updates))
             return params * (holders / count) + total / count, buffers
         step = torch.where(holders > 0, total / holders.clamp(min=1.0), torch.zeros_like(total))
         return params + step, buffers  # static BatchNorm: clients' running statistics are not used
+
+
+@register
+class FedRolex(HeteroFL):
+    """FedRolex (Alam, Liu, Yan, Zhang, "FedRolex: Model-Heterogeneous Federated Learning with
+    Rolling Sub-Model Extraction", NeurIPS 2022, arXiv:2212.01548): HeteroFL's widths and
+    aggregation, but in round t a client of rate r < 1 trains the units (t + j) mod K,
+    j < ceil(r K), of each hidden layer of K units: a window that rolls one unit per round,
+    so that the slow clients train every part of the global model in turn, where HeteroFL's
+    always train the leading units (Coverage's ``offset`` = t; :func:`fedhet.models.width.
+    kept_indices`). Options, widths per client and the ``held`` or ``padded`` averaging are
+    HeteroFL's."""
+
+    name = "fedrolex"
+    summary = "FedRolex: HeteroFL's widths with a sub-model window rolling one unit per round"
+
+    def client_task(self, context, client: int, state: dict) -> ClientTask | None:
+        task = super().client_task(context, client, state)
+        if task is None or task.coverage.width >= 1.0:
+            return task
+        return replace(task, coverage=replace(task.coverage, offset=int(context.plan.round)))

@@ -18,16 +18,17 @@ class WidthMasks:
 
     def __init__(self, flat: FlatModel):
         self.flat = flat
-        self._masks: dict[float, torch.Tensor] = {}
+        self._masks: dict[tuple[float, int], torch.Tensor] = {}
 
-    def __call__(self, rate: float) -> torch.Tensor:
-        if rate not in self._masks:
-            self._masks[rate] = width_mask(self.flat.layout, rate).to(self.flat.device)
-        return self._masks[rate]
+    def __call__(self, rate: float, offset: int = 0) -> torch.Tensor:
+        key = (rate, offset)
+        if key not in self._masks:
+            self._masks[key] = width_mask(self.flat.layout, rate, offset).to(self.flat.device)
+        return self._masks[key]
 
 
 class CoverageView:
-    """Layers ``depth..L`` of the working model at width ``rate``.
+    """Layers ``depth..L`` of the working model at width ``rate`` (its units from ``offset``).
 
     ``reached``: their parameters (autograd is asked for these only); ``region``: their
     flat values (a view into the working model); ``param_slice``/``buffer_slice``: where they
@@ -40,6 +41,7 @@ class CoverageView:
         rate: float = 1.0,
         masks: WidthMasks | None = None,
         scale: bool = True,
+        offset: int = 0,
     ):
         self.flat = flat
         self.scale = scale
@@ -47,7 +49,7 @@ class CoverageView:
         self.rate = rate
         self.param_slice = flat.param_slices.from_depth(depth)
         self.buffer_slice = flat.buffer_slices.from_depth(depth)
-        self.mask = None if rate == 1.0 else (masks or WidthMasks(flat))(rate)
+        self.mask = None if rate == 1.0 else (masks or WidthMasks(flat))(rate, offset)
         self.reached = flat.parameters_from_depth(depth)
         self.region = flat.params[self.param_slice]
         self._hooks: list = []

@@ -219,7 +219,8 @@ class LocalTrainer:
         (:meth:`alone_reason`)."""
         if cls.alone_reason(task, data) is not None:
             return None
-        shape = (min(task.batch_size, len(data)), float(task.coverage.width), task.coverage.depth)
+        coverage = task.coverage
+        shape = (min(task.batch_size, len(data)), float(coverage.width), coverage.offset, coverage.depth)
         return (*shape, float(task.lr), scalar_payload(task))
 
     def train_group(
@@ -292,7 +293,7 @@ class LocalTrainer:
             for member in members:
                 member.budget = self.budget_for(member.task)
         if depth > flat.num_layers or lead.task.local_steps <= 0:
-            lead.task = replace(lead.task, coverage=Coverage(depth, lead.task.coverage.width))
+            lead.task = replace(lead.task, coverage=replace(lead.task.coverage, depth=depth))
             return None
         if len(members) > 1:
             members.sort(key=lambda m: -m.task.local_steps)  # stable: the working clients first
@@ -301,7 +302,8 @@ class LocalTrainer:
         if not flat.model.training:  # train()/eval() are set on the whole model, never on a part
             flat.model.train()
         scale = rule is None or rule.scales_sub_models
-        view = CoverageView(flat, depth, lead.task.coverage.width, self.masks, scale=scale)
+        coverage = lead.task.coverage
+        view = CoverageView(flat, depth, coverage.width, self.masks, scale=scale, offset=coverage.offset)
         view.enter()  # a sub-model's mask on the working model, the scaler hooks on
         if len(members) == 1:
             rows, buffer_rows = flat.params.unsqueeze(0), flat.buffers.unsqueeze(0)
@@ -504,7 +506,7 @@ class LocalTrainer:
             delta_buffers = group.buffer_regions[i] - group.sent_buffers
         update = ClientUpdate(
             client=task.client,
-            coverage=Coverage(view.depth, task.coverage.width) if group.first else task.coverage,
+            coverage=replace(task.coverage, depth=view.depth) if group.first else task.coverage,
             steps=len(member.losses),
             num_samples=len(member.data),
             loss=float(np.mean(member.losses)),

@@ -23,31 +23,50 @@ def kept_units(units: int, rate: float) -> int:
     return max(1, math.ceil(rate * units - 1e-9))
 
 
-def width_mask(layout: ModelLayout, rate: float) -> torch.Tensor:
-    """Boolean mask over the flat parameters: the elements a sub-model of ``rate`` holds."""
+def kept_indices(units: int, rate: float, offset: int = 0) -> torch.Tensor:
+    """The units a sub-model of ``rate`` keeps of a layer of ``units``: ceil(rate * units) of
+    them from unit ``offset`` mod units on, wrapping around (FedRolex's rolling window; 0:
+    the leading ones, HeteroFL's)."""
+    return (torch.arange(kept_units(units, rate)) + offset) % units
+
+
+def width_mask(layout: ModelLayout, rate: float, offset: int = 0) -> torch.Tensor:
+    """Boolean mask over the flat parameters: the elements a sub-model of ``rate`` holds,
+    its hidden units chosen by :func:`kept_indices` (``offset``)."""
     if not layout.param_shapes:
         raise ValueError("the model layout has no parameter shapes")
     mask = torch.zeros(layout.num_params, dtype=torch.bool)
     if rate >= 1.0:
         return mask.fill_(True)
     last = len(layout.param_shapes) - 1
-    previous_units = previous_kept = None
+    previous: torch.Tensor | None = None  # the kept units of the layer before
+    previous_units = 0
     for layer, shapes in enumerate(layout.param_shapes):
         units = next(s[0] for s in shapes if len(s) >= 2)
-        kept = units if layer == last else kept_units(units, rate)
-        offset = layout.param_slices.start(layer + 1)
+        kept = torch.arange(units) if layer == last else kept_indices(units, rate, offset)
+        start = layout.param_slices.start(layer + 1)
         for shape in shapes:
             block = torch.zeros(shape, dtype=torch.bool)
             if len(shape) >= 2:
-                inputs = shape[1] if previous_units is None else previous_kept * (shape[1] // previous_units)
-                block[:kept, :inputs] = True
+                inputs = (
+                    torch.arange(shape[1])
+                    if previous is None
+                    else _input_columns(previous, previous_units, shape[1])
+                )
+                block[kept.unsqueeze(1), inputs.unsqueeze(0)] = True
             else:
-                block[:kept] = True
-            size = block.numel()
-            mask[offset : offset + size] = block.reshape(-1)
-            offset += size
-        previous_units, previous_kept = units, kept
+                block[kept] = True
+            mask[start : start + block.numel()] = block.reshape(-1)
+            start += block.numel()
+        previous, previous_units = kept, units
     return mask
+
+
+def _input_columns(kept: torch.Tensor, units: int, columns: int) -> torch.Tensor:
+    """The input columns of a layer read from the kept units of the layer before: each unit
+    feeds ``columns // units`` consecutive inputs (after a flatten, a channel's positions)."""
+    per_unit = columns // units
+    return (kept.unsqueeze(1) * per_unit + torch.arange(per_unit).unsqueeze(0)).reshape(-1)
 
 
 def scaler_hooks(model, rate: float) -> list:
