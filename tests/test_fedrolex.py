@@ -6,11 +6,11 @@ resume."""
 from __future__ import annotations
 
 import torch
-from test_heterofl import _mask_blocks, _run_recording_tasks, _straggler_config
+from test_heterofl import _mask_blocks, _run_recording_tasks, _straggler_config, assert_same_scaled_forward
 
 from fedhet.engine.loop import RunLoop
 from fedhet.models import FlatModel, build_model
-from fedhet.models.width import kept_indices, scaler_hooks, width_mask
+from fedhet.models.width import kept_indices, width_mask
 
 
 def test_the_window_of_round_t_holds_units_t_to_t_plus_k_mod_k_of_every_hidden_layer():
@@ -49,13 +49,7 @@ def test_the_masked_full_model_computes_the_rolled_small_network():
         picked = [w1[first], b1[first], w2[second][:, first], b2[second], w3[:, second], b3]
         for p_small, p_big in zip(small.parameters_from_depth(1), picked, strict=True):
             p_small.copy_(p_big)
-    x = torch.randn(5, 64)
-    hooks = scaler_hooks(big.model, 0.5) + scaler_hooks(small.model, 0.5)
-    try:
-        torch.testing.assert_close(big.model(x), small.model(x))
-    finally:
-        for h in hooks:
-            h.remove()
+    assert_same_scaled_forward(big, small, 0.5)
 
 
 def test_each_straggler_trains_its_rounds_window_and_a_run_resumes_bit_identically(tmp_path):

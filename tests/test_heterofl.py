@@ -100,8 +100,13 @@ def test_the_masked_full_model_computes_the_sub_model():
         big.params.mul_(width_mask(big.layout, 0.5))
         for p_small, p_big in zip(small.parameters_from_depth(1), big.parameters_from_depth(1), strict=True):
             p_small.copy_(p_big[tuple(slice(0, n) for n in p_small.shape)])
+    assert_same_scaled_forward(big, small, 0.5)
+
+
+def assert_same_scaled_forward(big, small, rate: float) -> None:
+    """The two models, each with HeteroFL's scaler at ``rate``, compute the same outputs."""
     x = torch.randn(5, 64)
-    hooks = scaler_hooks(big.model, 0.5) + scaler_hooks(small.model, 0.5)
+    hooks = scaler_hooks(big.model, rate) + scaler_hooks(small.model, rate)
     try:
         torch.testing.assert_close(big.model(x), small.model(x))
     finally:
