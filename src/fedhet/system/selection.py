@@ -159,8 +159,17 @@ def check_round_rule(config, key: str = "selection.rule") -> None:
         )
 
 
+class RoundRuleOptions:
+    """Options of a selection rule: the configured one refuses an event-driven rule
+    (:func:`check_round_rule`); a stray option's owner checks nothing beyond itself."""
+
+    def validate_in(self, config) -> None:
+        if _chosen(config, self):
+            check_round_rule(config)
+
+
 @dataclass
-class UniformOptions:
+class UniformOptions(RoundRuleOptions):
     """``clients_per_round`` m: the clients asked each round (every present one when fewer
     are present)."""
 
@@ -169,10 +178,6 @@ class UniformOptions:
     def validate(self) -> None:
         if isinstance(self.clients_per_round, bool) or self.clients_per_round < 1:
             raise ConfigError(f"selection.clients_per_round = {self.clients_per_round!r}: must be >= 1")
-
-    def validate_in(self, config) -> None:
-        if _chosen(config, self):
-            check_round_rule(config)
 
 
 @register("selection", "uniform")
@@ -201,7 +206,7 @@ class UniformSelection(Selector):
 
 
 @dataclass
-class PowerOfChoiceOptions:
+class PowerOfChoiceOptions(RoundRuleOptions):
     """``clients_per_round`` m and ``candidates`` d >= m (Cho et al.'s d; their experiments use
     d between m and N); fewer present clients than d: all of them are candidates."""
 
@@ -214,9 +219,9 @@ class PowerOfChoiceOptions:
             raise ConfigError(f"selection.candidates = {self.candidates!r}: must be >= 1")
 
     def validate_in(self, config) -> None:
+        super().validate_in(config)
         if not _chosen(config, self):
             return
-        check_round_rule(config)
         if self.candidates < self.clients_per_round:
             raise ConfigError(
                 f"selection.candidates = {self.candidates}: must be >= selection.clients_per_round "
@@ -265,7 +270,7 @@ def _fill(chosen: np.ndarray, pool: np.ndarray, count: int, rng, weights=None) -
 
 
 @dataclass
-class OortOptions:
+class OortOptions(RoundRuleOptions):
     """Oort's knobs (Lai et al., OSDI 2021, Sec. 4-5). Defaults: epsilon 0.9 decaying by 0.98
     per round to 0.2, alpha = 2, c = 0.95, W = 20 rounds, the values reproductions of the
     paper take (the authors' public code decays epsilon by 0.95 instead)."""
@@ -295,10 +300,6 @@ class OortOptions:
             )
         if isinstance(self.pacer_window, bool) or self.pacer_window < 1:
             raise ConfigError(f"selection.pacer_window = {self.pacer_window!r}: must be >= 1")
-
-    def validate_in(self, config) -> None:
-        if _chosen(config, self):
-            check_round_rule(config)
 
 
 @register("selection", "oort")
@@ -376,7 +377,7 @@ class Oort(Selector):
 
 
 @dataclass
-class TiflOptions:
+class TiflOptions(RoundRuleOptions):
     """TiFL's knobs (Chai et al., HPDC 2020)."""
 
     clients_per_round: int = 10  # m, the clients asked each round, all from one tier
@@ -389,10 +390,6 @@ class TiflOptions:
             value = getattr(self, key)
             if isinstance(value, bool) or value < 1:
                 raise ConfigError(f"selection.{key} = {value!r}: must be >= 1")
-
-    def validate_in(self, config) -> None:
-        if _chosen(config, self):
-            check_round_rule(config)
 
 
 def _mean_loss(losses: np.ndarray) -> float:
