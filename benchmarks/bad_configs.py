@@ -61,6 +61,7 @@ RANGES: dict[str, list] = {
     "run.seed": [-1, *INTS_BAD],
     "run.rounds": [0, -5, 10**12, *INTS_BAD],
     "run.time_budget": [-1.0, *NUMBERS_BAD],
+    "run.energy_budget": [-1.0, 1e31, *NUMBERS_BAD],
     "run.eval_every": [0, -1, *INTS_BAD],
     "run.threads": [-1, 10**6, *INTS_BAD],
     "run.workers": [0, -1, 10**6, "many", *INTS_BAD],
@@ -94,6 +95,9 @@ RANGES: dict[str, list] = {
     "train.keep_momentum": ["no"],
     "system.model": ["gaussian"],
     "system.deadline": [-1.0, *NUMBERS_BAD],
+    "system.compute_watts": [-0.1, 1e7, *NUMBERS_BAD],
+    "system.upload_watts": [-1.0, *NUMBERS_BAD],
+    "system.idle_watts": [-1.0, *NUMBERS_BAD],
     "system.straggler_ratio": [1.5, -0.1, *NUMBERS_BAD],
     "system.straggler_min_depth": [0, 100, *INTS_BAD],
     "system.time_per_sample_layer": [0.0, -1.0, *NUMBERS_BAD],
@@ -452,6 +456,7 @@ EXTREMES: list[tuple[str, dict]] = [
         },
     ),  # fmt: skip
     ("a huge mlp", {"model": {"hidden": [65536, 65536]}}),
+    ("an energy budget below the first round's", {"run": {"energy_budget": 1e-9}}),
 ]
 
 
@@ -885,6 +890,13 @@ def _last_wave(tmp: Path, config):
         yield f"leaf: {label}", ["run", config(_merge(BASE, {"data": data}))]
 
 
+POWER_FILES = {  # device-profile files whose power columns are not watts
+    "negative compute_watts": "device,compute,upload,download,compute_watts\na,0.01,1e6,1e6,-2\n",
+    "idle_watts not a number": "device,compute,upload,download,idle_watts\na,0.01,1e6,1e6,low\n",
+    "upload_watts infinite": "device,compute,upload,download,upload_watts\na,0.01,1e6,1e6,inf\n",
+}
+
+
 def _file_cases(tmp: Path, config):
     """Calibration files, traces, FedScale pickles and outputs that cannot be written."""
     for index, (label, text) in enumerate(MEASURED_FILES.items()):
@@ -901,6 +913,11 @@ def _file_cases(tmp: Path, config):
         failures = {"model": "full", "dropout": "trace", "dropout_trace": str(path)}
         doc = _merge(BASE, {"system": failures, "algorithm": {"name": "fedavg"}})
         yield f"dropout trace: {label}", ["run", config(doc)]
+    for index, (label, text) in enumerate(POWER_FILES.items()):
+        path = tmp / f"devices{index}.csv"
+        path.write_text(text)
+        system = {"model": "per-step", "capability_profile": "devices", "device_profiles": str(path)}
+        yield f"device power: {label}", ["run", config(_merge(BASE, {"system": system}))]
     for index, (label, trace) in enumerate(FEDSCALE.items()):
         path = tmp / f"fedscale{index}.pkl"
         path.write_bytes(pickle.dumps(trace))

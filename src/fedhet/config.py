@@ -275,6 +275,7 @@ class RunConfig(PluginSection):
     seed: int = 0  # fixes the data split, the model's start, every random stream
     rounds: int = resumable(100)  # the number of rounds R (a time budget may stop it sooner)
     time_budget: float = 0.0  # simulated seconds; 0 = no budget (stop after `rounds`)
+    energy_budget: float = 0.0  # joules spent by all clients together; 0 = no budget
     eval_every: int = resumable(1)  # evaluate the global model every this many rounds (and the last)
     # torch threads: "auto" (work size, free cores), 0 = torch default, or a count
     threads: Any = resumable("auto")
@@ -344,6 +345,7 @@ class RunConfig(PluginSection):
         at_least("run.max_empty_rounds", self.max_empty_rounds, 0)
         if self.time_budget < 0:
             raise ConfigError(f"run.time_budget = {self.time_budget}: must be >= 0 (0 = none)")
+        in_range("run.energy_budget", self.energy_budget, 0.0, 1e30)
         check_name("run.name", self.name)
         one_of("run.on_non_finite", self.on_non_finite, NON_FINITE_POLICIES)
         one_of("run.on_client_error", self.on_client_error, ("stop", "skip"))
@@ -511,10 +513,20 @@ class SystemConfig(PluginSection):
     participation: str = "always"
     availability: str = "always"  # who is online: always | trace (a plug-in)
     dropout: str = "none"  # mid-round failures: none | hazard | trace (a plug-in)
+    compute_watts: float = 2.0  # a client's power draw while training (W; a device file's column wins)
+    upload_watts: float = 1.0  # while communicating, the download included (W)
+    idle_watts: float = 0.27  # while waiting, asked, for the round to close (W)
 
     def validate(self) -> None:
         if self.deadline < 0:
             raise ConfigError(f"system.deadline = {self.deadline}: must be >= 0 (0 = time_budget / rounds)")
+        for key in ("compute_watts", "upload_watts", "idle_watts"):
+            in_range(f"system.{key}", getattr(self, key), 0.0, 1e6)
+
+    @property
+    def watts(self) -> dict[str, float]:
+        """The power draws every client has unless its device says otherwise."""
+        return {k: getattr(self, k) for k in ("compute_watts", "upload_watts", "idle_watts")}
 
 
 @dataclass

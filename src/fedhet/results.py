@@ -276,7 +276,7 @@ class RunDirectory:
         """Every name fedhet writes here must be a regular file if it exists (a folder or a
         device named checkpoint.pt or .lock would fail later with an OS error)."""
         names = (LOCK_NAME, "checkpoint.pt", "metrics.csv", "summary.json", "client_metrics.csv",
-                 "config.toml", REPORTS_MANIFEST)  # fmt: skip
+                 "clients.csv", "config.toml", REPORTS_MANIFEST)  # fmt: skip
         for name in names:
             path = self.path / name
             if path.exists() and not path.is_file():
@@ -311,8 +311,8 @@ class RunDirectory:
     def clear(self) -> None:
         """Remove an earlier run's files (summary first, so a half-removed folder never
         shows an old result)."""
-        for name in ("summary.json", "checkpoint.pt", "metrics.csv", "client_metrics.csv", "config.toml",
-                     ".mlflow-run", PLUGIN_ERROR_FILE):  # fmt: skip
+        for name in ("summary.json", "checkpoint.pt", "metrics.csv", "client_metrics.csv", "clients.csv",
+                     "config.toml", ".mlflow-run", PLUGIN_ERROR_FILE):  # fmt: skip
             with contextlib.suppress(FileNotFoundError):
                 (self.path / name).unlink()
         shutil.rmtree(self.path / "tensorboard", ignore_errors=True)  # a tracker's event files
@@ -423,6 +423,11 @@ class RunDirectory:
     def write_client_metrics(self, rows: list[dict]) -> None:
         """Rewrite client_metrics.csv (round, client, examples, loss, accuracy)."""
         self._write_table(self.client_metrics_path, ("round", "client", "examples", "loss", "accuracy"), rows)
+
+    def write_clients(self, rows: list[dict]) -> None:
+        """Rewrite clients.csv: one row per client (its columns, in the first row's order)."""
+        columns = tuple(rows[0]) if rows else ("client",)
+        self._write_table(self.path / "clients.csv", columns, rows)
 
     def read_metrics(self) -> list[dict]:
         """metrics.csv as a list of dicts (numbers parsed, blanks as None); a file that is not

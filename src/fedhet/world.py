@@ -26,6 +26,7 @@ from fedhet.models import FlatModel, ModelContext
 from fedhet.models.cost import multiply_adds, training_step_flops
 from fedhet.registry import resolve
 from fedhet.system import SystemContext, SystemModel
+from fedhet.system.energy import PowerDraw
 from fedhet.threads import choose_threads
 
 log = logging.getLogger("fedhet")
@@ -50,6 +51,7 @@ class World:
     layer_multiply_adds: tuple = ()  # per layer, multiply-adds per example
     server_optimizer: Any = None  # [server] optimizer: the step applied to every global update
     device: torch.device = torch.device("cpu")  # run.device, resolved: where the tensors live
+    power: PowerDraw | None = None  # each client's power draw (the energy account); None client-side
 
     @property
     def num_clients(self) -> int:
@@ -61,6 +63,13 @@ class World:
         if self.system is None:
             raise RuntimeError("a client-side world has no system model")
         return self.system
+
+    @property
+    def server_power(self) -> PowerDraw:
+        """The clients' power draws, on the server side (a worker process's world has none)."""
+        if self.power is None:
+            raise RuntimeError("a client-side world has no energy account")
+        return self.power
 
     @cached_property
     def client_sizes(self) -> np.ndarray:
@@ -253,7 +262,18 @@ def build_world(config: Config, client_side: bool = False, dataset: Dataset | No
         initial_buffers=flat.buffers.detach().clone(), system=system, algorithm=algorithm,
         worker=worker, layer_multiply_adds=layer_multiply_adds, device=device,
         server_optimizer=server_optimizer(config, algorithm),
+        power=None if client_side else power_draw(config, len(parts)),
     )  # fmt: skip
+
+
+def power_draw(config: Config, num_clients: int) -> PowerDraw:
+    """Each client's power draw: its device's power columns where the system model's device
+    profiles give them (the same assignment the model draws), else ``[system]``'s watts."""
+    assign = getattr(config.system.options("model"), "devices", None)
+    devices = (
+        assign(num_clients, seeding.stream(config.run.seed, "system-setup")) if callable(assign) else None
+    )
+    return PowerDraw.of(num_clients, config.system.watts, devices)
 
 
 def _system(config: Config, flat: FlatModel, dataset: Dataset, train_labels, num_clients: int,

@@ -248,6 +248,25 @@ class Reports(Callback):
         self.write(state)
 
 
+class ClientTable(Callback):
+    """``clients.csv``: one row per client, its data size, device and power draw, and the
+    seconds and joules it spent over the run (:mod:`fedhet.system.energy`), written when the
+    run stops."""
+
+    name = "clients"
+
+    def __init__(self, world, run_dir) -> None:
+        self.world, self.run_dir = world, run_dir
+
+    def on_end(self, state, summary: dict) -> None:
+        world = self.world
+        if world.power is None:
+            return
+        rows = world.power.table(state.energy, world.client_sizes)
+        with self.run_dir.writing(state.round):
+            self.run_dir.write_clients(rows)
+
+
 class Metrics(Callback):
     """config.toml and metrics.csv (one row per round, appended as rounds finish; a column
     a callback or the algorithm adds rewrites the file with it)."""

@@ -36,11 +36,12 @@ from fedhet.engine.records import metrics_row
 from fedhet.errors import FedhetError
 from fedhet.messages import UpdateSummary
 from fedhet.system import Workload
+from fedhet.system.energy import involved, spent_in_round
 
 if TYPE_CHECKING:
     from fedhet.algorithms.base import AsyncAlgorithm
     from fedhet.config import Config
-    from fedhet.engine.clock import VirtualClock
+    from fedhet.engine.clock import EnergyAccount, VirtualClock
     from fedhet.engine.pool import ClientPool
     from fedhet.world import World
 
@@ -53,6 +54,7 @@ class StepEnvironment:
     world: World
     pool: ClientPool
     clock: VirtualClock
+    energy: EnergyAccount
 
 
 def take_faults(pool) -> list:
@@ -102,10 +104,12 @@ class RoundDriver:
         config, world = env.config, env.world
         hooks = Hooks(config.algorithm_name, t + 1)  # the rule's hooks, named when they fail
         model = Hooks(config.system.model, t + 1, "system model")  # the system model's, likewise
-        context, asked = self._sample(env, state, t, hooks, model)
+        context, requested = self._sample(env, state, t, hooks, model)
         plan, outcomes = context.plan, context.outcomes
+        asked = requested & outcomes.participates
         duration = round_duration(plan.deadline, outcomes.finish_time[asked])
-        if not env.clock.fits(duration):
+        spent = spent_in_round(world.server_power, outcomes, involved(outcomes, requested), duration)
+        if not (env.clock.fits(duration) and env.energy.fits(spent.total)):
             return None
         tasks = self._tasks(world, state, context, asked, hooks)
         received = self._aggregate(env, state, t, tasks, context, hooks, model)
@@ -116,18 +120,20 @@ class RoundDriver:
         wall_clock = world.server_system.wall_clock
         depths = np.array([u.depth for u in delivered]) if wall_clock else outcomes.depth[asked]
         state.sim_time = env.clock.advance(duration)
+        env.energy.add(spent)
         faults = len(take_faults(env.pool))
         names = world.dataset.task.metric_names()
         row = metrics_row(
             t + 1, state.sim_time, duration, plan.deadline, plan.lr, delivered, depths, skipped, faults, names
         )
+        row.update(energy=spent.total, energy_total=env.energy.total)
         algorithm = world.algorithm
         return {**row, **hooks.metrics(hooks.call("round_metrics", algorithm.round_metrics, state.algorithm))}
 
     @staticmethod
     def _sample(env: StepEnvironment, state, t: int, hooks: Hooks, model: Hooks):
         """The rule's plan, the system model's outcomes and marginals for it: the round's
-        context, and who was asked and is present."""
+        context, and whom the plan asks."""
         config, world = env.config, env.world
         algorithm, system = world.algorithm, world.server_system
         plan = hooks.plan(
@@ -143,7 +149,7 @@ class RoundDriver:
         marginals = model.marginals(model.call("marginals", system.marginals, work))
         context = RoundContext(plan, outcomes, marginals, world.num_clients, world.flat.num_layers,
                                client_sizes=world.client_sizes)  # fmt: skip
-        return context, np.array([a.asked for a in plan.assignments]) & outcomes.participates
+        return context, np.array([a.asked for a in plan.assignments], dtype=bool)
 
     @staticmethod
     def _tasks(world, state, context: RoundContext, asked, hooks: Hooks) -> list:
@@ -240,6 +246,8 @@ class EventDriver:
                 model.call("sample", world.server_system.sample, work, stream), world.num_clients
             )
             engine["starts"][client] = start + 1
+            if not self._charge_start(env, engine, timing, client):
+                return  # the energy budget is spent: the next server step is refused
             if (
                 client not in updates
                 or not timing.participates[client]
@@ -253,6 +261,21 @@ class EventDriver:
             if algorithm.keeps_sent_models:  # one reference per version in flight
                 engine.setdefault("sent", {}).setdefault(str(version), (state.params, state.buffers))
 
+    @staticmethod
+    def _charge_start(env: StepEnvironment, engine: dict, timing, client: int) -> bool:
+        """Charge a start's energy (its training and communication, no waiting) to the
+        account and to the next row; False, charging nothing, when it would pass
+        ``run.energy_budget``."""
+        one = np.zeros(env.world.num_clients, dtype=bool)
+        one[client] = True
+        spent = spent_in_round(env.world.server_power, timing, involved(timing, one), 0.0, waits=False)
+        if not env.energy.fits(spent.total):
+            engine["energy_out"] = True
+            return False
+        env.energy.add(spent)
+        engine["joules"] = engine.get("joules", 0.0) + spent.total
+        return True
+
     def _arrivals(self, env: StepEnvironment, state, t: int) -> list | None:
         """The next ``buffer_size`` arrivals, (update, staleness) each, starting idle clients
         as arrivals free them; None when the next arrival falls beyond the time budget."""
@@ -260,6 +283,8 @@ class EventDriver:
         k = Hooks(env.config.algorithm_name, t + 1).call("buffer_size", algorithm.buffer_size)
         self._start_clients(env, state, engine.get("now", state.sim_time), t)
         while True:
+            if engine.get("energy_out"):
+                return None
             if not engine["in_flight"]:
                 raise FedhetError(f"{algorithm.name}: no client could be started (all absent or failed)")
             arrival = min(engine["in_flight"], key=lambda e: (e["time"], e["client"]))
@@ -317,6 +342,7 @@ class EventDriver:
         lr = hooks.call("lr_at", algorithm.lr_at, t)
         names = world.dataset.task.metric_names()
         row = metrics_row(t + 1, state.sim_time, duration, None, lr, updates, np.array([]), 0, faults, names)
+        row.update(energy=engine.pop("joules", 0.0), energy_total=env.energy.total)
         return {**row, **hooks.metrics(hooks.call("round_metrics", algorithm.round_metrics, state.algorithm))}
 
 

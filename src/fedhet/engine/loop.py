@@ -22,6 +22,7 @@ from fedhet.data.task import Score
 from fedhet.device import device_name, resolve_device, serving_on
 from fedhet.engine.callbacks import (
     Checkpoint,
+    ClientTable,
     EvaluationService,
     Metrics,
     Progress,
@@ -29,7 +30,7 @@ from fedhet.engine.callbacks import (
     RunContext,
     callback_result,
 )
-from fedhet.engine.clock import VirtualClock
+from fedhet.engine.clock import EnergyAccount, VirtualClock
 from fedhet.engine.drivers import DRIVERS, StepEnvironment
 from fedhet.engine.evaluation import make_evaluator
 from fedhet.engine.faults import NonFinite
@@ -109,7 +110,7 @@ class RunLoop:
         ones, then progress; each knows its run by its :class:`RunContext`."""
         world, config, run_dir = self.world, self.config, self.run_dir
         context = RunContext(config, run_dir.path, self.group, self.engine, Score.of(world.dataset.task))
-        out: list = [Reports(world, run_dir), Metrics(run_dir, config.to_toml()),
+        out: list = [Reports(world, run_dir), ClientTable(world, run_dir), Metrics(run_dir, config.to_toml()),
                      Checkpoint(run_dir, config.to_dict(), self.pool, world.algorithm)]  # fmt: skip
         plugins = config.run.callback_plugins + config.run.tracker_plugins
         out += [entry.cls.build(options, context) for entry, options in plugins]
@@ -172,6 +173,7 @@ class RunLoop:
         )
         evaluation.finish_interrupted(state)
         self.clock = VirtualClock(state.sim_time, config.run.time_budget)
+        self.energy = EnergyAccount(state.energy, world.num_clients, config.run.energy_budget)
         notify(callbacks, "on_start", state)
         label = plugin_label("algorithm", config.algorithm_name)
         for note in guarded(label, "warnings", state.round, world.algorithm.warnings, state.algorithm):
@@ -215,7 +217,7 @@ class RunLoop:
         started, wall_before = time.perf_counter(), state.wall_time
         last = config.run.rounds if stop_after is None else min(stop_after, config.run.rounds)
         driver = DRIVERS[self.world.algorithm.driver]()
-        env = StepEnvironment(config, self.world, self.pool, self.clock)
+        env = StepEnvironment(config, self.world, self.pool, self.clock, self.energy)
         for t in range(state.round, last):
             if state.stopped_by:
                 break
@@ -255,15 +257,22 @@ class RunLoop:
         return None
 
     def _budget_stop(self, callbacks: list, evaluation: EvaluationService) -> None:
-        state = self.state
+        """The next round would pass ``run.time_budget`` or ``run.energy_budget``: the run
+        ends here, finished (refused in one line when no round would run)."""
+        state, run = self.state, self.config.run
+        energy = self.energy.refused is not None
         if state.round == 0:
-            took = self.clock.refused
-            raise FedhetError(
-                f"run.time_budget = {self.config.run.time_budget:g}: shorter than the first round"
-                + (f" ({took:.4g} simulated s)" if took is not None else "")
-                + "; no round would run"
+            took = self.energy.refused if energy else self.clock.refused
+            what = (
+                f"run.energy_budget = {run.energy_budget:g}: less than the first round spends"
+                if energy
+                else f"run.time_budget = {run.time_budget:g}: shorter than the first round"
             )
-        state.stopped_by = "time_budget"
+            unit = "J" if energy else "simulated s"
+            raise FedhetError(
+                what + (f" ({took:.4g} {unit})" if took is not None else "") + "; no round would run"
+            )
+        state.stopped_by = "energy_budget" if energy else "time_budget"
         self._complete(callbacks, evaluation.wait(state))
         evaluation.last_row(state)  # evaluated now if it was not due (metrics.csv rewritten)
         notify(callbacks, "on_budget_stop", state)

@@ -80,8 +80,10 @@ def run_summary(config, world, state, notes: list[str]) -> dict:
         **_task_metrics(task, evaluated),
         "best_round": int(best_row["round"]) if best_row else None,
         "time_budget": config.run.time_budget or None,
+        "energy": float(sum(state.energy.get("joules", ()))),  # joules, all clients (fedhet.system.energy)
+        "energy_budget": config.run.energy_budget or None,
         "stopped_by": state.stopped_by or ("rounds" if state.round >= config.run.rounds else None),
-        "finished": state.round >= config.run.rounds or state.stopped_by == "time_budget",
+        "finished": state.round >= config.run.rounds or state.stopped_by in ("time_budget", "energy_budget"),
         "mean_round_time": state.sim_time / state.round if state.round else None,
         "empty_rounds": sum(1 for r in state.metrics if not r.get("participants")),
         "targets": target_times(state.metrics, config.run.targets, score),

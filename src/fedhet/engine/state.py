@@ -19,7 +19,7 @@ from fedhet.checks import counted
 from fedhet.client import ClientStates
 from fedhet.errors import FedhetError
 
-CHECKPOINT_VERSION = 4  # 3: server memories beside the checkpoint; 4: plug-in configuration tree
+CHECKPOINT_VERSION = 5  # 3: server memories beside the checkpoint; 4: plug-in configuration tree; 5: energy
 
 
 @dataclass
@@ -40,6 +40,7 @@ class RunState:
     system: dict = field(default_factory=dict)  # what the system model learned (wall-clock)
     engine: dict = field(default_factory=dict)  # the event-driven driver's clients in flight
     server: dict = field(default_factory=dict)  # the server optimizer's moments ([server])
+    energy: dict = field(default_factory=dict)  # per client: seconds and joules so far (EnergyAccount)
     evaluating: dict | None = None  # the model under evaluation: {"round", "params", "buffers"}
 
 
@@ -155,6 +156,7 @@ def to_checkpoint(state: RunState, config_dict: dict, algorithm: Any, work_dir: 
         "system": state.system,
         "engine": state.engine,
         "server": state.server,
+        "energy": state.energy,
         "evaluating": state.evaluating,
     }
 
@@ -173,6 +175,7 @@ CHECKPOINT_TYPES: dict[str, type | tuple[type, ...]] = {
     "client_metrics": list,
     "stopped_by": (str, type(None)),
 }
+CURRENT_TYPES: dict[str, type] = {"energy": dict}  # keys of the current format only
 
 
 def check_checkpoint(
@@ -191,6 +194,10 @@ def check_checkpoint(
             raise FedhetError(f"{where}: damaged checkpoint ({key} is a {type(value).__name__})")
     if saved["version"] != CHECKPOINT_VERSION:
         return  # from_checkpoint names the format
+    for key, kind in CURRENT_TYPES.items():
+        if not isinstance(saved.get(key), kind):
+            what = "no" if key not in saved else f"a {type(saved[key]).__name__} for"
+            raise FedhetError(f"{where}: damaged checkpoint ({what} {key!r})")
     for key, size in (("params", num_params), ("buffers", num_buffers)):
         tensor = saved[key]
         if tensor.dim() != 1 or not tensor.is_floating_point() or size is not None and tensor.numel() != size:
@@ -253,6 +260,7 @@ def from_checkpoint(
         engine=saved.get("engine", {}),
         server=saved.get("server") or _preset_moments(algorithm, saved["algorithm"]),
         evaluating=saved.get("evaluating"),
+        energy=saved["energy"],
     )
 
 

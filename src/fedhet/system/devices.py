@@ -14,7 +14,10 @@ columns, then one device per line::
   ``time_per_sample_step`` / ``time_per_sample_layer`` (1 = the file's seconds as they are);
 - ``upload``, ``download``: bytes per second;
 - ``hazard`` (optional column): failures per second of work, read by ``[system] dropout =
-  "hazard"`` when no ``dropout_hazards`` are given.
+  "hazard"`` when no ``dropout_hazards`` are given;
+- ``compute_watts``, ``upload_watts``, ``idle_watts`` (optional columns): the device's power
+  draw while training, while communicating and while waiting for the round to close; a
+  missing column takes ``[system]``'s value of the same name (:mod:`fedhet.system.energy`).
 
 Every client gets one device: ``device_assignment = "random"`` draws them with replacement
 from the file (the run's setup stream: a population of devices in the file's proportions),
@@ -31,7 +34,7 @@ from __future__ import annotations
 
 import csv
 import io
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +43,7 @@ from fedhet.errors import ConfigError, DataError, read_fedscale_dict, read_user_
 
 DEVICE_ASSIGNMENTS = ("random", "in-order")
 COLUMNS = ("device", "compute", "upload", "download")
+POWER_COLUMNS = ("compute_watts", "upload_watts", "idle_watts")  # optional: watts per device
 FEDSCALE_STEP_FACTOR = 3.0  # FedScale's augmentation_factor: a training step costs 3 inferences
 
 
@@ -52,6 +56,7 @@ class DeviceProfiles:
     upload: np.ndarray  # bytes per second
     download: np.ndarray  # bytes per second
     hazard: np.ndarray | None = None  # failures per second of work
+    power: dict[str, np.ndarray] = field(default_factory=dict)  # POWER_COLUMNS the file gives
 
     def __len__(self) -> int:
         return len(self.names)
@@ -65,6 +70,7 @@ class DeviceProfiles:
             self.upload[rows],
             self.download[rows],
             None if self.hazard is None else self.hazard[rows],
+            {column: watts[rows] for column, watts in self.power.items()},
         )
 
     def assign(self, num_clients: int, assignment: str, rng: np.random.Generator) -> DeviceProfiles:
@@ -82,15 +88,14 @@ class DeviceProfiles:
         out = io.StringIO()
         for line in comment.splitlines():
             out.write(f"# {line}\n")
-        columns = [*COLUMNS, "hazard"] if self.hazard is not None else list(COLUMNS)
+        extra = {"hazard": self.hazard} if self.hazard is not None else {}
+        extra.update(self.power)
         writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(columns)
+        writer.writerow([*COLUMNS, *extra])
         for i, name in enumerate(self.names):
             _check_writable(name)
-            row = [name, f"{self.compute[i]:.6g}", f"{self.upload[i]:.6g}", f"{self.download[i]:.6g}"]
-            if self.hazard is not None:
-                row.append(f"{self.hazard[i]:.6g}")
-            writer.writerow(row)
+            numbers = [self.compute[i], self.upload[i], self.download[i], *(v[i] for v in extra.values())]
+            writer.writerow([name, *(f"{v:.6g}" for v in numbers)])
         return out.getvalue()
 
 
@@ -122,9 +127,9 @@ def read_device_profiles(path: str | Path) -> DeviceProfiles:
     if missing:
         raise DataError(
             f"{path}:{number}: the header lacks {', '.join(missing)} "
-            f"(columns: {', '.join(COLUMNS)}[, hazard])"
+            f"(columns: {', '.join(COLUMNS)}[, hazard, {', '.join(POWER_COLUMNS)}])"
         )
-    has_hazard = "hazard" in header
+    numeric = [*COLUMNS[1:], *(c for c in ("hazard", *POWER_COLUMNS) if c in header)]
     names: list[str] = []
     values: list[list[float]] = []
     for number, line in lines[1:]:
@@ -132,25 +137,29 @@ def read_device_profiles(path: str | Path) -> DeviceProfiles:
         if len(row) != len(header):
             raise DataError(f"{path}:{number}: {len(row)} fields, the header has {len(header)}")
         record = dict(zip(header, row, strict=True))
-        numbers = []
-        for column in (*COLUMNS[1:], *(("hazard",) if has_hazard else ())):
-            try:
-                value = float(record[column])
-            except ValueError:
-                raise DataError(f"{path}:{number}: {column} = {record[column]!r} is not a number") from None
-            positive = column != "hazard"
-            if not np.isfinite(value) or value < 0 or (positive and value == 0):
-                need = "> 0" if positive else ">= 0"
-                raise DataError(f"{path}:{number}: {column} = {record[column]}: must be finite and {need}")
-            numbers.append(value)
         names.append(record["device"])
-        values.append(numbers)
+        values.append([_device_number(path, number, column, record[column]) for column in numeric])
     if not values:
         raise DataError(f"{path}: a header and no devices")
-    table = np.array(values, dtype=float)
+    table = dict(zip(numeric, np.array(values, dtype=float).T, strict=True))
+    power = {column: table[column] for column in POWER_COLUMNS if column in table}
     return DeviceProfiles(
-        tuple(names), table[:, 0], table[:, 1], table[:, 2], table[:, 3] if has_hazard else None
+        tuple(names), table["compute"], table["upload"], table["download"], table.get("hazard"), power
     )
+
+
+def _device_number(path: Path, line: int, column: str, text: str) -> float:
+    """One numeric cell of a device-profile file: finite, > 0 (>= 0 for a hazard or a power
+    draw), else one line naming the file, line and column."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise DataError(f"{path}:{line}: {column} = {text!r} is not a number") from None
+    positive = column in COLUMNS
+    if not np.isfinite(value) or value < 0 or (positive and value == 0):
+        need = "> 0" if positive else ">= 0"
+        raise DataError(f"{path}:{line}: {column} = {text}: must be finite and {need}")
+    return value
 
 
 def from_fedscale(path: str | Path) -> DeviceProfiles:

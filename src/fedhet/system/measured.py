@@ -235,7 +235,8 @@ class MeasuredTimes(SystemModel):
         step_time = times[:, 0] / work.local_steps
         pieces = self._piece_times(times, step_time, comm, work)
         if work.deadline is None:
-            return Outcomes(self._everyone(), work.depth.copy(), full, full, work.local_steps.copy(), *pieces)
+            return Outcomes(self._everyone(), work.depth.copy(), full, full, work.local_steps.copy(), *pieces,
+                            comm_time=comm)  # fmt: skip
         spare = work.deadline - comm
         fits = times <= spare[:, None]  # U x (L+1), column d-1
         allowed = np.arange(1, self.num_layers + 2)[None, :] >= work.depth[:, None]
@@ -243,9 +244,10 @@ class MeasuredTimes(SystemModel):
             axis=1
         )
         done = np.minimum(np.floor(np.maximum(spare, 0.0) / step_time), work.local_steps).astype(int)
-        return Outcomes(self._everyone(), depth, full, np.minimum(full, work.deadline), done, *pieces)
+        return Outcomes(self._everyone(), depth, full, np.minimum(full, work.deadline), done, *pieces,
+                        comm_time=comm)  # fmt: skip
 
-    def _piece_times(self, times, step_time, comm, work: Workload) -> tuple:
+    def _piece_times(self, times, step_time, comm, work: Workload) -> tuple[np.ndarray, np.ndarray]:
         """Layer l is reached when K steps over l..L are done (``times[:, l-1]``), k whole
         steps after k full steps; the upload follows each."""
         L = self.num_layers

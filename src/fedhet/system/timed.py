@@ -283,13 +283,14 @@ class PerStepCost(SystemModel):
             offset = comm + cost * share * work.extra_gradients  # read as done before the steps
         pieces = piece_times(cost / L * np.ones(self.num_clients), work, L, offset)
         if work.deadline is None:
-            return Outcomes(self._everyone(), work.depth.copy(), full, full, work.local_steps.copy(), *pieces)
+            return Outcomes(self._everyone(), work.depth.copy(), full, full, work.local_steps.copy(), *pieces,
+                            comm_time=comm)  # fmt: skip
         budget = np.maximum(work.deadline - comm, 0.0) / cost  # full steps affordable
         slack = 1.0 + 1e-9  # exact fits (T = c t + b) count as finished despite rounding
         steps = np.minimum(np.floor(budget * slack / share).astype(int), work.local_steps)
         layers = np.minimum(np.floor(budget * slack * L / work.local_steps).astype(int), L + 1 - work.depth)
         finish = np.minimum(full, work.deadline)
-        return Outcomes(self._everyone(), L + 1 - layers, full, finish, steps, *pieces)
+        return Outcomes(self._everyone(), L + 1 - layers, full, finish, steps, *pieces, comm_time=comm)
 
     def _prob_within(self, allowed: np.ndarray) -> np.ndarray:
         """P[J <= allowed] for J ~ LogNormal(0, sigma) (an indicator when sigma = 0)."""

@@ -56,6 +56,9 @@ class Outcomes:
     wrapper is configured (None otherwise). Rules that size their clients' work themselves
     (HeteroFL's widths, DepthFL's depths) deliver only work that ended before it
     (:meth:`finishes_before_failure`).
+
+    ``comm_time``: each client's seconds of communication this round, within its work (models
+    that price communication; None: none), for the energy account (:mod:`fedhet.system.energy`).
     """
 
     participates: np.ndarray
@@ -66,6 +69,7 @@ class Outcomes:
     layer_times: np.ndarray | None = None
     step_times: np.ndarray | None = None
     failure_time: np.ndarray | None = None
+    comm_time: np.ndarray | None = None
 
     def finishes_before_failure(self, client: int, seconds: float) -> bool:
         """Whether ``client``'s work of ``seconds`` (from the round's start, its upload

@@ -1,0 +1,136 @@
+"""Energy on the clock: each asked client's joules are its training, communication and
+waiting seconds times its power draw (computed here by hand), the account survives a resume,
+``run.energy_budget`` stops a run before the round that would pass it, device files give
+per-device power draws, and a failed client is charged up to its failure."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+from conftest import make_config
+
+from fedhet.engine.launch import run
+from fedhet.engine.loop import RunLoop
+from fedhet.errors import FedhetError
+from fedhet.system.energy import PowerDraw, spent_in_round
+from fedhet.system.types import Outcomes
+
+# c_u = 0.0625 * 16 / P_u seconds per step with P = [0.5, 0.5, 1, 2] (the list [1, 1, 2, 4]
+# normalised to mean 1): 2, 2, 1, 0.5 s; two steps; communication 0.1..0.4 s
+PER_STEP = {
+    "data.num_clients": 4,
+    "run.rounds": 3,
+    "run.eval_every": 3,
+    "train.local_steps": 2,
+    "system.model": "per-step",
+    "system.time_per_sample_step": 0.0625,
+    "system.capability_profile": "list",
+    "system.capabilities": [1.0, 1.0, 2.0, 4.0],
+    "system.comm_times": [0.1, 0.2, 0.3, 0.4],
+    "system.deadline": 3.0,
+}
+
+
+def hand_energy(finish, comm, duration, watts=(2.0, 1.0, 0.27)):
+    """E_u = P_train (f_u - c_u) + P_upload c_u + P_idle (D - f_u), c_u <= f_u here."""
+    finish, comm = np.asarray(finish), np.asarray(comm)
+    return watts[0] * (finish - comm) + watts[1] * comm + watts[2] * (duration - finish)
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "finish", "duration"),
+    [
+        ("drop", [3.0, 3.0, 2.3, 1.4], 3.0),  # cut at the deadline: the round lasts 3 s
+        ("fedavg", [4.1, 4.2, 2.3, 1.4], 4.2),  # waits for everyone: 2 c_u + b_u
+    ],
+)
+def test_a_rounds_energy_is_the_hand_computed_sum(tmp_path, algorithm, finish, duration):
+    result = run(make_config({**PER_STEP, "algorithm.name": algorithm}), tmp_path / algorithm)
+    expected = hand_energy(finish, [0.1, 0.2, 0.3, 0.4], duration)
+    rows = result.metrics
+    assert rows[0]["round_time"] == pytest.approx(duration)
+    assert [r["energy"] for r in rows] == pytest.approx([expected.sum()] * 3)
+    assert rows[-1]["energy_total"] == pytest.approx(3 * expected.sum())
+    assert result.summary["energy"] == pytest.approx(3 * expected.sum())
+    with open(tmp_path / algorithm / "clients.csv") as fh:
+        table = list(csv.DictReader(fh))
+    assert [float(r["joules"]) for r in table] == pytest.approx(list(3 * expected))
+    assert [float(r["idle_s"]) for r in table] == pytest.approx([3 * (duration - f) for f in finish])
+
+
+def test_the_account_survives_a_resume(tmp_path):
+    config = make_config({**PER_STEP, "algorithm.name": "drop", "run.rounds": 4, "system.step_jitter": 0.3})
+    whole = run(config, tmp_path / "whole")
+    RunLoop(config, tmp_path / "cut").run(stop_after=2)
+    resumed = RunLoop(config, tmp_path / "cut").run(resume=True)
+    assert [r["energy_total"] for r in resumed.metrics] == [r["energy_total"] for r in whole.metrics]
+    assert (tmp_path / "cut" / "clients.csv").read_text() == (tmp_path / "whole" / "clients.csv").read_text()
+
+
+def test_the_energy_budget_stops_before_the_round_that_would_pass_it(tmp_path):
+    per_round = hand_energy([3.0, 3.0, 2.3, 1.4], [0.1, 0.2, 0.3, 0.4], 3.0).sum()
+    budget = 4.5 * per_round
+    config = make_config({**PER_STEP, "algorithm.name": "drop", "run.rounds": 100,
+                          "run.energy_budget": budget})  # fmt: skip
+    summary = run(config, tmp_path / "run").summary
+    assert summary["stopped_by"] == "energy_budget" and summary["finished"]
+    assert summary["rounds"] == 4 and summary["energy"] == pytest.approx(4 * per_round)
+    too_small = make_config({**PER_STEP, "algorithm.name": "drop", "run.energy_budget": per_round / 2})
+    with pytest.raises(FedhetError, match=r"run.energy_budget = .*less than the first round spends"):
+        run(too_small, tmp_path / "small")
+
+
+def test_device_files_give_each_device_its_power_draw(tmp_path):
+    devices = tmp_path / "devices.csv"
+    devices.write_text(
+        "device,compute,upload,download,compute_watts,idle_watts\n"
+        "slow,0.02,1000000,1000000,1.5,0.1\n"
+        "fast,0.01,1000000,1000000,4.0,0.5\n"
+    )
+    config = make_config({**PER_STEP, "algorithm.name": "drop", "system.capability_profile": "devices",
+                          "system.capabilities": [], "system.device_profiles": str(devices),
+                          "system.device_assignment": "in-order", "system.upload_watts": 0.7})  # fmt: skip
+    run(config, tmp_path / "run")
+    with open(tmp_path / "run" / "clients.csv") as fh:
+        table = list(csv.DictReader(fh))
+    assert [r["device"] for r in table] == ["slow", "fast", "slow", "fast"]
+    assert [float(r["compute_watts"]) for r in table] == [1.5, 4.0, 1.5, 4.0]
+    assert [float(r["idle_watts"]) for r in table] == [0.1, 0.5, 0.1, 0.5]
+    assert [float(r["upload_watts"]) for r in table] == [0.7] * 4  # no column: [system]'s value
+    for r in table:
+        spent = float(r["compute_watts"]) * float(r["train_s"]) + 0.7 * float(r["comm_s"])
+        assert float(r["joules"]) == pytest.approx(spent + float(r["idle_watts"]) * float(r["idle_s"]))
+
+
+def test_a_failed_client_is_charged_up_to_its_failure_and_an_absent_one_nothing():
+    power = PowerDraw.of(3, {"compute_watts": 2.0, "upload_watts": 1.0, "idle_watts": 0.5})
+    outcomes = Outcomes(
+        participates=np.array([True, False, False]),
+        depth=np.array([1, 1, 1]),
+        full_time=np.array([4.0, 4.0, 4.0]),
+        finish_time=np.array([4.0, 1.5, 4.0]),
+        failure_time=np.array([np.inf, 1.5, np.inf]),  # client 1 failed at 1.5 s; client 2 absent
+        comm_time=np.array([1.0, 1.0, 1.0]),
+    )
+    from fedhet.system.energy import involved
+
+    spent = spent_in_round(power, outcomes, involved(outcomes, np.ones(3, dtype=bool)), duration=5.0)
+    assert spent.joules.tolist() == pytest.approx([2 * 3 + 1 + 0.5 * 1, 2 * 0.5 + 1 + 0.5 * 3.5, 0.0])
+    alone = spent_in_round(power, outcomes, np.array([True, False, False]), duration=5.0, waits=False)
+    assert alone.idle_s.tolist() == [0.0, 0.0, 0.0] and alone.total == pytest.approx(7.0)
+
+
+def test_an_event_driven_rule_is_charged_when_its_clients_start(tmp_path):
+    config = make_config({**PER_STEP, "algorithm.name": "fedasync", "run.rounds": 6})
+    result = run(config, tmp_path / "run")
+    rows = result.metrics
+    assert np.cumsum([r["energy"] for r in rows]) == pytest.approx([r["energy_total"] for r in rows])
+    with open(tmp_path / "run" / "clients.csv") as fh:
+        table = list(csv.DictReader(fh))
+    assert all(float(r["idle_s"]) == 0.0 for r in table)  # asynchronous clients never wait
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["energy"] == pytest.approx(
+        sum(float(r["joules"]) for r in table)
+    )
