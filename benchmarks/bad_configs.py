@@ -98,6 +98,7 @@ RANGES: dict[str, list] = {
     "system.compute_watts": [-0.1, 1e7, *NUMBERS_BAD],
     "system.upload_watts": [-1.0, *NUMBERS_BAD],
     "system.idle_watts": [-1.0, *NUMBERS_BAD],
+    "system.device_correlation": [-0.6, 1.01, *NUMBERS_BAD],
     "system.straggler_ratio": [1.5, -0.1, *NUMBERS_BAD],
     "system.straggler_min_depth": [0, 100, *INTS_BAD],
     "system.time_per_sample_layer": [0.0, -1.0, *NUMBERS_BAD],
@@ -319,6 +320,12 @@ SELECTION_BAD: list[tuple[str, dict]] = [
      {"selection": {"rule": "uniform", "clients_per_round": 2}, "algorithm": {"name": "fedbuff"}}),
 ]  # fmt: skip
 EXTRA += SELECTION_BAD
+EXTRA += [
+    ("correlated devices with two-group participation",
+     {"system": {"participation": "two-group", "device_correlation": 0.5}}),
+    ("correlated devices with an availability trace",
+     {"system": {"availability": "trace", "device_correlation": 0.5}}),
+]  # fmt: skip
 
 ALGORITHM_BAD: list[dict] = [
     {"name": "fedsgd"},
@@ -456,7 +463,6 @@ EXTREMES: list[tuple[str, dict]] = [
         },
     ),  # fmt: skip
     ("a huge mlp", {"model": {"hidden": [65536, 65536]}}),
-    ("an energy budget below the first round's", {"run": {"energy_budget": 1e-9}}),
 ]
 
 
@@ -465,6 +471,7 @@ PER_STEP_SLOW = {"model": "per-step", "time_per_sample_step": 2.0, "deadline": 1
 NOTHING_ALGORITHMS = ["drop", "salf", "fedprox", "fednova", "scaffold", "feddyn", "fedvarp", "mifa",
                       "u-fedavg", "fedstale"]  # fmt: skip
 NEVER_TRAINS: list[tuple[str, dict]] = [
+    ("an energy budget below the first round's", {"run": {"energy_budget": 1e-9}}),
     *(
         (
             f"{name}: every step longer than the deadline",

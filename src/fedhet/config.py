@@ -516,12 +516,23 @@ class SystemConfig(PluginSection):
     compute_watts: float = 2.0  # a client's power draw while training (W; a device file's column wins)
     upload_watts: float = 1.0  # while communicating, the download included (W)
     idle_watts: float = 0.27  # while waiting, asked, for the round to close (W)
+    # Gaussian-copula correlation of each client's data size, speed and availability
+    # (participation = "uniform"); 0 = independent; in [-0.5, 1]
+    device_correlation: float = 0.0
 
     def validate(self) -> None:
         if self.deadline < 0:
             raise ConfigError(f"system.deadline = {self.deadline}: must be >= 0 (0 = time_budget / rounds)")
         for key in ("compute_watts", "upload_watts", "idle_watts"):
             in_range(f"system.{key}", getattr(self, key), 0.0, 1e6)
+        in_range("system.device_correlation", self.device_correlation, -0.5, 1.0)
+        if self.device_correlation and (self.participation not in ("always", "uniform")
+                                        or self.availability != "always"):  # fmt: skip
+            raise ConfigError(
+                f"system.device_correlation = {self.device_correlation:g}: correlates availability through "
+                f'participation = "uniform" (participation is {self.participation!r}, availability '
+                f'{self.availability!r}); use participation = "uniform" or "always", availability = "always"'
+            )
 
     @property
     def watts(self) -> dict[str, float]:

@@ -26,6 +26,7 @@ from fedhet.models import FlatModel, ModelContext
 from fedhet.models.cost import multiply_adds, training_step_flops
 from fedhet.registry import resolve
 from fedhet.system import SystemContext, SystemModel
+from fedhet.system.copula import population_latents
 from fedhet.system.energy import PowerDraw
 from fedhet.threads import choose_threads
 
@@ -198,8 +199,9 @@ def build_system(config: Config, num_clients: int, num_layers: int, measure=None
     ``system.participation``; "none" and "always" leave it as it is), then in the client
     selection (``[selection] rule``; "all" leaves it as it is)."""
     s = config.system
+    latents = population_latents(s.device_correlation, config.run.seed, client_sizes)
     ctx = SystemContext(num_clients, num_layers, config.round_deadline, config.run.seed, measure,
-                        client_sizes=client_sizes)  # fmt: skip
+                        client_sizes=client_sizes, latents=latents)  # fmt: skip
     model = s.entry("model").cls.build(s.options("model"), ctx)
     for section, slot in (("system", "dropout"), ("system", "availability"), ("system", "participation"),
                           ("selection", "rule")):  # fmt: skip
@@ -262,18 +264,19 @@ def build_world(config: Config, client_side: bool = False, dataset: Dataset | No
         initial_buffers=flat.buffers.detach().clone(), system=system, algorithm=algorithm,
         worker=worker, layer_multiply_adds=layer_multiply_adds, device=device,
         server_optimizer=server_optimizer(config, algorithm),
-        power=None if client_side else power_draw(config, len(parts)),
+        power=None if client_side else power_draw(config, sizes),
     )  # fmt: skip
 
 
-def power_draw(config: Config, num_clients: int) -> PowerDraw:
+def power_draw(config: Config, client_sizes: np.ndarray) -> PowerDraw:
     """Each client's power draw: its device's power columns where the system model's device
     profiles give them (the same assignment the model draws), else ``[system]``'s watts."""
     assign = getattr(config.system.options("model"), "devices", None)
-    devices = (
-        assign(num_clients, seeding.stream(config.run.seed, "system-setup")) if callable(assign) else None
-    )
-    return PowerDraw.of(num_clients, config.system.watts, devices)
+    latents = population_latents(config.system.device_correlation, config.run.seed, client_sizes)
+    speed = None if latents is None else latents.speed
+    stream = seeding.stream(config.run.seed, "system-setup")
+    devices = assign(len(client_sizes), stream, speed) if callable(assign) else None
+    return PowerDraw.of(len(client_sizes), config.system.watts, devices)
 
 
 def _system(config: Config, flat: FlatModel, dataset: Dataset, train_labels, num_clients: int,

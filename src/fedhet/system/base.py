@@ -32,6 +32,7 @@ import numpy as np
 
 from fedhet import seeding
 from fedhet.registry import NoOptions
+from fedhet.system.copula import Latents
 from fedhet.system.types import Marginals, Outcomes, Workload
 
 
@@ -49,6 +50,12 @@ class SystemContext:
     measure: Callable[[], dict] | None = None
     base: SystemModel | None = None
     client_sizes: np.ndarray | None = None  # each client's training examples (client selection)
+    latents: Latents | None = None  # a correlated population's latent scores (system.device_correlation)
+
+    @property
+    def speed(self) -> np.ndarray | None:
+        """The clients' latent speed scores of a correlated population, else None."""
+        return None if self.latents is None else self.latents.speed
 
     def stream(self, name: str) -> np.random.Generator:
         """A named random stream of the run's seed, for a model's setup draws."""

@@ -176,7 +176,7 @@ class MeasuredTimes(SystemModel):
     def build(cls, options: MeasuredOptions, ctx: SystemContext) -> SystemModel:
         if ctx.measure is None:
             raise ConfigError("system.model = 'measured' needs the model to time (build it with build_world)")
-        caps = options.draw(ctx.num_clients, ctx.stream("system-setup"))
+        caps = options.draw(ctx.num_clients, ctx.stream("system-setup"), ctx.speed)
         return cls(
             ctx.num_clients,
             ctx.num_layers,

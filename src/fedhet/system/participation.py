@@ -221,7 +221,15 @@ class BernoulliParticipation(PresenceWrapper):
     @classmethod
     def build(cls, options, ctx: SystemContext) -> SystemModel:
         probs = cls.probabilities(options, ctx.num_clients, ctx.stream("participation-setup"))
+        if ctx.latents is not None:
+            probs = cls.correlated(options, probs, ctx.latents.availability)
         return cls(ctx.wrapped, probs)
+
+    @staticmethod
+    def correlated(options: Any, probs: np.ndarray, latent: np.ndarray) -> np.ndarray:
+        """The probabilities of a correlated population (:mod:`fedhet.system.copula`): as
+        drawn, for the profiles that the copula does not rank (uniform does)."""
+        return probs
 
 
 @dataclass
@@ -280,6 +288,14 @@ class UniformParticipation(BernoulliParticipation):
         return participation_probabilities(
             "uniform", num_clients, rng, low=options.participation_low, high=options.participation_high
         )
+
+    @staticmethod
+    def correlated(options: Any, probs: np.ndarray, latent: np.ndarray) -> np.ndarray:
+        """low + (high - low) Phi(z^avail_u): uniform on [low, high], ranked by the latent."""
+        from scipy.stats import norm
+
+        low, high = options.participation_low, options.participation_high
+        return low + (high - low) * norm.cdf(latent)
 
 
 @dataclass

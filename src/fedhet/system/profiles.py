@@ -17,6 +17,7 @@ import numpy as np
 
 from fedhet.checks import number_list, one_of, path_option
 from fedhet.errors import ConfigError
+from fedhet.system.copula import by_rank
 from fedhet.system.devices import DEVICE_ASSIGNMENTS, DeviceProfiles, read_device_profiles
 
 CAPABILITY_PROFILES = ("constant", "uniform", "lognormal", "list", "devices")
@@ -109,20 +110,29 @@ class CapabilityOptions:
                 "(capability_profile = 'list')"
             )
 
-    def devices(self, num_clients: int, rng: np.random.Generator) -> DeviceProfiles | None:
+    def devices(
+        self, num_clients: int, rng: np.random.Generator, speed: np.ndarray | None = None
+    ) -> DeviceProfiles | None:
         """Each client's device (``capability_profile = "devices"``), else None. ``rng`` is
-        the same setup stream :meth:`draw` gets, so both see one assignment."""
+        the same setup stream :meth:`draw` gets, so both see one assignment; ``speed``: the
+        clients' latent speed scores of a correlated population (:mod:`fedhet.system.copula`):
+        the drawn devices go to the clients by rank, the fastest to the largest score."""
         if self.capability_profile != "devices":
             return None
         profiles = read_device_profiles(self.device_profiles)
-        return profiles.assign(num_clients, self.device_assignment, rng)
+        assigned = profiles.assign(num_clients, self.device_assignment, rng)
+        return assigned if speed is None else assigned.take(by_rank(-assigned.compute, speed))
 
-    def draw(self, num_clients: int, rng: np.random.Generator) -> np.ndarray:
+    def draw(self, num_clients: int, rng: np.random.Generator, speed: np.ndarray | None = None) -> np.ndarray:
         """The clients' capabilities P_u under this profile (devices: 1 / seconds per
-        example)."""
-        devices = self.devices(num_clients, rng)
+        example); with ``speed`` scores, handed out by rank as :meth:`devices` does."""
+        devices = self.devices(num_clients, rng, speed)
         if devices is not None:
             return 1.0 / devices.compute
+        caps = self._independent(num_clients, rng)
+        return caps if speed is None else caps[by_rank(caps, speed)]
+
+    def _independent(self, num_clients: int, rng: np.random.Generator) -> np.ndarray:
         return capabilities(
             self.capability_profile,
             num_clients,

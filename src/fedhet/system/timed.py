@@ -55,8 +55,8 @@ class ExponentialLayers(SystemModel):
 
     @classmethod
     def build(cls, options: ExponentialOptions, ctx: SystemContext) -> SystemModel:
-        caps = options.draw(ctx.num_clients, ctx.stream("system-setup"))
-        devices = options.devices(ctx.num_clients, ctx.stream("system-setup"))
+        caps = options.draw(ctx.num_clients, ctx.stream("system-setup"), ctx.speed)
+        devices = options.devices(ctx.num_clients, ctx.stream("system-setup"), ctx.speed)
         model = cls(ctx.num_clients, ctx.num_layers, caps, options.time_per_sample_layer)
         model.hazards = None if devices is None else devices.hazard
         return model
@@ -199,8 +199,8 @@ class PerStepCost(SystemModel):
 
     @classmethod
     def build(cls, options: PerStepOptions, ctx: SystemContext) -> SystemModel:
-        caps = options.draw(ctx.num_clients, ctx.stream("system-setup"))
-        devices = options.devices(ctx.num_clients, ctx.stream("system-setup"))
+        caps = options.draw(ctx.num_clients, ctx.stream("system-setup"), ctx.speed)
+        devices = options.devices(ctx.num_clients, ctx.stream("system-setup"), ctx.speed)
         return cls(
             ctx.num_clients,
             ctx.num_layers,
