@@ -106,7 +106,7 @@ def summary_table(summaries: list[dict], title: str) -> None:
 
     scores = list(dict.fromkeys(Score.from_summary(s).metric for s in summaries))  # each run's task's
     short = {"accuracy": "acc"}
-    columns = ["run", "algorithm", "rounds", "sim_time"]
+    columns = ["run", "algorithm", "rounds", "sim_time", "energy J"]
     for metric in scores:
         columns += [f"final {short.get(metric, metric)}", f"best {short.get(metric, metric)}"]
     columns += [f"time to {t}" for t in targets] + ["wall s"]
@@ -122,6 +122,7 @@ def summary_table(summaries: list[dict], title: str) -> None:
             str(s.get("algorithm", "-")),
             str(s.get("rounds", "-")),
             fmt(s.get("sim_time"), ".4g"),
+            fmt(s.get("energy"), ".4g"),
             *[
                 fmt(s.get(f"{end}_test_{metric}"), ".4f" if metric == "accuracy" else ".4g")
                 for metric in scores

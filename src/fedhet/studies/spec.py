@@ -47,6 +47,7 @@ REPORT_VALUES = (
     "rounds",
     "sim_time",
     "mean_round_time",
+    "energy",
     "wall_time",
 )
 
