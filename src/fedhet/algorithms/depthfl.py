@@ -36,6 +36,7 @@ import torch
 
 from fedhet.algorithms.aggregation import expand_per_layer
 from fedhet.algorithms.base import Algorithm, register
+from fedhet.algorithms.sub_models import largest_fitting
 from fedhet.errors import ConfigError
 from fedhet.messages import ClientTask, Coverage
 
@@ -103,12 +104,7 @@ class DepthFL(Algorithm):
         """The local depth k of a client whose full work takes ``full_time``: K when it fits
         the deadline (or there is none), else the largest k with c(k) full_time <= deadline;
         None when no k fits."""
-        if deadline is None or full_time <= deadline * (1 + 1e-12):
-            return len(level_cost)
-        fitting = [
-            k for k, cost in enumerate(level_cost, start=1) if cost * full_time <= deadline * (1 + 1e-12)
-        ]
-        return max(fitting) if fitting else None
+        return largest_fitting(dict(enumerate(level_cost, start=1)), full_time, deadline)
 
     def client_task(self, context, client: int, state: dict) -> ClientTask | None:
         plan, outcomes = context.plan, context.outcomes

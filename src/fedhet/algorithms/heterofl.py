@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from fedhet.algorithms.base import Algorithm, register
+from fedhet.algorithms.sub_models import largest_fitting
 from fedhet.checks import one_of
 from fedhet.errors import ConfigError
 from fedhet.messages import ClientTask, Coverage
@@ -124,12 +125,8 @@ class HeteroFL(Algorithm):
         if self.options.width_rule == "fixed":
             return float(self.options.fixed_rate)
         rate_cost = rate_cost or {}
-        fitting = [
-            float(r)
-            for r in self.options.rates
-            if rate_cost.get(str(float(r)), float(r) ** 2) * full_time <= deadline * (1 + 1e-12)
-        ]
-        return max(fitting) if fitting else None
+        costs = {float(r): rate_cost.get(str(float(r)), float(r) ** 2) for r in self.options.rates}
+        return largest_fitting(costs, full_time, deadline)
 
     def client_task(self, context, client: int, state: dict) -> ClientTask | None:
         plan, outcomes = context.plan, context.outcomes
