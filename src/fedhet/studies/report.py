@@ -180,8 +180,8 @@ def _band_figure(runs: list[RunDirectory]) -> bytes | None:
 
 
 def _runs_table(runs: list[RunDirectory], summaries: dict) -> str:
-    columns = ["run", "algorithm", "rounds", "sim_time", "final_test_accuracy", "best_test_accuracy",
-               "stopped_by"]  # fmt: skip
+    columns = ["run", "algorithm", "rounds", "sim_time", "energy", "final_test_accuracy",
+               "best_test_accuracy", "stopped_by"]  # fmt: skip
     head = "".join(f"<th>{c}</th>" for c in columns)
     rows = []
     for run in runs:
