@@ -31,13 +31,16 @@ METRIC_COLUMNS = (
     "mean_steps",
     "lr",
     "train_loss",
+    "energy",  # the clients' joules this round (fedhet.system.energy)
+    "energy_total",  # and since the run started
     "faults",
 )
 
 
 def metric_columns(rows: list[dict]) -> tuple[str, ...]:
     """metrics.csv's columns: the standard ones with the task's test columns (``test_loss``,
-    ``test_accuracy``; a regression's ``test_rmse``) before ``faults``, then every column an
+    ``test_accuracy``; a regression's ``test_rmse``) before ``faults`` (always the last of
+    them), then every column an
     algorithm or a callback added, in the order they first appear."""
     tests: dict[str, None] = {}
     extra: dict[str, None] = {}
