@@ -68,6 +68,19 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Exp
     for key, values in grid.items():
         if not isinstance(values, list) or not values:
             raise ConfigError(f"{path}: grid.{key} must be a non-empty list")
+    name, jobs = _name_and_jobs(meta, path)
+    _check_cases(cases, grid, path)
+    cells = _grid_cells(base, grid, cases, bool(raw.get("cases")), path)
+    experiment = Experiment(
+        name=name, jobs=jobs, cells=cells, **_report_settings(report, list(grid), cells, path)
+    )
+    if experiment.reference is not None:
+        check_reference(experiment, experiment.reference, path)
+    return experiment
+
+
+def _name_and_jobs(meta: dict, path) -> tuple[str, int]:
+    """``[experiment] name`` (the file's stem by default) and ``jobs`` (0: every core)."""
     name = meta.get("name", Path(path).stem)
     if not isinstance(name, str):
         raise ConfigError(f"{path}: experiment.name = {name!r}: expected a string")
@@ -75,12 +88,16 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Exp
     jobs = meta.get("jobs", 0)
     if isinstance(jobs, bool) or not isinstance(jobs, int) or not 0 <= jobs <= MAX_THREADS:
         raise ConfigError(f"{path}: experiment.jobs = {jobs!r}: expected an integer in 0..{MAX_THREADS}")
-    jobs = jobs or (os.cpu_count() or 1)
+    return name, jobs or (os.cpu_count() or 1)
+
+
+def _grid_cells(base: dict, grid: dict, cases: list, has_cases: bool, path) -> list:
+    """One cell per case and grid combination, each named by its values; two cells of one
+    name are refused."""
     keys = list(grid)
-    _check_cases(cases, grid, path)
     cells = []
     for index, case in enumerate(cases, start=1):
-        origin = f"cases[{index}]" if raw.get("cases") else ""
+        origin = f"cases[{index}]" if has_cases else ""
         for combo in itertools.product(*(grid[k] for k in keys)):
             chosen = {**case, **dict(zip(keys, combo, strict=True))}
             cell_name = "-".join(_label(v) for v in _flatten(chosen).values()) or "base"
@@ -89,6 +106,12 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Exp
     if len(set(names)) != len(names):
         twice = next(n for n in names if names.count(n) > 1)
         raise ConfigError(f"{path}: two cells are both named {twice!r} (repeated grid or case values)")
+    return cells
+
+
+def _report_settings(report: dict, keys: list, cells: list, path) -> dict:
+    """The ``[report]`` table, checked: rows, columns (the grid's keys by default), value,
+    interval, reference, alpha and correction."""
     rows = _key_list(report, "rows", [], path)
     columns = _key_list(report, "columns", keys, path)
     for key in rows + columns:
@@ -110,13 +133,8 @@ def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Exp
     correction = report.get("correction", "holm")
     if correction not in CORRECTIONS:
         raise ConfigError(f"{path}: report.correction = {correction!r}: one of {', '.join(CORRECTIONS)}")
-    experiment = Experiment(
-        name=name, jobs=jobs, cells=cells, rows=rows, columns=columns, value=value,
-        interval=interval, reference=reference, alpha=float(alpha), correction=correction,
-    )  # fmt: skip
-    if reference is not None:
-        check_reference(experiment, reference, path)
-    return experiment
+    return dict(rows=rows, columns=columns, value=value, interval=interval, reference=reference,
+                alpha=float(alpha), correction=correction)  # fmt: skip
 
 
 def _compare_axis(base: dict, grid: dict, path) -> dict:
