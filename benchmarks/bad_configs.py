@@ -88,6 +88,8 @@ RANGES: dict[str, list] = {
     "train.lr_schedule": ["cosine"],
     "train.lr_rho_c": [0.0, -1.0, *NUMBERS_BAD],
     "train.lr_gamma": [0.0, -1.0, *NUMBERS_BAD],
+    "train.lr_milestones": [[0], [3, 2], [2, 2], [1.5], ["a"], 5, [True]],
+    "train.lr_decay": [0.0, 1.5, -0.5, *NUMBERS_BAD],
     "train.batch_size": [0, -1, *INTS_BAD],
     "train.local_steps": [0, -1, *INTS_BAD],
     "train.momentum": [1.0, -0.1, *NUMBERS_BAD],
@@ -373,6 +375,13 @@ ALGORITHM_BAD: list[dict] = [
     {"name": "fedasync", "staleness": "exponential"},
     *({"name": "fedasync", key: v} for key in ("staleness_a", "staleness_b", "rho") for v in (-1.0, NAN)),
     {"name": "fedasync", "max_concurrency": -1},
+    *({"name": "fedcompass", "min_ratio": v} for v in (0.0, 1.5, NAN)),
+    *({"name": "fedcompass", "latest_factor": v} for v in (0.5, INF, NAN)),
+    *({"name": "fedcompass", key: v} for key in ("alpha", "speed_momentum") for v in (0.0, 1.5, NAN)),
+    *({"name": "fedcompass", "max_steps": v} for v in (-1, 1.5, True)),
+    {"name": "fedcompass", "staleness": "exponential"},
+    {"name": "fedcompass", "weights": "equal"},
+    *({"name": "fedcompass", key: v} for key in ("staleness_a", "staleness_b") for v in (-1.0, INF)),
     *({"name": "timelyfl", "aggregation_goal": v} for v in (-1, 99, 1.5)),
     *({"name": "timelyfl", "max_epochs": v} for v in (0, -2)),
     {"name": "timelyfl", "timing_draws": 0},
@@ -652,6 +661,8 @@ def cases(tmp: Path):
                 }.get(key, "uniform")
             if key == "lr_rho_c" or key == "lr_gamma":
                 doc["train"]["lr_schedule"] = "salf-theorem"
+            if key in ("lr_milestones", "lr_decay"):
+                doc["train"]["lr_schedule"] = "step"
             if key.startswith("swap_") and key != "swap_pairs":
                 doc["data"]["partition"] = "label-swap"
             if key == "alpha":

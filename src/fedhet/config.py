@@ -464,9 +464,12 @@ class TrainConfig(PluginSection):
 
     lr: float = 0.05  # the client learning rate eta (its value in round 1)
     # constant | inverse (eta / (1 + t), ADEL-FL) | salf-theorem (2 / (rho_c (gamma + t)), SALF Thm. 1)
+    # | step (eta times lr_decay at each of lr_milestones)
     lr_schedule: str = "constant"
     lr_rho_c: float = 1.0  # salf-theorem: rho_c
     lr_gamma: float = 1.0  # salf-theorem: the offset gamma
+    lr_milestones: list = field(default_factory=list)  # step: rounds (from 1) where eta decays once more
+    lr_decay: float = 0.5  # step: the factor applied at each milestone, in (0, 1]
     batch_size: int = 16  # examples per local step
     local_steps: int = 1  # local steps K asked of each client per round
     optimizer: str = "sgd"  # the local optimizer (a plug-in: sgd, adam, ...) with its options here
@@ -485,7 +488,20 @@ class TrainConfig(PluginSection):
             raise ConfigError(f"train.lr_rho_c = {self.lr_rho_c}: must be > 0")
         if self.lr_gamma <= 0:
             raise ConfigError(f"train.lr_gamma = {self.lr_gamma}: must be > 0")
+        self._check_step_schedule()
         self.postprocessors  # noqa: B018  (parse the chain now: its errors are configuration errors
+
+    def _check_step_schedule(self) -> None:
+        """``lr_milestones``: whole rounds >= 1, increasing; ``lr_decay`` in (0, 1]."""
+        milestones = self.lr_milestones
+        if not isinstance(milestones, list) or not all(
+            isinstance(m, int) and not isinstance(m, bool) and m >= 1 for m in milestones
+        ):
+            raise ConfigError(f"train.lr_milestones = {milestones!r}: a list of rounds, whole numbers >= 1")
+        if milestones != sorted(set(milestones)):
+            raise ConfigError(f"train.lr_milestones = {milestones!r}: must be increasing")
+        if isinstance(self.lr_decay, bool) or not 0.0 < self.lr_decay <= 1.0:
+            raise ConfigError(f"train.lr_decay = {self.lr_decay!r}: must be in (0, 1]")
 
     @property
     def postprocessors(self) -> list:

@@ -10,6 +10,7 @@ from fedhet.algorithms import (  # noqa: F401  (registration)
     fedasync,
     fedavg,
     fedbuff,
+    fedcompass,
     feddyn,
     fednova,
     fedprox,

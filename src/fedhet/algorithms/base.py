@@ -571,7 +571,10 @@ def register(cls: type[Algorithm]) -> type[Algorithm]:
 class AsyncAlgorithm(Algorithm):
     """Base of event-driven rules (FedBuff, FedAsync): no rounds. The event driver asks the
     rule which idle clients start (:meth:`choose`, up to :meth:`concurrency` in flight), for
-    each one's task (:meth:`start_task`), and turns a full buffer of arrivals into a server
+    each one's task (:meth:`start_task`) and local steps (:meth:`plan_starts`), tells it of
+    each arrival (:meth:`arrive`: whether the client may start again at once), asks which
+    buffered arrivals a server step applies (:meth:`take`, also at the times :meth:`due`
+    names), and turns them into a server
     step: :meth:`apply_buffer` with each update and its staleness, or, for a rule that mixes
     the clients' models rather than adding their deltas, :meth:`apply_models` with the model
     each client was sent beside its update. A class that defines ``apply_models`` gets it
@@ -612,6 +615,29 @@ class AsyncAlgorithm(Algorithm):
             deadline=None,
             model_round=version,
         )
+
+    def plan_starts(self, state: dict, clients: list[int], now: float) -> list[int]:
+        """The local steps of each of ``clients``, starting at simulated time ``now`` on the
+        current model (server state ``state``, which the rule may update: its start
+        records). Default: the configured steps for everyone."""
+        return [self.train.local_steps] * len(clients)
+
+    def arrive(self, state: dict, client: int, now: float) -> bool:
+        """``client``'s update arrived at ``now`` and joined the buffer. True (the default):
+        the client is free to start again at once; False: it waits until a server step
+        applies its update (a group that must arrive together, FedCompass)."""
+        return True
+
+    def take(self, state: dict, buffered: list[tuple[int, int]], now: float) -> list[int]:
+        """The positions of the buffered arrivals, (client, staleness) each in arrival order,
+        that a server step applies now; none: no step yet. Default: the whole buffer once
+        it holds :meth:`buffer_size` arrivals."""
+        return list(range(len(buffered))) if len(buffered) >= self.buffer_size() else []
+
+    def due(self, state: dict) -> float | None:
+        """A simulated time at which :meth:`take` is asked again though nothing arrives (a
+        group's latest arrival time, FedCompass); None (the default): only arrivals."""
+        return None
 
     def apply_buffer(self, params, buffers, entries, state: dict, version: int):
         """One server step from ``entries`` = [(update, staleness), ...], in arrival order;

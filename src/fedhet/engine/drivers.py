@@ -20,6 +20,7 @@ would pass the time budget. Evaluation, files and checkpoints are the run loop's
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
@@ -209,57 +210,65 @@ class EventDriver:
     @staticmethod
     def _engine_state(state, num_clients: int) -> dict:
         if not state.engine:
-            state.engine = {"in_flight": [], "buffer": [], "starts": [0] * num_clients, "dispatches": 0}
+            state.engine = {"in_flight": [], "buffer": [], "held": [], "starts": [0] * num_clients,
+                            "dispatches": 0}  # fmt: skip
         return state.engine
 
     def _start_clients(self, env: StepEnvironment, state, now: float, version: int) -> None:
         """Fill the free concurrency with idle clients chosen by the algorithm, on the
-        current model."""
+        current model, each with the local steps the rule plans for it (clients whose
+        update waits in the buffer for its step are held, neither idle nor in flight)."""
         world, config = env.world, env.config
         engine, algorithm = state.engine, cast("AsyncAlgorithm", world.algorithm)
         hooks = Hooks(config.algorithm_name, version + 1)
-        busy = {entry["client"] for entry in engine["in_flight"]}
-        idle = [c for c in range(world.num_clients) if c not in busy]
-        free = hooks.call("concurrency", algorithm.concurrency, world.num_clients) - len(busy)
+        flying = {entry["client"] for entry in engine["in_flight"]}
+        idle = [c for c in range(world.num_clients) if c not in flying and c not in engine["held"]]
+        free = hooks.call("concurrency", algorithm.concurrency, world.num_clients) - len(flying)
         if free <= 0 or not idle:
             return
         rng = seeding.round_stream(config.run.seed, "dispatch", engine["dispatches"])
         engine["dispatches"] += 1
-        batch = np.full(world.num_clients, config.train.batch_size)
-        steps = np.full(world.num_clients, config.train.local_steps)
-        full_upload = upload_bytes(world, np.ones(world.num_clients, dtype=int))
-        full_download = download_bytes(world)
         chosen = [int(c) for c in hooks.call("choose", algorithm.choose, idle, free, rng)]
+        planned = hooks.call("plan_starts", algorithm.plan_starts, state.algorithm, chosen, now)
+        steps = np.full(world.num_clients, config.train.local_steps)
+        steps[chosen] = [int(q) for q in planned]
         tasks = [
-            hooks.call("start_task", algorithm.start_task, c, engine["starts"][c], version) for c in chosen
+            dataclasses.replace(
+                hooks.call("start_task", algorithm.start_task, c, engine["starts"][c], version),
+                local_steps=int(steps[c]),
+            )
+            for c in chosen
         ]
         # the chosen clients train at once (in parallel where the pool has workers)
         updates = {u.client: u for u in env.pool.run(tasks, state.params, state.buffers)}
         for client in chosen:
-            start = engine["starts"][client]
-            work = Workload(None, batch, steps, start_time=now)
-            work.upload_bytes = full_upload  # the whole model's update travels
-            work.download_bytes = full_download
-            stream = seeding.client_stream(config.run.seed, start, client, "duration")
-            model = Hooks(config.system.model, version + 1, "system model")
-            timing = model.outcomes(
-                model.call("sample", world.server_system.sample, work, stream), world.num_clients
-            )
-            engine["starts"][client] = start + 1
-            if not self._charge_start(env, engine, timing, client):
+            if not self._launch(env, state, client, now, version, steps, updates.get(client)):
                 return  # the energy budget is spent: the next server step is refused
-            if (
-                client not in updates
-                or not timing.participates[client]
-                or timing.steps_done[client] < steps[client]
-            ):
-                continue  # absent, or failed before its work was done: idle again, tried at the next start
-            engine["in_flight"].append(
-                {"client": client, "time": now + float(timing.full_time[client]), "version": version,
-                 "update": updates[client]}
-            )  # fmt: skip
-            if algorithm.keeps_sent_models:  # one reference per version in flight
-                engine.setdefault("sent", {}).setdefault(str(version), (state.params, state.buffers))
+
+    def _launch(self, env: StepEnvironment, state, client: int, now: float, version: int, steps, update):
+        """Price one start on the clock and put its update in flight (unless the client is
+        absent or fails before its work is done); False when the energy budget is spent."""
+        world, config, engine = env.world, env.config, state.engine
+        start = engine["starts"][client]
+        work = Workload(None, np.full(world.num_clients, config.train.batch_size), steps, start_time=now)
+        work.upload_bytes = upload_bytes(world, np.ones(world.num_clients, dtype=int))  # the whole model
+        work.download_bytes = download_bytes(world)
+        stream = seeding.client_stream(config.run.seed, start, client, "duration")
+        model = Hooks(config.system.model, version + 1, "system model")
+        sampled = model.call("sample", world.server_system.sample, work, stream)
+        timing = model.outcomes(sampled, world.num_clients)
+        engine["starts"][client] = start + 1
+        if not self._charge_start(env, engine, timing, client):
+            return False
+        if update is None or not timing.participates[client] or timing.steps_done[client] < steps[client]:
+            return True  # absent, or failed before its work was done: idle again, tried at the next start
+        engine["in_flight"].append(
+            {"client": client, "time": now + float(timing.full_time[client]), "version": version,
+             "update": update}
+        )  # fmt: skip
+        if cast("AsyncAlgorithm", world.algorithm).keeps_sent_models:  # one reference per version in flight
+            engine.setdefault("sent", {}).setdefault(str(version), (state.params, state.buffers))
+        return True
 
     @staticmethod
     def _charge_start(env: StepEnvironment, engine: dict, timing, client: int) -> bool:
@@ -277,29 +286,57 @@ class EventDriver:
         return True
 
     def _arrivals(self, env: StepEnvironment, state, t: int) -> list | None:
-        """The next ``buffer_size`` arrivals, (update, staleness) each, starting idle clients
-        as arrivals free them; None when the next arrival falls beyond the time budget."""
+        """The arrivals the rule applies in the next server step, (update, staleness) each,
+        in simulated-time order: each arrival joins the buffer and the rule says whether its
+        client starts again at once and whether a step is taken (also at the times it names
+        as due); idle clients start as arrivals free them. None when the next event falls
+        beyond the time budget."""
         engine, algorithm = state.engine, cast("AsyncAlgorithm", env.world.algorithm)
-        k = Hooks(env.config.algorithm_name, t + 1).call("buffer_size", algorithm.buffer_size)
-        self._start_clients(env, state, engine.get("now", state.sim_time), t)
+        hooks = Hooks(env.config.algorithm_name, t + 1)
+        hooks.call("buffer_size", algorithm.buffer_size)  # read by take; a broken one is named here
+        engine.setdefault("now", state.sim_time)
+        if entries := self._take(engine, hooks, algorithm, state, t):
+            return entries  # a second step due at the same instant
+        self._start_clients(env, state, engine["now"], t)
         while True:
             if engine.get("energy_out"):
                 return None
-            if not engine["in_flight"]:
+            due = hooks.call("due", algorithm.due, state.algorithm)
+            arrival = min(engine["in_flight"], key=lambda e: (e["time"], e["client"]), default=None)
+            if arrival is None and due is None:
                 raise FedhetError(f"{algorithm.name}: no client could be started (all absent or failed)")
-            arrival = min(engine["in_flight"], key=lambda e: (e["time"], e["client"]))
-            if not env.clock.fits(arrival["time"] - state.sim_time):
+            if due is not None and (arrival is None or due < arrival["time"]):
+                arrival = None  # the rule's timer comes first
+            at = float(cast(float, due)) if arrival is None else arrival["time"]
+            if not env.clock.fits(at - state.sim_time):
                 return None
-            engine["in_flight"].remove(arrival)
-            engine["now"] = arrival["time"]
-            engine["buffer"].append((arrival["update"], t - arrival["version"]))
-            if len(engine["buffer"]) >= k:
-                break
+            engine["now"] = at
+            if arrival is not None:
+                engine["in_flight"].remove(arrival)
+                engine["buffer"].append({"update": arrival["update"], "version": arrival["version"]})
+                if not hooks.call("arrive", algorithm.arrive, state.algorithm, arrival["client"], at):
+                    engine["held"].append(arrival["client"])
+            if entries := self._take(engine, hooks, algorithm, state, t):
+                return entries
             if not any(e["time"] == engine["now"] for e in engine["in_flight"]):
                 # idle clients start once every arrival of this instant is in
                 self._start_clients(env, state, engine["now"], t)
-        entries, engine["buffer"] = engine["buffer"], []
-        return entries
+
+    @staticmethod
+    def _take(engine: dict, hooks: Hooks, algorithm, state, t: int) -> list:
+        """The buffered arrivals the rule applies now, (update, staleness) each, removed from
+        the buffer; their held clients are free again."""
+        buffer = engine["buffer"]
+        buffered = [(e["update"].client, t - e["version"]) for e in buffer]
+        chosen = hooks.call("take", algorithm.take, state.algorithm, buffered, engine["now"])
+        positions = sorted({int(i) for i in chosen})
+        if any(not 0 <= i < len(buffer) for i in positions):
+            raise FedhetError(f"{algorithm.name}: take named positions outside the buffer of {len(buffer)}")
+        taken = [buffer[i] for i in positions]
+        engine["buffer"] = [e for i, e in enumerate(buffer) if i not in positions]
+        applied = {e["update"].client for e in taken}
+        engine["held"] = [c for c in engine["held"] if c not in applied]
+        return [(e["update"], t - e["version"]) for e in taken]
 
     def step(self, env: StepEnvironment, state, t: int):
         """One server step: the arrivals up to the buffer's size in simulated-time order,
@@ -321,7 +358,7 @@ class EventDriver:
             rule = "apply_models"
             applied = hooks.call(rule, algorithm.apply_models, state.params, state.buffers, arrivals,
                                  state.algorithm, t)  # fmt: skip
-            waiting = {str(e["version"]) for e in engine["in_flight"]}
+            waiting = {str(e["version"]) for e in engine["in_flight"] + engine["buffer"]}
             engine["sent"] = {v: model for v, model in sent.items() if v in waiting}
         else:
             rule = "apply_buffer"
