@@ -16,6 +16,7 @@ from fedhet.algorithms import (  # noqa: F401  (registration)
     fedprox,
     fjord,
     heterofl,
+    refl,
     salf,
     scaffold,
     server_opt,
