@@ -9,6 +9,7 @@ from fedhet.algorithms import (  # noqa: F401  (registration)
     drop,
     fedasync,
     fedavg,
+    fedbalancer,
     fedbuff,
     fedcompass,
     feddyn,

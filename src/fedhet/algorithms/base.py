@@ -314,6 +314,7 @@ class Algorithm:
     # tracks_gradient_differences <- observe_gradients, streams <- streaming_aggregator.
     corrects_gradients = False
     customises_loss = False
+    selects_samples = False
     streams = False
     # Declared: this rule's local_loss differs per client beyond the group's shared task
     # fields (it draws from the client's stream, reads its state or a per-client payload
@@ -343,6 +344,15 @@ class Algorithm:
         task's ``loss(model(x, depth), y)``. A rule that trains differently (FjORD's ordered
         dropout and self-distillation) overrides it; ``rng`` is the client's own stream."""
         return loss(model(x, depth), y)
+
+    def select_samples(
+        self, task: ClientTask, state: OwnState, losses: np.ndarray, rng: np.random.Generator
+    ) -> np.ndarray | None:
+        """Before the local steps: the positions, in the client's data, of the examples it
+        trains on this round, from each example's loss at the received model (``losses``;
+        FedBalancer's sample selection); ``rng`` is the client's own stream. A rule that
+        defines this hook selects samples (``selects_samples``, derived); None: all."""
+        return None
 
     def finish_local_work(
         self,
@@ -428,6 +438,7 @@ CAPABILITY_HOOKS = {
     "corrects_gradients": "gradient_correction",
     "tracks_gradient_differences": "observe_gradients",
     "customises_loss": "local_loss",
+    "selects_samples": "select_samples",
 }
 
 
@@ -504,6 +515,7 @@ def _check_hyperparameters(cls: type, label: str) -> None:
 
 HOOKS = (
     "plan", "client_task", "make_task", "task_payload", "upload_payload", "gradient_correction", "local_loss",
+    "select_samples",
     "finish_local_work", "observe_gradients", "aggregator", "streaming_aggregator", "aggregate",
     "init_state", "probe_tasks", "round_metrics", "state_dict", "load_state_dict", "reports", "warnings",
     "caveats",

@@ -18,6 +18,7 @@ class ClientRule(Protocol):
     corrects_gradients: bool
     tracks_gradient_differences: bool
     customises_loss: bool
+    selects_samples: bool
     local_loss_per_client: ClassVar[bool]
     scales_sub_models: ClassVar[bool]
 
@@ -36,6 +37,8 @@ class ClientRule(Protocol):
         loss,
         rng,
     ) -> torch.Tensor: ...
+
+    def select_samples(self, task: ClientTask, state: OwnState, losses, rng): ...
 
     def finish_local_work(
         self,

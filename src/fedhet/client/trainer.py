@@ -245,8 +245,10 @@ class LocalTrainer:
         lead = members[0].task
         if lead.coverage.width != 1.0 and (lead.coverage.depth != 1 or lead.time_limit):
             raise ValueError("a width-reduced sub-model trains every layer on the simulated clock")
-        if lead.time_limit and rule is not None and rule.customises_loss:
-            raise ValueError("a rule with its own local loss trains on the simulated clock")
+        if lead.time_limit and rule is not None and (rule.customises_loss or rule.selects_samples):
+            raise ValueError("a rule with its own local loss or samples trains on the simulated clock")
+        if rule is not None and rule.selects_samples:
+            self._select_samples(members, params, buffers, rule)
         group = self._open(members, params, buffers, rule, on_error, snapshot)
         if group is None:
             return [self._nothing(m.task, len(m.data), params) for m in members]
@@ -266,6 +268,28 @@ class LocalTrainer:
         if finish:
             self._finish_members(group, out)
         return out
+
+    def _select_samples(self, members: list[Member], params, buffers, rule: ClientRule) -> None:
+        """Each client's data narrowed to the examples the rule selects from their losses
+        at the received model (evaluated in eval mode, in chunks, without gradients)."""
+        flat = self.flat
+        flat.load(params, buffers)
+        flat.model.eval()
+        try:
+            with torch.no_grad():
+                for member in members:
+                    data = member.data
+                    losses = [
+                        self.objective.example_losses(flat.model(data.x[chunk], 1), data.y[chunk])
+                        for chunk in np.array_split(data.indices, max(1, -(-len(data) // 1024)))
+                    ]
+                    own = Namespace(member.state, ALGORITHM)
+                    values = torch.cat(losses).float().cpu().numpy()
+                    chosen = rule.select_samples(member.task, own, values, member.rng)
+                    if chosen is not None:
+                        member.data = replace(data, indices=data.indices[np.asarray(chosen, dtype=np.int64)])
+        finally:
+            flat.model.train()
 
     def _finish_members(self, group: _Group, out: list[ClientUpdate | None]) -> None:
         """The group's :meth:`finish_group`; a postprocessor that raises fails each of the

@@ -39,6 +39,11 @@ class Task:
         """The mean training loss of a batch."""
         raise NotImplementedError
 
+    def example_losses(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Each example's training loss (what a rule that selects samples by loss reads:
+        FedBalancer)."""
+        raise NotImplementedError(f"the {self.name} task defines no per-example loss")
+
     def __call__(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """The task is its training loss (what a rule's ``local_loss`` gets as ``loss``)."""
         return self.loss(output, target)
@@ -77,6 +82,9 @@ class Classification(Task):
 
     def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(output, target)
+
+    def example_losses(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(output, target, reduction="none")
 
     def distillation(self, student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
         """Cross-entropy of the student with the teacher's softmax (FjORD Sec. 3.3)."""
@@ -119,6 +127,10 @@ class Regression(Task):
 
     def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return F.mse_loss(output.reshape(target.shape), target)
+
+    def example_losses(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        squared = (output.reshape(target.shape) - target) ** 2
+        return squared.reshape(len(target), -1).mean(1)
 
     def distillation(self, student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
         """Mean squared error to the teacher's predictions."""

@@ -275,17 +275,16 @@ class PerStepCost(SystemModel):
         share = (L + 1 - work.depth) / L
         comm = self.comm_times(work)
         full = cost * share * work.local_steps + comm
-        offset = comm
-        if work.extra_gradients is not None:  # each priced as one more step (AMSFL's GDA)
-            if work.deadline is not None:
-                raise ValueError("extra gradient evaluations are priced on rounds without a deadline")
-            full = full + cost * share * work.extra_gradients
-            offset = comm + cost * share * work.extra_gradients  # read as done before the steps
+        extra = 0.0
+        if work.extra_gradients is not None:  # each priced as one more step (AMSFL's GDA, FedBalancer)
+            extra = cost * share * work.extra_gradients  # done before the steps
+            full = full + extra
+        offset = comm + extra
         pieces = piece_times(cost / L * np.ones(self.num_clients), work, L, offset)
         if work.deadline is None:
             return Outcomes(self._everyone(), work.depth.copy(), full, full, work.local_steps.copy(), *pieces,
                             comm_time=comm)  # fmt: skip
-        budget = np.maximum(work.deadline - comm, 0.0) / cost  # full steps affordable
+        budget = np.maximum(work.deadline - comm - extra, 0.0) / cost  # full steps affordable
         slack = 1.0 + 1e-9  # exact fits (T = c t + b) count as finished despite rounding
         steps = np.minimum(np.floor(budget * slack / share).astype(int), work.local_steps)
         layers = np.minimum(np.floor(budget * slack * L / work.local_steps).astype(int), L + 1 - work.depth)
@@ -307,7 +306,10 @@ class PerStepCost(SystemModel):
             return self._full_marginals(work)
         L = self.num_layers
         c = self.step_time(work.batch_sizes)[:, None]
-        spare = np.maximum(work.deadline - self.comm_times(work), 0.0)[:, None]
+        extra = 0.0
+        if work.extra_gradients is not None:
+            extra = c[:, 0] * (L + 1 - work.depth) / L * work.extra_gradients
+        spare = np.maximum(work.deadline - self.comm_times(work) - extra, 0.0)[:, None]
         layers_needed = (L + 1 - np.arange(1, L + 1))[None, :]
         reach = self._prob_within(spare / (c * work.local_steps[:, None] * layers_needed / L))
         reach = reach * _planned_reach(work, L)
