@@ -375,8 +375,11 @@ ALGORITHM_BAD: list[dict] = [
     {"name": "fedasync", "staleness": "exponential"},
     *({"name": "fedasync", key: v} for key in ("staleness_a", "staleness_b", "rho") for v in (-1.0, NAN)),
     {"name": "fedasync", "max_concurrency": -1},
-    *({"name": "fedbalancer", key: v} for key in ("under_share", "threshold_step", "deadline_step")
-      for v in (-0.1, 1.5, NAN)),
+    *(
+        {"name": "fedbalancer", key: v}
+        for key in ("under_share", "threshold_step", "deadline_step")
+        for v in (-0.1, 1.5, NAN)
+    ),
     *({"name": "fedbalancer", "low_share": v} for v in (0.0, 1.5, NAN)),
     *({"name": "fedbalancer", "window": v} for v in (0, -1, 1.5, True)),
     {"name": "fedbalancer", "inference": "free"},
