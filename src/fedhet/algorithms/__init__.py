@@ -15,6 +15,7 @@ from fedhet.algorithms import (  # noqa: F401  (registration)
     feddyn,
     fednova,
     fedprox,
+    fiarse,
     fjord,
     heterofl,
     refl,

@@ -1,0 +1,158 @@
+"""FIARSE (Wu, Wang, Wang, Liu, Su, Gao, "FIARSE: Model-Heterogeneous Federated Learning via
+Importance-Aware Submodel Extraction", NeurIPS 2024, arXiv:2407.19389): a slow client's
+sub-model is the share r of the global model's parameters with the largest magnitudes, and
+it trains it with threshold-controlled biased gradient descent (TCB-GD).
+
+- **Sub-model.** Client u's rate r is the largest of ``rates`` whose share of the work fits
+  the deadline (:func:`~fedhet.algorithms.sub_models.largest_fitting`, the rule HeteroFL,
+  FedRolex, FjORD and DepthFL share); a sub-model of a share r of the parameters is priced
+  as r of the full work (the paper's premise that compute follows the sub-model's size).
+  Its threshold theta is the r-quantile of |x| from the top, per layer (``scope =
+  "layer"``: each module's weight and bias together, the authors' layer-wise variant) or
+  over the whole model (``"model"``), computed on the model the client receives.
+- **TCB-GD (local steps).** The forward pass uses x * m(|x|), m(s) = 1[s >= theta]; the
+  backward pass takes m'(s) = 2 theta / (s + theta)^2 on the kept elements, so a kept
+  parameter's gradient is g (1 + 2 theta |x| / (|x| + theta)^2) and a dropped one's is 0
+  (the gradient of the masked model, biased toward keeping large parameters large). A
+  parameter that shrinks below theta during the local steps leaves the sub-model.
+- **Aggregation.** x <- x + eta sum_u Delta_u / |{u : Delta_u != 0}|, element by element
+  (each parameter averaged over the clients that changed it); BatchNorm statistics are
+  averaged over all updates.
+
+Defaults: HeteroFL's rates (1, 1/2, 1/4, 1/8, 1/16), layer-wise thresholds, eta = 1. At
+rate 1 the thresholds are 0: nothing is masked and TCB-GD's factor is 1, so with every
+client at rate 1 FIARSE is FedAvg with each element averaged over the clients that moved it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+
+from fedhet.algorithms.base import Algorithm, register
+from fedhet.algorithms.heterofl import DEFAULT_RATES
+from fedhet.algorithms.sub_models import largest_fitting
+from fedhet.checks import one_of
+from fedhet.errors import ConfigError
+from fedhet.messages import ClientTask, Coverage
+
+
+@dataclass
+class FIARSEOptions:
+    """``rates``: the sub-model sizes a client may get (shares of the parameters, 1 among
+    them); ``scope``: thresholds per ``layer`` or over the whole ``model``; ``server_lr``
+    eta."""
+
+    rates: list = field(default_factory=lambda: list(DEFAULT_RATES))
+    scope: str = "layer"  # layer (each module's parameters) | model (one threshold)
+    server_lr: float = 1.0  # eta, the server's step on the element-wise mean update
+
+    def validate(self) -> None:
+        rates = self.rates
+        numbers = all(isinstance(r, int | float) and not isinstance(r, bool) and 0 < r <= 1 for r in rates)
+        if not rates or not numbers:
+            raise ConfigError(f"algorithm.rates = {rates!r}: need rates in (0, 1]")
+        if 1 not in rates:
+            raise ConfigError(f"algorithm.rates = {rates!r}: must include 1 (the full model)")
+        one_of("algorithm.scope", self.scope, ("layer", "model"))
+        if not 0 < self.server_lr < float("inf"):
+            raise ConfigError(f"algorithm.server_lr = {self.server_lr!r}: must be > 0")
+
+
+class _Keep(torch.autograd.Function):
+    """m(s) = 1[s >= theta] forward; 2 theta / (s + theta)^2 on the kept elements backward
+    (TCB-GD's surrogate derivative of the mask)."""
+
+    @staticmethod
+    def forward(ctx, magnitude: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(magnitude, threshold)
+        return (magnitude >= threshold).to(magnitude.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        magnitude, threshold = ctx.saved_tensors
+        slope = torch.nan_to_num(2 * threshold / (magnitude + threshold) ** 2, nan=0.0, posinf=0.0)
+        return grad * slope * (magnitude >= threshold), None
+
+
+def masked(parameter: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
+    """x * m(|x|) with TCB-GD's gradient."""
+    return parameter * _Keep.apply(parameter.abs(), threshold)
+
+
+def thresholds(named: list[tuple[str, torch.Tensor]], rate: float, scope: str) -> dict[str, torch.Tensor]:
+    """theta per parameter name: the magnitude of the ceil(r n)-th largest of each module's
+    parameters (``layer``) or of all of them (``model``); 0 (keep all) at r = 1."""
+    groups: dict[str, list[str]] = {}
+    for name, _ in named:
+        groups.setdefault(name.rsplit(".", 1)[0] if scope == "layer" else "", []).append(name)
+    values = dict(named)
+    out = {}
+    for members in groups.values():
+        magnitudes = torch.cat([values[n].detach().abs().reshape(-1) for n in members])
+        keep = max(1, int(-(-rate * magnitudes.numel() // 1)))
+        theta = torch.zeros((), dtype=magnitudes.dtype) if rate >= 1 else magnitudes.topk(keep).values[-1]
+        out.update(dict.fromkeys(members, theta))
+    return out
+
+
+@register
+class FIARSE(Algorithm):
+    """Importance-aware sub-models by parameter magnitude, trained with TCB-GD (module
+    docstring)."""
+
+    name = "fiarse"
+    summary = "FIARSE: sub-models of the largest-magnitude parameters, TCB-GD (Wu et al. NeurIPS 2024)"
+    Options = FIARSEOptions
+    local_loss_per_client: ClassVar[bool] = True  # the client's own rate and thresholds
+    hyperparameters: ClassVar[dict[str, dict]] = {"server_lr": {"low": 0.5, "high": 1.5}}
+
+    def rate_for(self, full_time: float, deadline: float | None) -> float | None:
+        """The largest rate r with r x T_u <= deadline (None: none fits)."""
+        return largest_fitting({float(r): float(r) for r in self.options.rates}, full_time, deadline)
+
+    def client_task(self, context, client: int, state: dict) -> ClientTask | None:
+        plan, outcomes = context.plan, context.outcomes
+        assignment = plan.assignments[client]
+        if not (assignment.asked and outcomes.participates[client]):
+            return None
+        full_time = float(outcomes.full_time[client])
+        rate = self.rate_for(full_time, plan.deadline)
+        if rate is None or not outcomes.finishes_before_failure(client, rate * full_time):
+            return None
+        task = self.make_task(plan, client, assignment.local_steps, Coverage(1), state)
+        task.payload["rate"] = float(rate)
+        return task
+
+    def local_loss(self, task, state, model, x, y, depth, loss, rng):
+        """The loss of the masked model x * m(|x|), thresholds set on the received model (the
+        first step's parameters) and kept for the task's steps."""
+        named = list(model.named_parameters())
+        if state.get("thresholds_for") != (task.round, task.client):
+            state["thresholds"] = thresholds(named, float(task.payload["rate"]), self.options.scope)
+            state["thresholds_for"] = (task.round, task.client)
+        limits = state["thresholds"]
+        effective = {name: masked(p, limits[name].to(p.device)) for name, p in named}
+        return loss(torch.func.functional_call(model, effective, (x, depth)), y)
+
+    def finish_local_work(self, task, update, state, region, local, anchor) -> None:
+        """The task's thresholds are not kept past it."""
+        state.pop("thresholds", None)
+        state.pop("thresholds_for", None)
+
+    def aggregate(self, params, buffers, updates, state, context, layout):
+        """x + eta sum_u Delta_u / (clients that changed each element); buffers averaged."""
+        if not updates:
+            return params, buffers
+        total, movers = torch.zeros_like(params), torch.zeros_like(params)
+        for u in updates:
+            total.add_(u.delta)
+            movers.add_((u.delta != 0).to(params.dtype))
+        step = torch.where(movers > 0, total / movers.clamp(min=1.0), torch.zeros_like(total))
+        new_buffers = buffers.clone()
+        if buffers.numel():
+            for u in updates:
+                new_buffers.add_(u.delta_buffers, alpha=1.0 / len(updates))
+        return params + self.options.server_lr * step, new_buffers
