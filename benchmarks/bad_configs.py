@@ -381,6 +381,9 @@ ALGORITHM_BAD: list[dict] = [
         for v in (-0.1, 1.5, NAN)
     ),
     *({"name": "fedbalancer", "low_share": v} for v in (0.0, 1.5, NAN)),
+    *({"name": "fiarse", "rates": v} for v in ([], [0.5], [1.0, 0.0], [1.0, "a"], [1.0, True])),
+    {"name": "fiarse", "scope": "unit"},
+    *({"name": "fiarse", "server_lr": v} for v in (0.0, -1.0, INF, NAN)),
     *({"name": "fedbalancer", "window": v} for v in (0, -1, 1.5, True)),
     {"name": "fedbalancer", "inference": "free"},
     *({"name": "refl", "beta": v} for v in (-0.1, 1.5, NAN)),
