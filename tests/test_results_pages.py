@@ -58,6 +58,7 @@ PAGE_TABLES = [  # (results page, script, its committed per-run table, the scrip
     ("leaderboard.md", "leaderboard_pairs.py", "leaderboard.csv", ()),
     ("peers.md", "peers_pairs.py", "peers.csv", ()),
     ("peers.md", "peers_pairs.py", "peers-cnn.csv", ()),
+    ("peers.md", "powd_table.py", "powd-fmnist.csv", ()),
     (
         "peers.md",
         "grid_table.py",
