@@ -104,8 +104,11 @@ def peak_deadline(times: np.ndarray) -> float:
 
 @register
 class FedBalancer(Algorithm):
-    """FedBalancer: loss-based sample selection on the clients, the deadline and loss
-    threshold adapted on the server (see the module's docstring)."""
+    """FedBalancer: each client trains on the examples whose loss at the received model is
+    over the server's threshold (as many as fit the deadline, a share ``under_share`` from
+    under it); the server sets the deadline between the peaks of clients finished per
+    second for a ``low_share`` of the work and for all of it, and moves the threshold and
+    deadline ratios every ``window`` rounds with the loss trend (Algorithms 1-4)."""
 
     name = "fedbalancer"
     summary = (

@@ -89,8 +89,10 @@ class FedCompassOptions:
 
 @register
 class FedCompass(AsyncAlgorithm):
-    """FedCompass: step counts planned from each client's measured speed so that arrival
-    groups finish together; a group is one server step (see the module's docstring)."""
+    """FedCompass: step counts in [Q_min, Q_max] planned from each client's measured seconds
+    per step so that the clients of an arrival group finish together; a group is one server
+    step, x <- x + sum_i alpha s(tau_i) p_i (x_i - x), taken when its last member arrives or
+    at its latest time (lambda times its expected duration) with whoever arrived."""
 
     name = "fedcompass"
     summary = "FedCompass: per-client step counts so arrival groups finish together (Li et al. ICLR 2024)"

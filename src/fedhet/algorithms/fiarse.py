@@ -100,8 +100,11 @@ def thresholds(named: list[tuple[str, torch.Tensor]], rate: float, scope: str) -
 
 @register
 class FIARSE(Algorithm):
-    """Importance-aware sub-models by parameter magnitude, trained with TCB-GD (module
-    docstring)."""
+    """A client too slow for the full model trains the share r of the parameters with the
+    largest magnitudes (the largest of ``rates`` that fits the deadline; thresholds per
+    module or over the model, set on the received model), masked in the forward pass and
+    trained with TCB-GD's surrogate gradient; the server averages each element over the
+    clients that changed it (FIARSE Sec. 3-4)."""
 
     name = "fiarse"
     summary = "FIARSE: sub-models of the largest-magnitude parameters, TCB-GD (Wu et al. NeurIPS 2024)"

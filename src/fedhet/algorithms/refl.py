@@ -77,7 +77,10 @@ def stale_weights(fresh_sum: torch.Tensor | None, fresh: int, stale: list, beta:
 
 @register
 class REFL(Algorithm):
-    """REFL's staleness-aware aggregation of late updates (Sec. 4.2, module docstring)."""
+    """REFL's staleness-aware aggregation (Sec. 4.2): a client that misses the deadline keeps
+    training and its update joins the round it arrives in, weighted (1 - beta) / (tau + 1)
+    + beta (1 - exp(-Lambda / Lambda_max) / kappa) beside fresh updates of weight 1, Lambda
+    the relative change it makes to the fresh average."""
 
     name = "refl"
     summary = (
