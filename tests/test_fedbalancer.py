@@ -16,6 +16,7 @@ from test_fedbuff import _config
 from fedhet.algorithms.fedbalancer import peak_deadline, select_samples
 from fedhet.config import ConfigError
 from fedhet.engine.loop import RunLoop
+from fedhet.errors import FedhetError
 
 LOSSES = np.array([0.1, 0.2, 0.5, 0.9, 1.5, 2.0])  # threshold 0.6: UT = {0, 1, 2}, OT = {3, 4, 5}
 
@@ -102,3 +103,12 @@ def test_a_fedbalancer_run_resumes_bit_identically(tmp_path):
 def test_bad_fedbalancer_options_are_refused(options, key):
     with pytest.raises(ConfigError, match=f"algorithm.{key}"):
         _config(algorithm={"name": "fedbalancer", **options})
+
+
+def test_a_deadline_the_loss_evaluation_alone_misses_is_refused_naming_it(tmp_path):
+    """Charged, evaluating 144 losses is 6 more steps: with a 2 s deadline no client can
+    finish (the fastest needs 8 x 2/3 s), and the refusal counts the evaluation."""
+    document = {**RUN, "system": {**RUN["system"], "deadline": 2.0},
+                "algorithm": {"name": "fedbalancer", "inference": "charged"}}  # fmt: skip
+    with pytest.raises(FedhetError, match=r"needs 5\.33 s for all its work after its extra evaluations"):
+        RunLoop(_config(**document), tmp_path / "r").run()

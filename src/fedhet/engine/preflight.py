@@ -46,7 +46,8 @@ def delivery_probability(partial_work: str, marginals, work: Workload, num_layer
 
 def least_work_time(system, work: Workload, partial_work: str, num_layers: int) -> float | None:
     """The fastest client's time for the least work it could deliver (the top layer of its
-    steps, one step, or all of it), with no deadline; None for models without a time law."""
+    steps, one step, or all of it, after the extra evaluations it is asked for: AMSFL's,
+    FedBalancer's), with no deadline; None for models without a time law."""
     if system.time_law() is None:
         return None
     least = Workload(
@@ -56,6 +57,7 @@ def least_work_time(system, work: Workload, partial_work: str, num_layers: int) 
         np.full_like(work.depth, num_layers) if partial_work == "layers" else work.depth.copy(),
         work.start_time,
         work.upload_bytes,
+        extra_gradients=work.extra_gradients,
     )
     outcomes = system.sample(least, np.random.default_rng(0))
     times = np.asarray(outcomes.full_time, float)
@@ -139,6 +141,8 @@ def check_first_round(config, world, algorithm_state: dict) -> None:
     what = {"layers": "the top layer of its steps", "steps": "one local step"}.get(
         algorithm.partial_work, "all its work"
     )
+    if work.extra_gradients is not None:
+        what += " after its extra evaluations"
     deadline = f"{plan.deadline:g} s" if plan.deadline is not None else "none"
     fastest = least_work_time(system, work, algorithm.partial_work, layers)
     needs = (
