@@ -59,6 +59,7 @@ PAGE_TABLES = [  # (results page, script, its committed per-run table, the scrip
     ("peers.md", "peers_pairs.py", "peers.csv", ()),
     ("peers.md", "peers_pairs.py", "peers-cnn.csv", ()),
     ("peers.md", "powd_table.py", "powd-fmnist.csv", ()),
+    ("peers.md", "selection_pairs.py", "selection.csv", ()),
     (
         "peers.md",
         "grid_table.py",
@@ -88,7 +89,7 @@ PAGE_TABLES = [  # (results page, script, its committed per-run table, the scrip
 
 BENCH_TABLES = {  # the benches' committed per-method tables whose p columns a page quotes
     "leaderboard.md": ("leaderboard.csv",),
-    "peers.md": ("peers.csv", "peers-cnn.csv", "peers-dropout.csv"),
+    "peers.md": ("peers.csv", "peers-cnn.csv", "peers-dropout.csv", "selection.csv"),
 }
 BENCH_P_COLUMNS = ("p_vs_best", "p_holm")
 NUMBER = r"(?:\d+(?:\.\d+)?(?:e-?\d+)?)"
