@@ -138,6 +138,7 @@ def test_tifl_profiles_every_client_then_asks_one_tier_drawn_worst_first():
     view = _view([np.nan] * 6)
     present = np.ones(6, bool)
     assert rule.choose(present, view, np.random.default_rng(0)).sum() == 2  # profiling: unknown first
+    view.times_asked[:] = 1  # profiled: every client asked once, and heard from
     view.duration[:] = [1.0, 5.0, 2.0, 6.0, 3.0, 7.0]  # tier 0 = {0, 2, 4}, tier 1 = {1, 3, 5}
     view.loss[:] = [0.2, 2.0, 0.3, 2.5, 0.1, 1.5]  # the slow tier does worse: drawn with 2/3
     draws = [
@@ -147,6 +148,30 @@ def test_tifl_profiles_every_client_then_asks_one_tier_drawn_worst_first():
     assert all(d <= {0, 2, 4} or d <= {1, 3, 5} for d in draws) and all(len(d) == 2 for d in draws)
     slow_share = np.mean([d <= {1, 3, 5} for d in draws])
     assert abs(slow_share - 2 / 3) < 4.5 * np.sqrt(2 / 9 / 300)
+
+
+def test_a_client_asked_but_never_heard_from_is_neither_profiled_again_nor_ranked_first():
+    """TiFL: a client asked during profiling that never reported missed its deadline: a
+    dropout, in no tier and never drawn. Power-of-choice: its unknown loss ranks it last,
+    where a client never asked ranks first. (Asking it round after round left rules that
+    discard stragglers with empty rounds.)"""
+    view = _view([0.2, np.nan, 0.3, np.nan, 0.1, 1.5])
+    view.duration[:] = [1.0, np.nan, 2.0, np.nan, 3.0, 7.0]
+    view.times_asked[:] = [1, 1, 1, 0, 1, 1]  # client 1 silent; client 3 never asked
+    present = np.ones(6, bool)
+    tifl = Tifl(TiflOptions(clients_per_round=2, tiers=2, interval=5))
+    assert np.flatnonzero(tifl.choose(present, view, np.random.default_rng(0))).tolist() == [3]  # profiling
+    view.times_asked[3] = 1
+    view.duration[3], view.loss[3] = 4.0, 0.4
+    draws = [
+        frozenset(np.flatnonzero(tifl.choose(present, view, np.random.default_rng(s)))) for s in range(50)
+    ]
+    assert tifl.tier_of[1] == -1 and all(1 not in d for d in draws)
+    pow_d = PowerOfChoice(PowerOfChoiceOptions(clients_per_round=5, candidates=6))
+    view.loss[3] = np.nan
+    view.times_asked[3] = 0  # never asked again: first; the silent client 1: last
+    chosen = np.flatnonzero(pow_d.choose(present, view, np.random.default_rng(0))).tolist()
+    assert 3 in chosen and 1 not in chosen
 
 
 def test_refl_asks_the_least_available_present_clients_first(tmp_path):

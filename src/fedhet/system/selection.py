@@ -233,7 +233,9 @@ class PowerOfChoiceOptions(RoundRuleOptions):
 class PowerOfChoice(Selector):
     """Cho et al. (arXiv:2010.01243), pi_pow-d: a candidate set A of d clients drawn without
     replacement with probability p_k (data fractions), then the m clients of A with the
-    highest F_k(w); F_k here is the loss k last reported (rpow-d), +inf when never heard."""
+    highest F_k(w); F_k here is the loss k last reported (rpow-d): +inf for a client never
+    asked (the authors' unvisited clients), -inf for one asked but never heard from (it
+    missed every deadline: ranked last, so that it is not asked round after round)."""
 
     name = "power-of-choice"
     Options = PowerOfChoiceOptions
@@ -247,7 +249,9 @@ class PowerOfChoice(Selector):
         weights = view.sizes[pool] / view.sizes[pool].sum()
         d = min(self.options.candidates, len(pool))
         candidates = rng.choice(pool, d, replace=False, p=weights)
-        loss = np.where(np.isnan(view.loss[candidates]), np.inf, view.loss[candidates])
+        never_asked = view.times_asked[candidates] == 0
+        silent = np.where(never_asked, np.inf, -np.inf)
+        loss = np.where(np.isnan(view.loss[candidates]), silent, view.loss[candidates])
         order = np.lexsort((candidates, -loss))  # highest loss first; ties by client index
         chosen[candidates[order[: self.options.clients_per_round]]] = True
         return chosen
@@ -407,8 +411,10 @@ class Tifl(Selector):
     on them, and the worse a tier the likelier it is drawn (probabilities proportional to
     ``tiers``, ..., 1 down the ranking). TiFL ranks by each tier's test accuracy; here the
     mean training loss its clients last reported stands for it (the server evaluates nothing
-    on the clients). Clients never heard from are profiled first: asked, uniformly, before
-    any tier is drawn."""
+    on the clients). Clients never asked are profiled first: asked, uniformly, before any
+    tier is drawn. A client asked but never heard from missed its deadline every time: as
+    TiFL's profiling marks clients slower than its latency limit, it is a dropout: in no
+    tier, and not asked again."""
 
     name = "tifl"
     Options = TiflOptions
@@ -421,9 +427,10 @@ class Tifl(Selector):
 
     def retier(self, view: ServerView) -> None:
         """Tiers from the reported durations; tier probabilities from the tiers' losses."""
-        count = min(self.options.tiers, len(view.duration))
-        order = np.argsort(np.where(np.isfinite(view.duration), view.duration, np.inf), kind="stable")
-        tier_of = np.empty(len(order), int)
+        heard = np.flatnonzero(np.isfinite(view.duration))
+        count = max(1, min(self.options.tiers, len(heard)))
+        order = heard[np.argsort(view.duration[heard], kind="stable")]
+        tier_of = np.full(len(view.duration), -1)  # -1: a dropout, in no tier
         for tier, members in enumerate(np.array_split(order, count)):
             tier_of[members] = tier
         self.tier_of = tier_of.tolist()
@@ -436,8 +443,8 @@ class Tifl(Selector):
     def choose(self, present, view, rng):
         chosen = np.zeros(len(present), dtype=bool)
         m = self.options.clients_per_round
-        unknown = np.flatnonzero(present & ~np.isfinite(view.duration))
-        if len(unknown):  # profiling: every client is heard from before tiers exist
+        unknown = np.flatnonzero(present & (view.times_asked == 0))
+        if len(unknown):  # profiling: every client is asked before tiers exist
             _fill(chosen, unknown, m, rng)
             return chosen
         if not self.tier_of or view.round % self.options.interval == 0:
