@@ -17,6 +17,7 @@ stale update would have been on its way (absence instead of staleness).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from fedhet.algorithms.base import Algorithm, register
 from fedhet.errors import ConfigError
@@ -46,7 +47,7 @@ class AsyncFL(Algorithm):
 
     name = "asyncfl"
     summary = "AsyncFL: stragglers' full updates arrive 2d rounds late and join FedAvg (SALF Sec. IV)"
-    Options = AsyncFLOptions
+    Options: ClassVar[type] = AsyncFLOptions
 
     def init_state(self, setting) -> dict:
         return {"pending": [], "log": [], "resting": {}}

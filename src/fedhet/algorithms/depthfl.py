@@ -36,7 +36,7 @@ import torch
 
 from fedhet.algorithms.aggregation import expand_per_layer
 from fedhet.algorithms.base import Algorithm, register
-from fedhet.algorithms.sub_models import largest_fitting
+from fedhet.algorithms.sub_models import fitting_level, largest_fitting
 from fedhet.errors import ConfigError
 from fedhet.messages import ClientTask, Coverage
 
@@ -107,17 +107,15 @@ class DepthFL(Algorithm):
         return largest_fitting(dict(enumerate(level_cost, start=1)), full_time, deadline)
 
     def client_task(self, context, client: int, state: dict) -> ClientTask | None:
-        plan, outcomes = context.plan, context.outcomes
-        assignment = plan.assignments[client]
-        if not (assignment.asked and outcomes.participates[client]):
-            return None
-        full_time = float(outcomes.full_time[client])
-        k = self.depth_for(full_time, plan.deadline, state["level_cost"])
+        costs = state["level_cost"]
+        k = fitting_level(
+            context, client, lambda full_time, deadline: self.depth_for(full_time, deadline, costs),
+            lambda level: costs[level - 1],
+        )  # fmt: skip
         if k is None:
             return None
-        if not outcomes.finishes_before_failure(client, state["level_cost"][k - 1] * full_time):
-            return None  # failed mid-round before its sub-model was done
-        task = self.make_task(plan, client, assignment.local_steps, Coverage(1), state)
+        plan = context.plan
+        task = self.make_task(plan, client, plan.assignments[client].local_steps, Coverage(1), state)
         task.payload[EXITS] = int(k)
         return task
 

@@ -33,7 +33,7 @@ import torch
 
 from fedhet.algorithms.base import Algorithm, register
 from fedhet.algorithms.heterofl import DEFAULT_RATES
-from fedhet.algorithms.sub_models import largest_fitting
+from fedhet.algorithms.sub_models import fitting_level, largest_fitting
 from fedhet.checks import one_of
 from fedhet.errors import ConfigError
 from fedhet.messages import ClientTask, Coverage
@@ -117,15 +117,11 @@ class FIARSE(Algorithm):
         return largest_fitting({float(r): float(r) for r in self.options.rates}, full_time, deadline)
 
     def client_task(self, context, client: int, state: dict) -> ClientTask | None:
-        plan, outcomes = context.plan, context.outcomes
-        assignment = plan.assignments[client]
-        if not (assignment.asked and outcomes.participates[client]):
+        rate = fitting_level(context, client, self.rate_for, float)
+        if rate is None:
             return None
-        full_time = float(outcomes.full_time[client])
-        rate = self.rate_for(full_time, plan.deadline)
-        if rate is None or not outcomes.finishes_before_failure(client, rate * full_time):
-            return None
-        task = self.make_task(plan, client, assignment.local_steps, Coverage(1), state)
+        plan = context.plan
+        task = self.make_task(plan, client, plan.assignments[client].local_steps, Coverage(1), state)
         task.payload["rate"] = float(rate)
         return task
 

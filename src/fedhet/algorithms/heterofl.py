@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from fedhet.algorithms.base import Algorithm, register
-from fedhet.algorithms.sub_models import largest_fitting
+from fedhet.algorithms.sub_models import fitting_level, largest_fitting
 from fedhet.checks import one_of
 from fedhet.errors import ConfigError
 from fedhet.messages import ClientTask, Coverage
@@ -129,18 +129,18 @@ class HeteroFL(Algorithm):
         return largest_fitting(costs, full_time, deadline)
 
     def client_task(self, context, client: int, state: dict) -> ClientTask | None:
-        plan, outcomes = context.plan, context.outcomes
-        assignment = plan.assignments[client]
-        if not (assignment.asked and outcomes.participates[client]):
-            return None
-        full_time = float(outcomes.full_time[client])
-        rate = self.rate_for(full_time, plan.deadline, state.get("rate_cost"))
+        rate_cost = state.get("rate_cost") or {}
+        rate = fitting_level(
+            context, client,
+            lambda full_time, deadline: self.rate_for(full_time, deadline, state.get("rate_cost")),
+            lambda r: rate_cost.get(str(float(r)), float(r) ** 2),
+        )  # fmt: skip
         if rate is None:
             return None
-        cost = (state.get("rate_cost") or {}).get(str(float(rate)), float(rate) ** 2)
-        if not outcomes.finishes_before_failure(client, cost * full_time):
-            return None  # failed mid-round before its sub-model was done
-        return self.make_task(plan, client, assignment.local_steps, Coverage(1, float(rate)), state)
+        plan = context.plan
+        return self.make_task(
+            plan, client, plan.assignments[client].local_steps, Coverage(1, float(rate)), state
+        )
 
     def aggregate(self, params, buffers, updates, state, context, layout):
         """``held``: element-wise mean of the deltas over the clients whose sub-model holds

@@ -34,10 +34,10 @@ from typing import ClassVar
 
 import torch
 
-from fedhet.algorithms.base import Algorithm, register
+from fedhet.algorithms.asyncfl import AsyncFL
+from fedhet.algorithms.base import register
 from fedhet.checks import in_range
 from fedhet.errors import ConfigError
-from fedhet.messages import ClientTask, Coverage
 
 
 @dataclass
@@ -76,11 +76,12 @@ def stale_weights(fresh_sum: torch.Tensor | None, fresh: int, stale: list, beta:
 
 
 @register
-class REFL(Algorithm):
+class REFL(AsyncFL):
     """REFL's staleness-aware aggregation (Sec. 4.2): a client that misses the deadline keeps
     training and its update joins the round it arrives in, weighted (1 - beta) / (tau + 1)
     + beta (1 - exp(-Lambda / Lambda_max) / kappa) beside fresh updates of weight 1, Lambda
-    the relative change it makes to the fresh average."""
+    the relative change it makes to the fresh average. Its tasks are AsyncFL's: every
+    present client not busy with a late update trains its full local work."""
 
     name = "refl"
     summary = (
@@ -91,18 +92,6 @@ class REFL(Algorithm):
 
     def init_state(self, setting) -> dict:
         return {"pending": [], "log": []}
-
-    def client_task(self, context, client: int, state: dict) -> ClientTask | None:
-        """Every present client not busy with a late update trains its full local work."""
-        plan, outcomes = context.plan, context.outcomes
-        assignment = plan.assignments[client]
-        if not (assignment.asked and outcomes.participates[client]):
-            return None
-        if not outcomes.finishes_before_failure(client, float(outcomes.full_time[client])):
-            return None  # fails mid-round: its update never arrives
-        if any(p["client"] == client for p in state["pending"]):
-            return None
-        return self.make_task(plan, client, assignment.local_steps, Coverage(1), state)
 
     @staticmethod
     def lateness(full_time: float, deadline: float | None) -> int:

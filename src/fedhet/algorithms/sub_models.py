@@ -3,7 +3,7 @@ among widths and DepthFL among depths, one rule for all of them."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 
 def largest_fitting(costs: Mapping, full_time: float, deadline: float | None):
@@ -18,3 +18,18 @@ def largest_fitting(costs: Mapping, full_time: float, deadline: float | None):
         return max(costs)
     fitting = [level for level, cost in costs.items() if cost * full_time <= deadline * slack]
     return max(fitting) if fitting else None
+
+
+def fitting_level(context, client: int, choose: Callable, cost: Callable):
+    """The sub-model level ``client`` trains this round: ``choose(full_time, deadline)``
+    (usually :func:`largest_fitting`) for an asked, present client, kept when the client
+    finishes that level's work, ``cost(level)`` x its full time, before it fails mid-round;
+    None when it is not asked, not present, no level fits, or it fails first."""
+    plan, outcomes = context.plan, context.outcomes
+    if not (plan.assignments[client].asked and outcomes.participates[client]):
+        return None
+    full_time = float(outcomes.full_time[client])
+    level = choose(full_time, plan.deadline)
+    if level is None or not outcomes.finishes_before_failure(client, cost(level) * full_time):
+        return None  # no level fits, or it failed mid-round before its sub-model was done
+    return level
