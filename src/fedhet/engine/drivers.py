@@ -221,8 +221,8 @@ class EventDriver:
         world, config = env.world, env.config
         engine, algorithm = state.engine, cast("AsyncAlgorithm", world.algorithm)
         hooks = Hooks(config.algorithm_name, version + 1)
-        flying = {entry["client"] for entry in engine["in_flight"]}
-        idle = [c for c in range(world.num_clients) if c not in flying and c not in engine["held"]]
+        flying, held = {entry["client"] for entry in engine["in_flight"]}, set(engine["held"])
+        idle = [c for c in range(world.num_clients) if c not in flying and c not in held]
         free = hooks.call("concurrency", algorithm.concurrency, world.num_clients) - len(flying)
         if free <= 0 or not idle:
             return
@@ -241,18 +241,19 @@ class EventDriver:
         ]
         # the chosen clients train at once (in parallel where the pool has workers)
         updates = {u.client: u for u in env.pool.run(tasks, state.params, state.buffers)}
-        for client in chosen:
-            if not self._launch(env, state, client, now, version, steps, updates.get(client)):
-                return  # the energy budget is spent: the next server step is refused
-
-    def _launch(self, env: StepEnvironment, state, client: int, now: float, version: int, steps, update):
-        """Price one start on the clock and put its update in flight (unless the client is
-        absent or fails before its work is done); False when the energy budget is spent."""
-        world, config, engine = env.world, env.config, state.engine
-        start = engine["starts"][client]
         work = Workload(None, np.full(world.num_clients, config.train.batch_size), steps, start_time=now)
         work.upload_bytes = upload_bytes(world, np.ones(world.num_clients, dtype=int))  # the whole model
         work.download_bytes = download_bytes(world)
+        for client in chosen:
+            if not self._launch(env, state, client, version, work, updates.get(client)):
+                return  # the energy budget is spent: the next server step is refused
+
+    def _launch(self, env: StepEnvironment, state, client: int, version: int, work: Workload, update):
+        """Price one start of ``work`` on the clock and put its update in flight (unless the
+        client is absent or fails before its work is done); False when the energy budget is
+        spent."""
+        world, config, engine = env.world, env.config, state.engine
+        start, now, steps = engine["starts"][client], work.start_time, work.local_steps
         stream = seeding.client_stream(config.run.seed, start, client, "duration")
         model = Hooks(config.system.model, version + 1, "system model")
         sampled = model.call("sample", world.server_system.sample, work, stream)
