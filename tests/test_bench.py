@@ -366,3 +366,48 @@ def test_a_rule_edited_between_two_benches_runs_again_alone(tmp_path):
     rerun = bench(tmp_path / "a", FIXED, "--rerun", "fedavg")
     assert "bench: fedavg: --rerun: its studies and seeds run again" in rerun.stderr
     assert _rows(tmp_path / "a") == after  # the same code runs the same trials and seeds
+
+
+def test_selections_cross_every_round_rule_and_skips_and_options_follow(tmp_path):
+    """[selections.<name>]: each round rule becomes one method per selection, whose every
+    configuration carries that [selection]; an event-driven rule and a method that sets its
+    own selection run once; a scenario's skip, options and [algorithm_params] of a crossed
+    rule apply to each of its crossings; a bad selection is refused in one line naming it."""
+    from fedhet.bench.suite import load_suite
+
+    text = SMOKE.read_text()
+    text = text.replace('methods = ["fedavg", "drop", "salf", "fedprox"]',
+                        'methods = ["fedavg", "fedprox", "fedbuff", { name = "drop", label = "drop-own", '
+                        '"selection.rule" = "uniform", "selection.clients_per_round" = 2 }]')  # fmt: skip
+    text = text.replace("[scenarios.persistent-90]\n", "[scenarios.persistent-90]\nskip.fedavg = \"why\"\n"
+                        "options.fedprox = { mu = 0.5 }\n")  # fmt: skip
+    text += ('\n[algorithm_params.fedprox]\n"algorithm.mu" = { low = 0.01, high = 0.1 }\n'
+             '\n[selections.uni]\nrule = "uniform"\nclients_per_round = 3\n'
+             '\n[selections.powd]\nrule = "power-of-choice"\n'
+             "clients_per_round = 3\ncandidates = 6\n")  # fmt: skip
+    path = tmp_path / "suite.toml"
+    path.write_text(text)
+    suite = load_suite(path)
+    labels = [m.label for m in suite.methods]
+    assert labels == ["fedavg+uni", "fedavg+powd", "fedprox+uni", "fedprox+powd", "fedbuff", "drop-own"]
+    rules = {"uni": "uniform", "powd": "power-of-choice"}
+    for scenario, method in suite.pairs():
+        raw = suite.config(scenario, method, {"train.lr": 0.1}, "x", seed=1)
+        expected = rules.get(method.label.partition("+")[2]) or (
+            "uniform" if method.label == "drop-own" else None
+        )
+        assert raw.get("selection", {}).get("rule") == expected
+        if scenario.name == "persistent-90" and method.name == "fedprox":
+            assert raw["algorithm"]["mu"] == 0.5
+    skipped = {
+        m.label for s, m in [(s, m) for s in suite.scenarios for m in suite.methods] if m.label in s.skip
+    }
+    assert skipped == {"fedavg+uni", "fedavg+powd"}
+    assert {p.key: (p.low, p.high) for p in suite.methods[2].params}["algorithm.mu"] == (0.01, 0.1)
+    path.write_text(text.replace("candidates = 6", "candidates = 0"))
+    with pytest.raises(ConfigError, match=r"method fedavg\+powd: selection.candidates = 0") as caught:
+        load_suite(path)
+    assert "\n" not in str(caught.value)
+    path.write_text(text.replace('[selections.uni]\nrule = "uniform"\n', "[selections.uni]\n"))
+    with pytest.raises(ConfigError, match="selections.uni: a selection needs a rule"):
+        load_suite(path)

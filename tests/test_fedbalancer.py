@@ -68,6 +68,14 @@ def test_the_deadline_moves_to_the_peak_once_half_the_clients_reported(tmp_path)
     assert [r["round_time"] for r in result.metrics] == pytest.approx([3.0, 4 / 3, 4 / 3])
 
 
+def test_fedbalancer_needs_a_system_model_with_time(tmp_path):
+    """On a depth-only model the clients' times are defined by the deadline, so a deadline
+    set from them only shrinks with itself (it fell to 1e-52 s in a bench): refused."""
+    system = {"model": "straggler-ratio", "straggler_ratio": 0.5, "deadline": 0.2}
+    with pytest.raises(ConfigError, match="'fedbalancer' plans against time.*no time law"):
+        RunLoop(_config(**{**RUN, "system": system}), tmp_path / "x").run()
+
+
 def test_the_loss_evaluation_is_charged_on_the_clock(tmp_path):
     """Charged, evaluating n = 144 losses costs ceil(144 / 24) = 6 more steps: client 2's
     round-1 work is 8 x 4/3 s, past a 6 s deadline it meets (8/3 s) when the evaluation is

@@ -422,6 +422,19 @@ class Algorithm:
         raise NotImplementedError
 
 
+def require_time_law(system: SystemModel, rule: str) -> None:
+    """Refuse, in one line, a system model with no law of time for a rule that plans its
+    deadline from clients' times (TimelyFL, FedBalancer): a depth-only model's times are
+    defined by the deadline itself, so a deadline set from them only feeds back on itself."""
+    from fedhet.errors import ConfigError
+
+    if system.time_law() is None:
+        raise ConfigError(
+            f"algorithm {rule!r} plans against time: system.model = {system.name!r} has "
+            "no time law (use per-step, exponential or measured)"
+        )
+
+
 def _defined_in(cls: type, attribute: str) -> type:
     """The class of ``cls``'s method resolution order that defines ``attribute``."""
     return next(c for c in cls.__mro__ if attribute in c.__dict__)

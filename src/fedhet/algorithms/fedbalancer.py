@@ -46,7 +46,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from fedhet.algorithms.base import Algorithm, ClientAssignment, RoundPlan, register
+from fedhet.algorithms.base import Algorithm, ClientAssignment, RoundPlan, register, require_time_law
 from fedhet.checks import in_range, one_of
 from fedhet.errors import ConfigError
 
@@ -119,6 +119,7 @@ class FedBalancer(Algorithm):
     hyperparameters: ClassVar[dict[str, dict]] = {"under_share": {"low": 0.0, "high": 0.5}}
 
     def init_state(self, setting) -> dict:
+        require_time_law(setting.system, self.name)
         n = setting.num_clients
         return {"sizes": [int(s) for s in setting.client_sizes], "counts": [[] for _ in range(n)],
                 "step_time": [None] * n, "comm_time": [0.0] * n, "threshold_ratio": 0.0,

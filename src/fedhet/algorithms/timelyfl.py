@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from fedhet.algorithms.aggregation import expand_per_layer, layerwise_mean
-from fedhet.algorithms.base import Algorithm, ClientAssignment, RoundPlan, register
+from fedhet.algorithms.base import Algorithm, ClientAssignment, RoundPlan, register, require_time_law
 from fedhet.algorithms.salf import salf_layer_factor
 from fedhet.algorithms.streaming import LayerwiseSumAggregator
 from fedhet.errors import ConfigError
@@ -95,11 +95,7 @@ class TimelyFL(Algorithm):
     partial_work = "none"
 
     def init_state(self, setting) -> dict:
-        if setting.system.time_law() is None:
-            raise ConfigError(
-                f"algorithm 'timelyfl' plans against time: system.model = {setting.system.name!r} has "
-                "no time law (use per-step, exponential or measured)"
-            )
+        require_time_law(setting.system, self.name)
         layout = setting.layout
         per_layer = [end - start for start, end in layout.param_slices.bounds]
         # bytes of an update over layers d..L, d = 1..L

@@ -29,6 +29,10 @@ method is tuned under.
     dataset = "digits"
     ...
 
+    [selections.uniform]        # optional: every round rule crossed with each selection,
+    rule = "uniform"            # as method <label>+uniform, ... (a [selection] section);
+    clients_per_round = 5       # event-driven rules run once, without one
+
     [scenarios.random-50]       # a scenario: the settings that make it one (dotted keys)
     description = "half the clients are stragglers, drawn each round"
     "system.straggler_ratio" = 0.5
@@ -241,6 +245,56 @@ def _methods(entries: Any, extra: list[str], where: str) -> list[Method]:
     return methods
 
 
+def _cross(methods: list[Method], selections: Any, where: str) -> tuple[list[Method], dict[str, list[str]]]:
+    """Every round rule crossed with every ``[selections.<name>]`` (a ``[selection]``
+    section): one method ``<label>+<name>`` per selection; an event-driven rule (its class's
+    ``driver``), which hands out work as clients come back, and a method whose table already
+    sets ``selection.*`` run once as they are. Returns the methods and, per crossed label,
+    the labels it became (a scenario's options and skips follow them)."""
+    from fedhet import registry
+
+    if selections is None:
+        return methods, {}
+    if (
+        not isinstance(selections, dict)
+        or not selections
+        or not all(isinstance(v, dict) for v in selections.values())
+    ):
+        raise ConfigError(f"{where}: [selections.<name>]: tables of [selection] keys (rule = ..)")
+    for name, table in selections.items():
+        try:
+            check_name("selection", name)
+        except ConfigError:
+            raise ConfigError(f"{where}: selections.{name}: the name must be a plain folder name") from None
+        if "rule" not in table:
+            raise ConfigError(f"{where}: selections.{name}: a selection needs a rule = ..")
+    out: list[Method] = []
+    derived: dict[str, list[str]] = {}
+    for method in methods:
+        cls = registry.resolve("algorithm", method.name, f"{where}: method").cls
+        if cls.driver == "event" or any(k.startswith("selection.") for k in method.settings):
+            out.append(method)
+            continue
+        derived[method.label] = []
+        for name, table in selections.items():
+            settings = {**method.settings, **{f"selection.{k}": v for k, v in table.items()}}
+            label = f"{method.label}+{name}"
+            out.append(Method(label, method.name, dict(method.options), list(method.params),
+                              plugin=method.plugin, settings=settings))  # fmt: skip
+            derived[method.label].append(label)
+    return out, derived
+
+
+def _follow(scenarios: list[Scenario], derived: dict[str, list[str]]) -> None:
+    """A scenario's options and skips of a crossed method apply to each of its crossings."""
+    for scenario in scenarios:
+        tables: tuple[dict[str, Any], ...] = (scenario.options, scenario.skip)
+        for table in tables:
+            for label in [k for k in table if k in derived]:
+                value = table.pop(label)
+                table.update({new: value for new in derived[label]})
+
+
 def _search(methods: list[Method], shared: dict, own: dict, where: str) -> list[Param]:
     """Each method's searched keys: the suite's shared ones, the same for every method (the
     client and the server learning rate by default), then its declared ones and the suite's
@@ -353,7 +407,7 @@ def load_suite(
     path = Path(path)
     raw = read_toml(path)
     where = str(path)
-    known = {"suite", "params", "algorithm_params", "scenarios", *SECTIONS}
+    known = {"suite", "params", "algorithm_params", "scenarios", "selections", *SECTIONS}
     for section in raw:
         if section not in known and section not in ("algorithm", "compare", *GRID_SECTIONS):
             raise ConfigError(f"{where}: [{section}]: unknown section (known: {', '.join(sorted(known))})")
@@ -371,9 +425,16 @@ def load_suite(
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
     methods = _methods(table.get("methods", []), list(extra_methods or []), where)
-    shared = _search(methods, raw.get("params", {}), raw.get("algorithm_params", {}), where)
+    scenarios = _scenarios(raw.get("scenarios"), where)
+    _known_labels(scenarios, methods, where)
+    methods, derived = _cross(methods, raw.get("selections"), where)
+    _follow(scenarios, derived)
+    own = raw.get("algorithm_params", {})
+    if isinstance(own, dict):
+        own = {new: table for label, table in own.items() for new in derived.get(label, [label])}
+    shared = _search(methods, raw.get("params", {}), own, where)
     suite = Suite(name, where, str(table.get("description", "")), _base(raw, path, overrides or []),
-                  _scenarios(raw.get("scenarios"), where), methods, shared=shared)  # fmt: skip
+                  scenarios, methods, shared=shared)  # fmt: skip
     _settings(suite, table, trials, seeds, repeats)
     check(suite)
     return suite
@@ -430,16 +491,21 @@ def _settings(suite: Suite, table: dict, trials: int | None, seeds: int | None, 
     suite.tuning_repeats = repeats if repeats is not None else _int(table, "tuning_repeats", where, 1, 1)
 
 
+def _known_labels(scenarios: list[Scenario], methods: list[Method], where: str) -> None:
+    """A scenario's options and skips name methods of the suite."""
+    for scenario in scenarios:
+        for label in [*scenario.options, *scenario.skip]:
+            if label not in {m.label for m in methods}:
+                raise ConfigError(
+                    f"{where}: scenarios.{scenario.name}: {label!r} is not a method of the suite"
+                )
+
+
 def check(suite: Suite) -> None:
     """Build every configuration the bench would run — each scenario with each method, each
     searched key at both ends of its range (every choice) — and refuse the first that fails,
     in one line naming the scenario, the method and the key."""
-    for scenario in suite.scenarios:
-        for label in [*scenario.options, *scenario.skip]:
-            if label not in {m.label for m in suite.methods}:
-                raise ConfigError(
-                    f"{suite.path}: scenarios.{scenario.name}: {label!r} is not a method of the suite"
-                )
+    _known_labels(suite.scenarios, suite.methods, suite.path)
     for scenario, method in suite.pairs():
         label = f"{suite.path}: scenario {scenario.name}, method {method.label}"
         probes: list[tuple[str, dict, list]] = [("", {}, suite.seeds)]  # every seed of the test runs
