@@ -864,6 +864,11 @@ def _regression_cases(tmp: Path, config):
         "accuracy objective on a regression": diabetes.replace(
             'partition = "dirichlet"', 'partition = "iid"'
         ),
+        "a selection without a rule": smoke + "\n[selections.uni]\nclients_per_round = 3\n",
+        "a selection's bad option": smoke + '\n[selections.uni]\nrule = "uniform"\nclients_per_round = 0\n',
+        "a selection rule that does not exist": smoke + '\n[selections.x]\nrule = "oortt"\n',
+        "a selection that is no table": smoke + "\n[selections]\nuni = 3\n",
+        "a selection named like no folder": smoke + '\n[selections."a/b"]\nrule = "uniform"\n',
     }
     for index, (label, text) in enumerate(suites.items()):
         path = tmp / f"suite{index}.toml"
