@@ -127,7 +127,10 @@ class FIARSE(Algorithm):
 
     def local_loss(self, task, state, model, x, y, depth, loss, rng):
         """The loss of the masked model x * m(|x|), thresholds set on the received model (the
-        first step's parameters) and kept for the task's steps."""
+        first step's parameters) and kept for the task's steps; at rate 1 (theta = 0, the mask
+        all ones and its surrogate slope 0) the model's own loss, the same numbers."""
+        if float(task.payload["rate"]) >= 1:
+            return loss(model(x, depth), y)
         named = list(model.named_parameters())
         if state.get("thresholds_for") != (task.round, task.client):
             state["thresholds"] = thresholds(named, float(task.payload["rate"]), self.options.scope)
