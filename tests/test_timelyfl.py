@@ -92,3 +92,26 @@ def test_timelyfl_needs_a_system_model_with_time(tmp_path):
         RunLoop(_config(system={"model": "straggler-ratio"}), tmp_path / "x").run()
     with pytest.raises(ConfigError, match="algorithm.aggregation_goal = 9"):
         _config(algorithm={"aggregation_goal": 9})
+
+
+def test_timelyfls_timing_draws_leave_a_selection_untouched(tmp_path):
+    """TimelyFL plans from many draws of the clients' times; with a selection and random
+    presence those draws must not count as rounds or ask anyone (they once did: TiFL saw
+    thousands of rounds in which every client was asked and never answered, called them all
+    dropouts, and no one took part again)."""
+    config = _config(
+        run={"rounds": 5},
+        system={**BASE["system"], "participation": "uniform", "participation_low": 0.5},
+        selection={"rule": "tifl", "clients_per_round": 4},
+        algorithm={"aggregation_goal": 4, "timing_draws": 50},
+    )  # fmt: skip
+    result = RunLoop(config, tmp_path / "r").run()
+    selection = json.loads((tmp_path / "r" / "selection.json").read_text())
+    assert selection["rounds"] == 5 and sum(selection["times_asked"]) <= 5 * 4
+    assert all(row["participants"] > 0 for row in result.metrics)
+    world = build_world(config)
+    system = world.server_system
+    before = json.dumps(system.state_dict(), sort_keys=True)
+    work = world.algorithm.plan(0, world.algorithm.init_state(world.setting()), system, None).workload()
+    system.full_times(work, np.random.default_rng(0))
+    assert json.dumps(system.state_dict(), sort_keys=True) == before

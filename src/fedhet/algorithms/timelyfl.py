@@ -79,7 +79,7 @@ def expected_finish(system, work: Workload, draws: int) -> np.ndarray:
     model that draws nothing, else the mean of ``draws`` draws on a fixed stream."""
     rng = np.random.default_rng(0)
     count = 1 if system.deterministic else draws
-    return np.mean([system.sample(work, rng).full_time for _ in range(count)], axis=0)
+    return np.mean([system.full_times(work, rng) for _ in range(count)], axis=0)
 
 
 @register

@@ -120,6 +120,13 @@ class SystemModel:
         """The law of time the model samples from, when it has one (None: depth-only)."""
         return None
 
+    def full_times(self, work, rng) -> np.ndarray:
+        """Each client's time for all of ``work`` (its ``full_time``), drawn with ``rng`` for
+        a rule that plans from times (TimelyFL) and changing no state: a wrapper (presence,
+        dropout, selection) answers with its wrapped model's, so a plan's draws neither
+        count as rounds nor ask anyone."""
+        return np.asarray(self.sample(work, rng).full_time, dtype=float)
+
     @property
     def always_present(self) -> bool:
         """Whether every client takes part in every round (no participation wrapper)."""
