@@ -27,6 +27,7 @@ SETTINGS = {
     "adel-fl": ({"time_budget": 6.0}, EXPONENTIAL, {}),
     "amsfl": ({}, PER_STEP, {"round_budget": 20.0}),
     "timelyfl": ({}, PER_STEP, {}),
+    "fedbalancer": ({}, {**PER_STEP, "deadline": 1.0}, {"inference": "pipelined"}),  # plans from times
     "fedbuff": ({}, STRAGGLERS, {"buffer_size": 4}),
     "ca2fl": ({}, STRAGGLERS, {"buffer_size": 4}),
 }
