@@ -38,8 +38,8 @@ SKIPPED = [
     ("fedhet plot runs/", "draws the run folders of a grid shown above it (hours of runs)"),
     ("fedhet report runs/", "reports on the run folders of a grid shown above it (hours of runs)"),
     ("fedhet compare runs/a runs/b", "compares two run folders the reader made"),
-    ("fedhet bench suites/heterogeneity.toml", "thousands of runs on Fashion-MNIST; its suite is checked below and "
-     "the smoke suite runs the same code"),
+    ("fedhet bench suites/heterogeneity.toml",
+     "thousands of runs on Fashion-MNIST; its suite is checked below and the smoke suite runs the same code"),
     ("fedhet bench suites/peers", "hundreds of runs on Fashion-MNIST; the suites are checked below and the "
      "smoke suite runs the same code"),
 ]  # fmt: skip

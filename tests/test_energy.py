@@ -134,3 +134,22 @@ def test_an_event_driven_rule_is_charged_when_its_clients_start(tmp_path):
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["energy"] == pytest.approx(
         sum(float(r["joules"]) for r in table)
     )
+
+
+def test_a_straggler_training_past_the_deadline_is_charged_its_whole_work_once(tmp_path):
+    """REFL's stragglers (clients 0 and 1: 4.1 and 4.2 s of work against a 3 s deadline) keep
+    training and deliver in round 2: round 1 charges their whole work, round 2 nothing for
+    them (they are still at work and get no task), round 3 their next whole work."""
+    result = run(make_config({**PER_STEP, "algorithm.name": "refl"}), tmp_path / "refl")
+    on_time = hand_energy([2.3, 1.4], [0.3, 0.4], 3.0)
+    whole = 2.0 * (4.1 - 0.1) + 1.0 * 0.1 + 2.0 * (4.2 - 0.2) + 1.0 * 0.2  # no waiting
+    rows = result.metrics
+    assert [r["round_time"] for r in rows] == pytest.approx([3.0] * 3)
+    assert [r["energy"] for r in rows] == pytest.approx(
+        [whole + on_time.sum(), on_time.sum(), whole + on_time.sum()]
+    )
+    with open(tmp_path / "refl" / "clients.csv") as fh:
+        table = list(csv.DictReader(fh))
+    assert [float(r["train_s"]) for r in table] == pytest.approx([2 * 4.0, 2 * 4.0, 3 * 2.0, 3 * 1.0])
+    assert [float(r["idle_s"]) for r in table] == pytest.approx([0.0, 0.0, 3 * 0.7, 3 * 1.6])
+    assert json.loads((tmp_path / "refl" / "refl.json").read_text())["rounds"][1]["stale"][0]["client"] == 0

@@ -1,9 +1,9 @@
 """A plug-in's server-side hook that fails is named where it fails: an aggregate that returns
 a wrong-size vector, None, or raises; a plan that is not a plan; round metrics that are not
-numbers; an init_state that raises. Each is one line naming the plug-in, the hook and the
-round; the run folder keeps a summary (stopped_by = "plugin_error") and the traceback, the
-checkpoint of the last finished round stays, and the run resumes once the plug-in is fixed
-and ends with the metrics of a run that never failed."""
+numbers; busy clients that are not the run's; an init_state that raises. Each is one line
+naming the plug-in, the hook and the round; the run folder keeps a summary (stopped_by =
+"plugin_error") and the traceback, the checkpoint of the last finished round stays, and the
+run resumes once the plug-in is fixed and ends with the metrics of a run that never failed."""
 
 from __future__ import annotations
 
@@ -50,6 +50,9 @@ class Flaky(FedAvg):
     def round_metrics(self, state):
         return {"norm": "big"} if BROKEN["how"] == "metrics" else {}
 
+    def busy_clients(self, state, round_index):
+        return {7} if BROKEN["how"] == "busy" and round_index >= 2 else set()
+
 
 class FailsToStart(FedAvg):
     def init_state(self, setting):
@@ -74,6 +77,7 @@ def _fixed():
         ("raise", "aggregate (round 3): raised KeyError: 'weights'"),
         ("plan", "plan (round 3): returned None; expected a RoundPlan"),
         ("metrics", "round_metrics (round 1): returned a dict; expected a dict"),
+        ("busy", "busy_clients (round 3): returned a set; expected a set of client indices 0..3"),
     ],
 )
 def test_a_failing_hook_is_one_line_and_the_run_resumes_after_the_fix(tmp_path, capsys, how, message):
@@ -174,6 +178,7 @@ ROUND_HOOKS = (
     "plan",
     "aggregate",
     "round_metrics",
+    "busy_clients",
     "warnings",
     "caveats",
     "reports",

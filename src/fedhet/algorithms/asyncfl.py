@@ -60,11 +60,17 @@ class AsyncFL(Algorithm):
             return None
         if not outcomes.finishes_before_failure(client, float(outcomes.full_time[client])):
             return None  # failed mid-round: its full update never arrives
-        if any(p["client"] == client for p in state["pending"]):
+        if client in self.busy_clients(state, plan.round):
             return None  # still computing its previous update
-        if state.get("resting", {}).get(str(client), -1) >= plan.round:
-            return None  # "fresh": sits out the rounds its late update would have taken
         return self.make_task(plan, client, assignment.local_steps, Coverage(1), state)
+
+    def busy_clients(self, state: dict, round_index: int) -> set[int]:
+        """The clients whose late update is on its way ("stale"), or that sit out the rounds
+        it would have taken ("fresh")."""
+        resting = state.get("resting", {})
+        return {int(p["client"]) for p in state["pending"]} | {
+            int(c) for c, until in resting.items() if until >= round_index
+        }
 
     @staticmethod
     def delay(depth: int) -> int:

@@ -240,6 +240,14 @@ class Algorithm:
         """Things the user must be told when the run starts (e.g. a planner fallback)."""
         return []
 
+    def busy_clients(self, state: dict, round_index: int) -> set[int]:
+        """The clients still at work on a task of an earlier round in round ``round_index``
+        (server state ``state``): a straggler that trains its whole work past the deadline
+        (AsyncFL, REFL) is sent no new task until its update is in, and the energy account,
+        which charged that work when it began, charges such a client nothing in the rounds it
+        spans (:mod:`fedhet.system.energy`). None by default."""
+        return set()
+
     def round_metrics(self, state: dict) -> dict[str, float]:
         """Numbers of the round just aggregated (server state ``state``) that become
         columns of its metrics row (metrics.csv, reports, trackers); none by default."""

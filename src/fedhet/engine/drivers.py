@@ -109,10 +109,10 @@ class RoundDriver:
         plan, outcomes = context.plan, context.outcomes
         asked = requested & outcomes.participates
         duration = round_duration(plan.deadline, outcomes.finish_time[asked])
-        spent = spent_in_round(world.server_power, outcomes, involved(outcomes, requested), duration)
+        tasks = self._tasks(world, state, context, asked, hooks)
+        spent = self._energy(world, state, context, requested, tasks, duration, hooks)
         if not (env.clock.fits(duration) and env.energy.fits(spent.total)):
             return None
-        tasks = self._tasks(world, state, context, asked, hooks)
         received = self._aggregate(env, state, t, tasks, context, hooks, model)
         if isinstance(received, NonFinite):
             return received
@@ -151,6 +151,25 @@ class RoundDriver:
         context = RoundContext(plan, outcomes, marginals, world.num_clients, world.flat.num_layers,
                                client_sizes=world.client_sizes)  # fmt: skip
         return context, np.array([a.asked for a in plan.assignments], dtype=bool)
+
+    @staticmethod
+    def _energy(world, state, context: RoundContext, requested, tasks, duration: float, hooks: Hooks):
+        """The round's energy (:func:`spent_in_round`): every involved client but those the
+        rule says are still at work on an earlier task (charged when it began); a client
+        sent its whole planned work that does not finish it by the deadline trains past the
+        round and is charged all of it now."""
+        plan, outcomes = context.plan, context.outcomes
+        charged = involved(outcomes, requested)
+        busy = hooks.call("busy_clients", world.algorithm.busy_clients, state.algorithm, plan.round)
+        charged[hooks.clients("busy_clients", busy, world.num_clients)] = False
+        late = np.zeros(world.num_clients, dtype=bool)
+        if not world.server_system.wall_clock:  # there, clients cut their own work
+            for task in tasks:
+                planned, c = plan.assignments[task.client], task.client
+                work = (task.local_steps, task.coverage.depth, task.coverage.width)
+                whole = work == (planned.local_steps, planned.depth, 1.0)
+                late[c] = task.kind == "train" and whole and outcomes.full_time[c] > outcomes.finish_time[c]
+        return spent_in_round(world.server_power, outcomes, charged, duration, late=late)
 
     @staticmethod
     def _tasks(world, state, context: RoundContext, asked, hooks: Hooks) -> list:

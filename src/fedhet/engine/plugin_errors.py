@@ -16,6 +16,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
 
 from fedhet.device import server_side
@@ -149,6 +150,17 @@ class Hooks:
             what = f"returned {describe(found)}; expected Marginals"
             raise PluginError(self.label, "marginals", self.round_number, what)
         return found
+
+    def clients(self, hook: str, found: Any, num_clients: int) -> list[int]:
+        """A set of clients checked (``busy_clients``): integers from 0 to ``num_clients`` - 1."""
+        items = list(found) if isinstance(found, set | frozenset | list | tuple) else None
+        index = (int, np.integer)
+        if items is None or not all(
+            isinstance(c, index) and not isinstance(c, bool) and 0 <= c < num_clients for c in items
+        ):
+            what = f"returned {describe(found)}; expected a set of client indices 0..{num_clients - 1}"
+            raise PluginError(self.label, hook, self.round_number, what)
+        return [int(c) for c in items]
 
     def metrics(self, found: Any) -> dict:
         """``round_metrics``' answer checked: a dict of numbers (or None) by column name."""

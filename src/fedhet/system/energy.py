@@ -15,9 +15,13 @@ or when it failed):
 - ``t^train_u = f_u - t^comm_u``: the rest of its work, cut by the deadline or its failure;
 - ``t^idle_u = D - f_u``: waiting, connected, until the round of duration D closes.
 
-A client that was not asked, or was absent, spends nothing in the round. Under an
-asynchronous rule (the event driver) each start costs its training and communication, with
-no waiting, charged when the client starts.
+A client that was not asked, or was absent, spends nothing in the round. A client whose
+task is its whole planned work but who does not finish it by the deadline keeps training past
+the round (AsyncFL's and REFL's stragglers, whose late updates join a later round): it is
+charged its whole work when it starts, ``f_u = min(T_u, failure)`` for its full time T_u, with
+no waiting, and nothing in the rounds that follow while it is still at work (the rule's
+``busy_clients``). Under an asynchronous rule (the event driver) each start costs its
+training and communication, with no waiting, charged when the client starts.
 
 Seconds are the simulated clock's, so joules are watts times simulated seconds: with a
 system model whose time scale is arbitrary (``time_per_sample_layer = 1``) the joules are on
@@ -100,12 +104,24 @@ class RoundEnergy:
 
 
 def spent_in_round(
-    power: PowerDraw, outcomes: Outcomes, asked: np.ndarray, duration: float, waits: bool = True
+    power: PowerDraw,
+    outcomes: Outcomes,
+    asked: np.ndarray,
+    duration: float,
+    waits: bool = True,
+    late: np.ndarray | None = None,
 ) -> RoundEnergy:
     """Each client's energy in a round (the module's E_u): the clients in ``asked`` (asked by
     the server; present, or failed mid-round) over the round's ``duration``; ``waits``: the
-    clients wait, connected, until the round closes (synchronous rounds)."""
+    clients wait, connected, until the round closes (synchronous rounds); ``late``: the
+    clients that train their whole work past the deadline, charged it all now, up to their
+    failure, without waiting."""
     finish = np.asarray(outcomes.finish_time, dtype=float)
+    if late is not None and np.any(late):
+        failure = outcomes.failure_time if outcomes.failure_time is not None else np.full_like(finish, np.inf)
+        whole = np.minimum(np.asarray(outcomes.full_time, dtype=float), failure)
+        past = np.asarray(late, dtype=bool) & np.isfinite(whole)
+        finish = np.where(past, np.maximum(whole, finish), finish)
     comm = outcomes.comm_time if outcomes.comm_time is not None else np.zeros_like(finish)
     spent = np.asarray(asked, dtype=bool) & np.isfinite(finish)
     comm_s = np.where(spent, np.minimum(comm, finish), 0.0)
