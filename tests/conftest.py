@@ -53,6 +53,27 @@ name = "salf"
 """
 
 
+# The tests that run every built-in rule run it on STRAGGLERS with an MLP, except the rules
+# below, which need a setting of their own: (run keys, [system] table, algorithm options).
+STRAGGLERS = {"model": "straggler-ratio", "straggler_ratio": 0.5, "deadline": 1.0}
+EXPONENTIAL = {"model": "exponential"}
+PER_STEP = {"model": "per-step", "time_per_sample_step": 0.01, "comm_time": 0.05}
+RULE_SETTINGS = {
+    "adel-fl": ({"time_budget": 6.0}, EXPONENTIAL, {}),  # plans against the exponential model
+    "amsfl": ({}, PER_STEP, {"round_budget": 20.0}),  # allocates steps with per-step costs
+    "timelyfl": ({}, PER_STEP, {}),  # plans from clients' times
+    "fedbalancer": ({}, {**PER_STEP, "deadline": 1.0}, {"inference": "pipelined"}),  # likewise
+    "fedbuff": ({}, STRAGGLERS, {"buffer_size": 4}),
+    "ca2fl": ({}, STRAGGLERS, {"buffer_size": 4}),
+}
+RULE_MODELS = {"depthfl": {"name": "mlp-exits", "hidden": [8]}}  # a model with exits
+
+
+def rule_setting(name: str) -> tuple[dict, dict, dict]:
+    """The run keys, [system] table and algorithm options a test runs rule ``name`` with."""
+    return RULE_SETTINGS.get(name, ({}, STRAGGLERS, {}))
+
+
 def make_config(overrides: dict | None = None):
     """The issue's verbatim digits config, with ``{"section.key": value}`` overrides."""
     import tomllib

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import RULE_MODELS, rule_setting
 
 from fedhet.algorithms.base import Algorithm, check_algorithm_class
 from fedhet.algorithms.fedavg import FedAvg
@@ -226,17 +227,6 @@ def _same(a, b) -> bool:
     return a == b or (a != a and b != b)
 
 
-EXPONENTIAL = {"model": "exponential", "deadline": 0.0, "time_per_sample_layer": 0.02}
-PER_STEP = {"model": "per-step", "time_per_sample_step": 0.01, "comm_time": 0.05}
-PLAN_SETTINGS = {
-    "adel-fl": ({"time_budget": 6.0}, EXPONENTIAL, {}),
-    "amsfl": ({}, PER_STEP, {"round_budget": 20.0}),
-    "timelyfl": ({}, PER_STEP, {}),
-    "fedbalancer": ({}, {**PER_STEP, "deadline": 1.0}, {"inference": "pipelined"}),  # plans from times
-}
-MODELS = {"depthfl": {"name": "mlp-exits", "hidden": [8]}}  # rules that need a model of their own
-
-
 @pytest.mark.parametrize(
     "name", sorted(n for n, e in builtins("algorithm").items() if e.cls.driver == "round")
 )
@@ -248,10 +238,8 @@ def test_plan_is_pure(name):
     from fedhet.engine.pool import InProcessPool, WorkerSide
     from fedhet.world import build_world
 
-    run_keys, system, options = PLAN_SETTINGS.get(
-        name, ({}, {"model": "straggler-ratio", "straggler_ratio": 0.5, "deadline": 1.0}, {})
-    )
-    model = MODELS.get(name, BASE.get("model", {"name": "mlp"}))
+    run_keys, system, options = rule_setting(name)
+    model = RULE_MODELS.get(name, BASE.get("model", {"name": "mlp"}))
     config = from_dict({**BASE, "run": {**BASE["run"], **run_keys}, "system": system, "model": model,
                         "algorithm": {"name": name, **options}})  # fmt: skip
     world = build_world(config)

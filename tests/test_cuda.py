@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import RULE_MODELS, rule_setting
 
 from fedhet.config import from_dict
 from fedhet.engine.loop import RunLoop
@@ -19,23 +20,9 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA GPU here"),
 ]
 
-STRAGGLERS = {"model": "straggler-ratio", "straggler_ratio": 0.5, "deadline": 1.0}
-EXPONENTIAL = {"model": "exponential"}
-PER_STEP = {"model": "per-step", "time_per_sample_step": 0.01, "comm_time": 0.05}
-# rules that need a setting of their own: run keys, system model, algorithm options
-SETTINGS = {
-    "adel-fl": ({"time_budget": 6.0}, EXPONENTIAL, {}),
-    "amsfl": ({}, PER_STEP, {"round_budget": 20.0}),
-    "timelyfl": ({}, PER_STEP, {}),
-    "fedbalancer": ({}, {**PER_STEP, "deadline": 1.0}, {"inference": "pipelined"}),  # plans from times
-    "fedbuff": ({}, STRAGGLERS, {"buffer_size": 4}),
-    "ca2fl": ({}, STRAGGLERS, {"buffer_size": 4}),
-}
-MODELS = {"depthfl": {"name": "mlp-exits", "hidden": [8]}}
-
 
 def _config(name: str, device: str, pool: str = "in-process", train: dict | None = None, **run_keys):
-    keys, system, options = SETTINGS.get(name, ({}, STRAGGLERS, {}))
+    keys, system, options = rule_setting(name)
     return from_dict(
         {
             "run": {
@@ -49,7 +36,7 @@ def _config(name: str, device: str, pool: str = "in-process", train: dict | None
                 **run_keys,
             },  # fmt: skip
             "data": {"dataset": "digits", "num_clients": 8, "fraction": 0.5},
-            "model": MODELS.get(name, {"name": "mlp", "hidden": [16]}),
+            "model": RULE_MODELS.get(name, {"name": "mlp", "hidden": [16]}),
             "train": {"lr": 0.1, "batch_size": 8, "local_steps": 2, **(train or {})},
             "algorithm": {"name": name, **options},
             "system": system,

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import RULE_MODELS, rule_setting
 
 from fedhet.algorithms.fedavg import FedAvg
 from fedhet.config import from_dict
@@ -18,19 +19,6 @@ from fedhet.engine.loop import RunLoop
 from fedhet.registry import builtins
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "plugin" / "src"))
-
-STRAGGLERS = {"model": "straggler-ratio", "straggler_ratio": 0.5, "deadline": 1.0}
-EXPONENTIAL = {"model": "exponential"}
-PER_STEP = {"model": "per-step", "time_per_sample_step": 0.01, "comm_time": 0.05}
-SETTINGS = {  # rules that need a setting of their own: run keys, system model, options
-    "adel-fl": ({"time_budget": 6.0}, EXPONENTIAL, {}),
-    "amsfl": ({}, PER_STEP, {"round_budget": 20.0}),
-    "timelyfl": ({}, PER_STEP, {}),
-    "fedbalancer": ({}, {**PER_STEP, "deadline": 1.0}, {"inference": "pipelined"}),  # plans from times
-    "fedbuff": ({}, STRAGGLERS, {"buffer_size": 4}),
-    "ca2fl": ({}, STRAGGLERS, {"buffer_size": 4}),
-}
-MODELS = {"depthfl": {"name": "mlp-exits", "hidden": [8]}}
 
 
 class SmoothLoss(FedAvg):
@@ -45,12 +33,12 @@ class SmoothLoss(FedAvg):
 
 
 def _config(name: str, pool: str):
-    keys, system, options = SETTINGS.get(name, ({}, STRAGGLERS, {}))
+    keys, system, options = rule_setting(name)
     return from_dict(
         {
             "run": {"name": "one", "seed": 3, "rounds": 3, "threads": 1, "pool": pool, **keys},
             "data": {"dataset": "digits", "num_clients": 8, "fraction": 0.5},
-            "model": MODELS.get(name, {"name": "mlp", "hidden": [16]}),
+            "model": RULE_MODELS.get(name, {"name": "mlp", "hidden": [16]}),
             "train": {"lr": 0.1, "batch_size": 8, "local_steps": 2},
             "algorithm": {"name": name, **options},
             "system": system,
