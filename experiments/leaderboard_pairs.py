@@ -1,5 +1,6 @@
 """The comparisons docs/results/leaderboard.md makes beyond the leaderboard's own (each
-paper's method against the baselines it claims to beat, in its own scenario), from the
+paper's method against the baselines it claims to beat, in its own scenario, and each peer
+the suite added against the rule it extends, in every scenario where both ran), from the
 committed per-method table, with the leaderboard's own test (``fedhet.bench.leaderboard.
 difference``: over the tunings' means, Welch, when each method was tuned more than once; a
 paired t-test over the seeds both ran when tuned once), Holm-corrected within each paper's
@@ -27,6 +28,18 @@ FAMILIES = {
         ("per-step-budget", "amsfl", m) for m in ("fedavg", "fedprox", "fednova", "scaffold", "feddyn")
     ],
 }
+# The peers added to the suite, each against the rule it extends, in every scenario both ran
+# in (a rule refused by a scenario, n/a, is left out of its family)
+SCENARIOS = [*STRAGGLERS, "time-budget", "stale-participation", "per-step-budget"]
+EXTENDS = {
+    "FedRolex against HeteroFL": ("fedrolex", "heterofl"),
+    "FIARSE against HeteroFL": ("fiarse", "heterofl"),
+    "REFL against AsyncFL": ("refl", "asyncfl"),
+    "FedBalancer against drop-stragglers": ("fedbalancer", "drop"),
+    "CA2FL against FedBuff": ("ca2fl", "fedbuff"),
+    "FedCompass against FedBuff": ("fedcompass", "fedbuff"),
+}
+FAMILIES.update({family: [(s, a, b) for s in SCENARIOS] for family, (a, b) in EXTENDS.items()})
 
 
 def entries(table: str | Path) -> dict[tuple[str, str], Entry]:
@@ -36,8 +49,10 @@ def entries(table: str | Path) -> dict[tuple[str, str], Entry]:
 
 
 def tests(pairs: list[tuple[str, str, str]], by_key: dict[tuple[str, str], Entry]) -> list[tuple]:
-    """(scenario, a, b, difference of means, p, Holm p) for each pair (scenario, a, b), the
-    leaderboard's test, Holm-corrected over ``pairs``."""
+    """(scenario, a, b, difference of means, p, Holm p) for each pair (scenario, a, b) whose
+    two methods both ran there, the leaderboard's test, Holm-corrected over those pairs."""
+    ran = {key for key, entry in by_key.items() if entry.status == "ok" and entry.mean is not None}
+    pairs = [(s, a, b) for s, a, b in pairs if {(s, a), (s, b)} <= ran]
     p_values = [difference(by_key[(s, a)], by_key[(s, b)]) for s, a, b in pairs]
     out = []
     for (scenario, a, b), p, adjusted in zip(pairs, p_values, holm(p_values), strict=True):
