@@ -67,6 +67,12 @@ PAGE_TABLES = [  # (results page, script, its committed per-run table, the scrip
         ("experiments/peers_dropout_pieces.toml", "--differences", "finished - nothing"),
     ),
     (
+        "peers.md",
+        "grid_table.py",
+        "peers-fedcompass-step.csv",
+        ("experiments/peers_fedcompass_step.toml", "--differences", "5.12 - 1.28"),
+    ),
+    (
         "fedstale.md",
         "fedstale_figures.py",
         "fedstale-study.csv",
