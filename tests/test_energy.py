@@ -153,3 +153,39 @@ def test_a_straggler_training_past_the_deadline_is_charged_its_whole_work_once(t
     assert [float(r["train_s"]) for r in table] == pytest.approx([2 * 4.0, 2 * 4.0, 3 * 2.0, 3 * 1.0])
     assert [float(r["idle_s"]) for r in table] == pytest.approx([0.0, 0.0, 3 * 0.7, 3 * 1.6])
     assert json.loads((tmp_path / "refl" / "refl.json").read_text())["rounds"][1]["stale"][0]["client"] == 0
+
+
+@pytest.mark.parametrize(("algorithm", "deadline"), [("fiarse", 3.0), ("heterofl", 3.0), ("depthfl", 3.9)])
+def test_a_sub_model_is_charged_its_share_of_the_work_then_waits(tmp_path, algorithm, deadline):
+    """A straggler sent a sub-model works the share s of its full time T the rule sized it by
+    (FIARSE: s = its rate, 1/2 here: 4.1 and 4.2 s of work, 2.05 and 2.1 s; HeteroFL and
+    DepthFL: their sub-model's FLOPs share), communication included, then waits for the
+    deadline; it is charged neither the full model's work nor training up to the deadline."""
+    model = {"model.name": "mlp-exits"} if algorithm == "depthfl" else {}  # a model with exits
+    config = make_config({**PER_STEP, **model, "system.deadline": deadline, "algorithm.name": algorithm})
+    result = run(config, tmp_path / algorithm)
+    with open(tmp_path / algorithm / "clients.csv") as fh:
+        table = list(csv.DictReader(fh))
+    fulls, comms = [4.1, 4.2], [0.1, 0.2]  # the stragglers' (clients 0 and 1) work
+    shares = [float(r["train_s"]) / 3 / (f - c) for r, f, c in zip(table[:2], fulls, comms, strict=True)]
+    assert all(0 < s < deadline / f for s, f in zip(shares, fulls, strict=True))  # it fits the deadline
+    for r, full, comm, s in zip(table[:2], fulls, comms, shares, strict=True):
+        assert float(r["comm_s"]) == pytest.approx(3 * s * comm)
+        assert float(r["idle_s"]) == pytest.approx(3 * (deadline - s * full))
+    if algorithm == "fiarse":
+        assert shares == pytest.approx([0.5, 0.5])
+        expected = hand_energy([2.05, 2.1, 2.3, 1.4], [0.05, 0.1, 0.3, 0.4], 3.0)
+        assert [r["energy"] for r in result.metrics] == pytest.approx([expected.sum()] * 3)
+
+
+def test_a_client_no_sub_model_fits_is_not_asked_to_work(tmp_path):
+    """DepthFL's shallowest local model is 0.74 of the work, which fits neither straggler's
+    3 s (4.1 and 4.2 s of full work): they get no task and spend nothing; the others as
+    under any rule."""
+    config = make_config({**PER_STEP, "model.name": "mlp-exits", "algorithm.name": "depthfl"})
+    result = run(config, tmp_path / "depthfl")
+    with open(tmp_path / "depthfl" / "clients.csv") as fh:
+        table = list(csv.DictReader(fh))
+    assert [float(r["joules"]) for r in table[:2]] == [0.0, 0.0]
+    expected = hand_energy([2.3, 1.4], [0.3, 0.4], 3.0)
+    assert [r["energy"] for r in result.metrics] == pytest.approx([expected.sum()] * 3)

@@ -85,7 +85,10 @@ class ClientTask:
     ``kind`` is ``"train"`` or ``"probe"`` (gradient statistics, nothing trained);
     ``payload`` carries algorithm data such as SCAFFOLD's server control variate c;
     ``time_limit`` (wall-clock seconds, the ``wall-clock`` system model) lets the client cut
-    its own work: it back-propagates layer by layer and delivers the layers it finished.
+    its own work: it back-propagates layer by layer and delivers the layers it finished;
+    ``work_share`` is the share of the plan's whole work (its time, upload included) this
+    task costs the client: a sub-model's share of the full model's work (HeteroFL's width,
+    DepthFL's depth), 1 for the planned work itself (the energy account charges it).
     """
 
     round: int
@@ -99,6 +102,7 @@ class ClientTask:
     kind: str = "train"
     payload: Payload = field(default_factory=dict)
     time_limit: float | None = None
+    work_share: float = 1.0
 
     def to_dict(self) -> dict:
         """A flat dict of NumPy arrays and scalars (``None`` deadline or time limit as NaN)."""
@@ -115,6 +119,7 @@ class ClientTask:
             "model_round": self.model_round,
             "kind": self.kind,
             "time_limit": float("nan") if self.time_limit is None else float(self.time_limit),
+            "work_share": float(self.work_share),
         }
         arrays: dict = {}
         _payload_to_dict(self.payload, "payload.", arrays, scalars)
@@ -146,6 +151,7 @@ class ClientTask:
             kind=str(data["kind"]),
             payload=_payload_from_dict(data, "payload."),
             time_limit=None if np.isnan(time_limit) else time_limit,
+            work_share=float(data.get("work_share", 1.0)),
         )
 
 

@@ -178,6 +178,11 @@ class Algorithm:
     # Whether a width-reduced sub-model divides its hidden outputs by its rate during local
     # training (HeteroFL's scaler); FjORD's ordered dropout does not.
     scales_sub_models: ClassVar[bool] = True
+    # Whether the rule sizes each client's work to fit before sending it (the sub-model
+    # rules): a present client it sends no task was told not to work and spends no energy.
+    # False: a client without a task worked on what the rule then discards (drop-stragglers'
+    # late clients), charged up to the deadline or its failure (fedhet.system.energy).
+    sends_only_work_that_fits: ClassVar[bool] = False
     # The options worth tuning, with default ranges (``fedhet bench`` and its suites tune
     # them beside the learning rate): option name -> { low, high[, log][, int] } or
     # { choices = [...] }, as in a search space file. Empty: the learning rate alone.

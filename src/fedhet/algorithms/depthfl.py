@@ -74,6 +74,7 @@ class DepthFL(Algorithm):
 
     name = "depthfl"
     summary = "DepthFL: depth-scaled local models with a classifier per block, self-distillation"
+    sends_only_work_that_fits: ClassVar[bool] = True  # no level fits: not asked to work
     Options = DepthFLOptions
     hyperparameters: ClassVar[dict[str, dict]] = {
         "consistency_weight": {"low": 0.1, "high": 3.0, "log": True}
@@ -117,6 +118,7 @@ class DepthFL(Algorithm):
         plan = context.plan
         task = self.make_task(plan, client, plan.assignments[client].local_steps, Coverage(1), state)
         task.payload[EXITS] = int(k)
+        task.work_share = float(costs[k - 1])
         return task
 
     def local_loss(self, task, state, model, x, y, depth, loss, rng):

@@ -108,6 +108,7 @@ class FIARSE(Algorithm):
 
     name = "fiarse"
     summary = "FIARSE: sub-models of the largest-magnitude parameters, TCB-GD (Wu et al. NeurIPS 2024)"
+    sends_only_work_that_fits: ClassVar[bool] = True  # no level fits: not asked to work
     Options = FIARSEOptions
     local_loss_per_client: ClassVar[bool] = True  # the client's own rate and thresholds
     hyperparameters: ClassVar[dict[str, dict]] = {"server_lr": {"low": 0.5, "high": 1.5}}
@@ -123,6 +124,7 @@ class FIARSE(Algorithm):
         plan = context.plan
         task = self.make_task(plan, client, plan.assignments[client].local_steps, Coverage(1), state)
         task.payload["rate"] = float(rate)
+        task.work_share = float(rate)
         return task
 
     def local_loss(self, task, state, model, x, y, depth, loss, rng):

@@ -19,6 +19,7 @@ Two choices the papers leave to the reader are options:
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import ClassVar
 
 import torch
 
@@ -90,6 +91,7 @@ class HeteroFL(Algorithm):
     name = "heterofl"
     supports_channels_last = False  # width masks index the contiguous weight order
     summary = "HeteroFL: slow clients train width-reduced sub-models"
+    sends_only_work_that_fits: ClassVar[bool] = True  # no level fits: not asked to work
     Options = HeteroFLOptions
 
     def __init__(self, options, train):
@@ -130,17 +132,22 @@ class HeteroFL(Algorithm):
 
     def client_task(self, context, client: int, state: dict) -> ClientTask | None:
         rate_cost = state.get("rate_cost") or {}
+
+        def cost(r: float) -> float:
+            return 1.0 if r >= 1 else rate_cost.get(str(float(r)), float(r) ** 2)
+
         rate = fitting_level(
             context, client,
             lambda full_time, deadline: self.rate_for(full_time, deadline, state.get("rate_cost")),
-            lambda r: rate_cost.get(str(float(r)), float(r) ** 2),
+            cost,
         )  # fmt: skip
         if rate is None:
             return None
         plan = context.plan
-        return self.make_task(
+        task = self.make_task(
             plan, client, plan.assignments[client].local_steps, Coverage(1, float(rate)), state
         )
+        return replace(task, work_share=float(cost(rate)))
 
     def aggregate(self, params, buffers, updates, state, context, layout):
         """``held``: element-wise mean of the deltas over the clients whose sub-model holds

@@ -157,19 +157,26 @@ class RoundDriver:
         """The round's energy (:func:`spent_in_round`): every involved client but those the
         rule says are still at work on an earlier task (charged when it began); a client
         sent its whole planned work that does not finish it by the deadline trains past the
-        round and is charged all of it now."""
+        round and is charged all of it now; one sent a sub-model, its task's share of it (and
+        one the rule sent no work because none fits, nothing)."""
         plan, outcomes = context.plan, context.outcomes
         charged = involved(outcomes, requested)
         busy = hooks.call("busy_clients", world.algorithm.busy_clients, state.algorithm, plan.round)
         charged[hooks.clients("busy_clients", busy, world.num_clients)] = False
+        if world.algorithm.sends_only_work_that_fits:  # a present client without a task did nothing
+            charged &= ~outcomes.participates | np.isin(
+                np.arange(world.num_clients), [t.client for t in tasks]
+            )
         late = np.zeros(world.num_clients, dtype=bool)
+        share = np.ones(world.num_clients)
         if not world.server_system.wall_clock:  # there, clients cut their own work
             for task in tasks:
                 planned, c = plan.assignments[task.client], task.client
-                work = (task.local_steps, task.coverage.depth, task.coverage.width)
-                whole = work == (planned.local_steps, planned.depth, 1.0)
+                work = (task.local_steps, task.coverage.depth, task.coverage.width, task.work_share)
+                whole = work == (planned.local_steps, planned.depth, 1.0, 1.0)
                 late[c] = task.kind == "train" and whole and outcomes.full_time[c] > outcomes.finish_time[c]
-        return spent_in_round(world.server_power, outcomes, charged, duration, late=late)
+                share[c] = task.work_share
+        return spent_in_round(world.server_power, outcomes, charged, duration, late=late, share=share)
 
     @staticmethod
     def _tasks(world, state, context: RoundContext, asked, hooks: Hooks) -> list:

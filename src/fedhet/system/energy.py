@@ -20,8 +20,12 @@ task is its whole planned work but who does not finish it by the deadline keeps 
 the round (AsyncFL's and REFL's stragglers, whose late updates join a later round): it is
 charged its whole work when it starts, ``f_u = min(T_u, failure)`` for its full time T_u, with
 no waiting, and nothing in the rounds that follow while it is still at work (the rule's
-``busy_clients``). Under an asynchronous rule (the event driver) each start costs its
-training and communication, with no waiting, charged when the client starts.
+``busy_clients``). A client sent a sub-model (HeteroFL's, FedRolex's and FjORD's widths,
+FIARSE's rates, DepthFL's depths) works the sub-model's share s_u of its full time T_u, the
+share the rule sized it by: ``f_u = s_u T_u`` and ``t^comm_u = s_u c_u``, then waits; one the
+rule sends no work because no sub-model fits spends nothing. Under an asynchronous rule (the
+event driver) each start costs its training and communication, with no waiting, charged when
+the client starts.
 
 Seconds are the simulated clock's, so joules are watts times simulated seconds: with a
 system model whose time scale is arbitrary (``time_per_sample_layer = 1``) the joules are on
@@ -110,19 +114,25 @@ def spent_in_round(
     duration: float,
     waits: bool = True,
     late: np.ndarray | None = None,
+    share: np.ndarray | None = None,
 ) -> RoundEnergy:
     """Each client's energy in a round (the module's E_u): the clients in ``asked`` (asked by
     the server; present, or failed mid-round) over the round's ``duration``; ``waits``: the
     clients wait, connected, until the round closes (synchronous rounds); ``late``: the
     clients that train their whole work past the deadline, charged it all now, up to their
-    failure, without waiting."""
+    failure, without waiting; ``share``: each client's task's share of its planned work (a
+    sub-model's), whose work, communication included, takes that share of its full time."""
     finish = np.asarray(outcomes.finish_time, dtype=float)
+    comm = outcomes.comm_time if outcomes.comm_time is not None else np.zeros_like(finish)
     if late is not None and np.any(late):
         failure = outcomes.failure_time if outcomes.failure_time is not None else np.full_like(finish, np.inf)
         whole = np.minimum(np.asarray(outcomes.full_time, dtype=float), failure)
         past = np.asarray(late, dtype=bool) & np.isfinite(whole)
         finish = np.where(past, np.maximum(whole, finish), finish)
-    comm = outcomes.comm_time if outcomes.comm_time is not None else np.zeros_like(finish)
+    if share is not None and np.any(share < 1):
+        sub = np.asarray(share) < 1  # the rule sized it to finish before the deadline and failure
+        finish = np.where(sub, share * np.asarray(outcomes.full_time, dtype=float), finish)
+        comm = np.where(sub, share * comm, comm)
     spent = np.asarray(asked, dtype=bool) & np.isfinite(finish)
     comm_s = np.where(spent, np.minimum(comm, finish), 0.0)
     train_s = np.where(spent, np.maximum(finish - comm_s, 0.0), 0.0)
