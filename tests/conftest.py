@@ -29,6 +29,121 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
+# --- the two tiers ----------------------------------------------------------------------
+# The default tier (`python -m pytest -q -n 2`) starts no bench, Flower, Ray, virtual
+# environment, PostgreSQL, mkdocs or mypy; a test that does is marked `extended` and runs in
+# the second tier (`python -m pytest -q -n 2 -m extended`, which .ci/run runs after the
+# first). The fixture below holds the default tier to that: each of those starts, in this
+# process or as a child process, fails an unmarked test with one line saying what it started.
+
+# child processes that only the second tier may start: (what the line says, argv test)
+HEAVY_COMMANDS = {
+    "a bench": lambda argv: "fedhet" in argv and "bench" in argv,
+    "mypy": lambda argv: "mypy" in argv,
+    "mkdocs": lambda argv: "mkdocs" in argv,
+    "a virtual environment": lambda argv: "venv" in argv or "virtualenv" in argv,
+    "PostgreSQL": lambda argv: bool({"initdb", "pg_ctl", "postgres"} & set(argv)),
+    "Ray": lambda argv: "ray" in argv,
+    "Flower": lambda argv: any(a == "flwr" or a.startswith("flower-") for a in argv),
+}
+# what starts them in this process: (module, attribute, what the line says)
+HEAVY_CALLS = [
+    ("fedhet.bench.runner", "Bench.run", "a bench"),
+    ("fedhet.engine.flower", "run_simulation", "Flower's simulation (and Ray)"),
+    ("fedhet.studies.executor", "start_ray", "Ray"),
+    ("venv", "EnvBuilder.create", "a virtual environment"),
+]
+
+
+def _argv_words(args) -> list[str]:
+    """The words of a child process's command line, each reduced to its last path part."""
+    argv = [args] if isinstance(args, str | bytes | os.PathLike) else list(args)
+    words = []
+    for arg in argv:
+        text = os.fsdecode(arg)
+        words.extend(Path(word).name for word in text.split())
+    return words
+
+
+class SecondTierOnly(Exception):
+    """A default-tier test started what only the second tier may start."""
+
+
+@pytest.fixture(autouse=True)
+def _default_tier_starts_nothing_heavy(request, monkeypatch):
+    if request.node.get_closest_marker("extended") is not None:
+        return
+
+    def refuse(what: str):
+        raise SecondTierOnly(f"{request.node.nodeid} starts {what}: mark it extended (the second tier)")
+
+    import subprocess
+
+    real_init = subprocess.Popen.__init__
+
+    def checked_init(self, args, *rest, **kwargs):
+        words = _argv_words(args)
+        for what, starts in HEAVY_COMMANDS.items():
+            if starts(words):
+                refuse(what)
+        real_init(self, args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", checked_init)
+    import importlib
+
+    for module_name, attribute, what in HEAVY_CALLS:
+        owner = importlib.import_module(module_name)
+        *path, name = attribute.split(".")
+        for part in path:
+            owner = getattr(owner, part)
+        monkeypatch.setattr(owner, name, lambda *a, _what=what, **k: refuse(_what))
+
+
+@pytest.fixture
+def run_in_process():
+    """``fedhet ARGV`` through ``fedhet.cli.main`` in this process from a folder: its exit
+    status and stderr (an exception that escapes main is a traceback, as on the command line).
+    Saves a child's interpreter start and torch import; as in a new process the fedhet logger
+    starts with no handler (main adds its own, on this stderr), and its handlers are restored
+    after."""
+    return fedhet_in_process
+
+
+def fedhet_in_process(argv: list, cwd: Path | None = None, paths: tuple = ()) -> tuple[int, str]:
+    """See :func:`run_in_process`; ``paths`` are importable while it runs (plug-ins)."""
+    import contextlib
+    import io
+    import logging
+    import sys
+    import traceback
+
+    from fedhet.cli import main
+
+    logger = logging.getLogger("fedhet")
+    handlers, level, err = list(logger.handlers), logger.level, io.StringIO()
+    logger.handlers.clear()
+    before = Path.cwd()
+    if cwd is not None:
+        os.chdir(cwd)
+    added = [str(p) for p in paths]
+    sys.path[:0] = added
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            try:
+                status = main([str(a) for a in argv])
+            except SystemExit as exc:
+                status = exc.code if isinstance(exc.code, int) else 1
+            except Exception:  # noqa: BLE001 - what the command line would print as a traceback
+                status = 1
+                err.write(traceback.format_exc())
+    finally:
+        del sys.path[: len(added)]
+        os.chdir(before)
+        logger.handlers[:] = handlers
+        logger.setLevel(level)
+    return status, err.getvalue()
+
+
 SALF_DIGITS_TOML = """\
 [run]
 name = "salf-digits"
@@ -127,3 +242,56 @@ def write_idx_dataset(folder: Path, n_train=60, n_test=20, compress=True, seed=0
 @pytest.fixture
 def idx_folder(tmp_path: Path) -> Path:
     return write_idx_dataset(tmp_path / "idx")
+
+
+# --- shared work: one finished smoke bench, copied by the tests that alter a bench ----------
+SMOKE_SUITE = REPO / "suites" / "smoke.toml"
+BENCH_PLUGIN = REPO / "tests" / "bench_plugin"
+BENCH_PLUGIN_RULE = "bench_rules:TrimmedMean"
+# the smoke suite with the test package's method, at a smaller budget, tuned twice
+SMOKE_BENCH_ARGS = ["--method", BENCH_PLUGIN_RULE, "--trials", "2", "--seeds", "2", "--tuning-repeats", "2",
+                    "--set", "run.time_budget=4"]  # fmt: skip
+
+
+def bench_env(*paths: Path) -> dict:
+    """The environment of a ``fedhet bench`` child process: the test package's rules (and
+    ``paths``) importable, one thread."""
+    search = [*map(str, paths), str(BENCH_PLUGIN), str(REPO / "src")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(search), "OMP_NUM_THREADS": "1",
+            "RAY_USAGE_STATS_ENABLED": "0"}  # fmt: skip
+
+
+def bench_in_process(out: Path, *extra: str, args: list[str] | None = None, plugins: tuple = ()) -> str:
+    """``fedhet bench`` of the smoke suite (with ``args``, default :data:`SMOKE_BENCH_ARGS`)
+    into ``out`` in this process (its trials and seeds in forked workers); fails the test
+    unless it exits 0; its stderr."""
+    argv = ["bench", str(SMOKE_SUITE), *(SMOKE_BENCH_ARGS if args is None else args), "--out", str(out),
+            "--quiet", *extra]  # fmt: skip
+    status, stderr = fedhet_in_process(argv, paths=(BENCH_PLUGIN, *plugins))
+    assert status == 0, stderr[-3000:]
+    return stderr
+
+
+@pytest.fixture(scope="session")
+def smoke_bench(tmp_path_factory) -> Path:
+    """A finished bench of the smoke suite with the test package's TrimmedMean (2 trials,
+    2 seeds, 2 tunings): made once for the whole session (the xdist workers share it, made by
+    the first that asks). Read it, or copy it with :func:`copy_bench` before altering it."""
+    from filelock import FileLock
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # shared by the workers of this session
+    out = root / "smoke-bench"
+    with FileLock(str(root / "smoke-bench.lock")):
+        if not (out / "leaderboard.csv").exists():
+            bench_in_process(out)
+    return out
+
+
+def copy_bench(bench: Path, to: Path) -> Path:
+    """A copy of a finished bench folder to alter (its database, trials and seeds)."""
+    import shutil
+
+    shutil.copytree(bench, to, ignore=shutil.ignore_patterns("*.lock"))
+    return to

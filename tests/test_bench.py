@@ -6,7 +6,6 @@ in one line before anything runs."""
 from __future__ import annotations
 
 import math
-import os
 import signal
 import subprocess
 import sys
@@ -15,48 +14,41 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import (
+    BENCH_PLUGIN_RULE,
+    SMOKE_BENCH_ARGS,
+    SMOKE_SUITE,
+    bench_env,
+    bench_in_process,
+    copy_bench,
+    fedhet_in_process,
+)
 
 from fedhet.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
-SMOKE = ROOT / "suites" / "smoke.toml"
-PLUGIN = "bench_rules:TrimmedMean"
-# the smoke suite with the test package's method, at a smaller budget
-BENCH_ARGS = ["--method", PLUGIN, "--trials", "2", "--seeds", "2", "--tuning-repeats", "1",
-              "--set", "run.time_budget=4"]  # fmt: skip
-
-
-def _env() -> dict:
-    paths = [str(ROOT / "tests" / "bench_plugin"), str(ROOT / "src")]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "OMP_NUM_THREADS": "1"}
+SMOKE = SMOKE_SUITE
+PLUGIN = BENCH_PLUGIN_RULE
 
 
 def _bench_command(out: Path, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "fedhet",
-        "bench",
-        str(SMOKE),
-        *BENCH_ARGS,
-        "--out",
-        str(out),
-        "--quiet",
-        *extra,
-    ]
+    return [sys.executable, "-m", "fedhet", "bench", str(SMOKE), *SMOKE_BENCH_ARGS, "--out", str(out),
+            "--quiet", *extra]  # fmt: skip
 
 
 def _bench(out: Path, *extra: str) -> subprocess.CompletedProcess:
+    """``fedhet bench`` in a child process (for Ray, whose workers import the test's rules
+    from PYTHONPATH)."""
     done = subprocess.run(
-        _bench_command(out, *extra), env=_env(), capture_output=True, text=True, timeout=600
+        _bench_command(out, *extra), env=bench_env(), capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return done
 
 
-def _kill_when(out: Path, pattern: str, timeout: float = 300.0) -> None:
+def _kill_when(out: Path, pattern: str, *extra: str, timeout: float = 300.0) -> None:
     """Start a bench and SIGKILL it as soon as a file matching ``pattern`` appears."""
-    process = subprocess.Popen(_bench_command(out), env=_env(), stdout=subprocess.DEVNULL,
+    process = subprocess.Popen(_bench_command(out, *extra), env=bench_env(), stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)  # fmt: skip
     deadline = time.monotonic() + timeout
     try:
@@ -69,13 +61,6 @@ def _kill_when(out: Path, pattern: str, timeout: float = 300.0) -> None:
     finally:
         process.wait()
     time.sleep(1.0)  # its workers notice their parent is gone and end
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("bench") / "whole"
-    _bench(out)
-    return out
 
 
 def _counted_trials(out: Path) -> dict[str, list[dict]]:
@@ -95,48 +80,59 @@ def _counted_trials(out: Path) -> dict[str, list[dict]]:
 
 
 @pytest.mark.slow
-def test_a_bench_killed_during_tuning_and_seeds_resumes_to_the_same_leaderboard(tmp_path, uninterrupted):
-    out = tmp_path / "killed"
-    _kill_when(out, "trials/*/*/trial-1/metrics.csv")
-    assert not list(out.glob("seeds/*/*/seed-*/summary.json")), "the first kill should come during tuning"
-    _kill_when(out, "seeds/*/*/seed-*/metrics.csv")
-    _bench(out)
+@pytest.mark.extended
+def test_a_bench_killed_during_tuning_and_seeds_resumes_to_the_same_leaderboard(tmp_path, smoke_bench):
+    """A copy of the finished bench whose TrimmedMean is tuned and run again (``--rerun``),
+    killed during that tuning and again during its seeds, then resumed: no trial or seed ran
+    twice, and the leaderboard is the uninterrupted bench's."""
+    out = copy_bench(smoke_bench, tmp_path / "killed")
+    _kill_when(out, "trials/*/TrimmedMean/**/trial-1/metrics.csv", "--rerun", "TrimmedMean")
+    assert not list(out.glob("seeds/*/TrimmedMean/**/summary.json")), (
+        "the first kill should come during tuning"
+    )
+    _kill_when(out, "seeds/*/TrimmedMean/**/metrics.csv")
+    bench_in_process(out)
     # each study holds its two counted trials once (an interrupted trial is failed and its
     # values ran again as a new trial)
     studies = _counted_trials(out)
-    assert len(studies) == 2 * 5
+    assert len(studies) == 2 * 5 * 2
     for name, params in studies.items():
         assert len(params) == 2, name
         assert params[0] != params[1], name
     # every seed ran once: one folder per seed, each with its rounds written once
-    summaries = sorted(out.glob("seeds/*/*/seed-*/summary.json"))
-    assert len(summaries) == 2 * 5 * 2
+    summaries = sorted(out.glob("seeds/**/seed-*/summary.json"))
+    assert len(summaries) == 2 * 5 * 2 * 2
     for summary in summaries:
         rounds = [
             line.split(",")[0] for line in (summary.parent / "metrics.csv").read_text().splitlines()[1:]
         ]
         assert len(rounds) == len(set(rounds)), summary
-    assert (out / "leaderboard.csv").read_text() == (uninterrupted / "leaderboard.csv").read_text()
+    assert (out / "leaderboard.csv").read_text() == (smoke_bench / "leaderboard.csv").read_text()
 
 
 @pytest.mark.slow
-def test_parallel_and_ray_benches_give_the_same_leaderboard(tmp_path, uninterrupted):
+@pytest.mark.extended
+def test_parallel_and_ray_benches_give_the_same_leaderboard(tmp_path, smoke_bench):
+    """Copies of the finished bench with two methods tuned and run again, with ``--jobs 2``
+    and as Ray tasks: the same leaderboard."""
     pytest.importorskip("ray")
-    expected = (uninterrupted / "leaderboard.csv").read_text()
-    _bench(tmp_path / "jobs2", "--jobs", "2")
+    expected = (smoke_bench / "leaderboard.csv").read_text()
+    again = ("--rerun", "TrimmedMean", "salf")
+    bench_in_process(copy_bench(smoke_bench, tmp_path / "jobs2"), "--jobs", "2", *again)
     assert (tmp_path / "jobs2" / "leaderboard.csv").read_text() == expected
-    _bench(tmp_path / "ray", "--ray", "--jobs", "2")
+    _bench(copy_bench(smoke_bench, tmp_path / "ray"), "--ray", "--jobs", "2", *again)
     assert (tmp_path / "ray" / "leaderboard.csv").read_text() == expected
 
 
-def test_the_leaderboard_states_its_budget_and_flags_methods_with_knobs_of_their_own(uninterrupted):
+@pytest.mark.extended
+def test_the_leaderboard_states_its_budget_and_flags_methods_with_knobs_of_their_own(smoke_bench):
     """Every method searches the shared knobs (client and server learning rate), whatever
     class it inherits; what it searches besides is its own, named in the table and flagged
-    beside its row; a bench tuned once says it is a smoke check, not a comparison."""
+    beside its row."""
     import csv
     import json
 
-    rows = list(csv.DictReader((uninterrupted / "leaderboard.csv").open()))
+    rows = list(csv.DictReader((smoke_bench / "leaderboard.csv").open()))
     by_method = {(r["scenario"], r["method"]): r for r in rows}
     for method in ("salf", "drop", "fedavg", "fedprox", "TrimmedMean"):
         assert {"train.lr", "server.lr"} <= set(json.loads(by_method[("random-50", method)]["tuned"]))
@@ -147,17 +143,29 @@ def test_the_leaderboard_states_its_budget_and_flags_methods_with_knobs_of_their
     import fedhet  # every row names the fedhet build its seed runs ran on
 
     assert all(r["fedhet"].startswith(fedhet.__version__) for r in rows if r["status"] == "ok")
-    page = (uninterrupted / "leaderboard.md").read_text()
+    page = (smoke_bench / "leaderboard.md").read_text()
     facts = ("2 trials per method and scenario", "validation split of 0.2", "2 (1, 2) of each tuned setting",
              "shared knobs (every method): train.lr 0.02..0.5 log, server.lr 0.25..2 log",
-             "A smoke check, not a comparison", "fedprox: algorithm.mu")  # fmt: skip
+             "2 independent tunings per method and scenario", "fedprox: algorithm.mu")  # fmt: skip
     for fact in (*facts, "fedhet version", "Holm"):
         assert fact in page
     import re
 
     assert re.search(r"\| fedprox[^|]*\(\+1 own\) \|", page) and not re.search(r"\| salf[^|]*own", page)
-    html = (uninterrupted / "leaderboard.html").read_text()
+    html = (smoke_bench / "leaderboard.html").read_text()
     assert html.count("data:image/png;base64,") == 2
+
+
+def test_a_bench_tuned_once_says_it_is_a_smoke_check_not_a_comparison():
+    """The page's settings of a bench with one tuning per method say that its marks can
+    come from one lucky search; with two they say the tuning is the unit."""
+    from fedhet.bench.command import header
+    from fedhet.bench.suite import load_suite
+
+    once = header(load_suite(SMOKE, [], None, None, [], 1))["settings"]["tunings"]
+    assert "A smoke check, not a comparison" in once and "one tuning per method and scenario" in once
+    twice = header(load_suite(SMOKE, [], None, None, [], 2))["settings"]["tunings"]
+    assert "A smoke check" not in twice and "the tuning is the unit of the intervals and tests" in twice
 
 
 def test_holm_decisions_and_t_intervals_agree_with_scipy():
@@ -236,9 +244,8 @@ def test_bad_suites_are_refused_in_one_line_before_anything_runs(tmp_path, chang
     with pytest.raises(ConfigError) as caught:
         load_suite(path)
     assert message in str(caught.value) and "\n" not in str(caught.value)
-    command = [sys.executable, "-m", "fedhet", "bench", str(path), "--out", str(tmp_path / "out")]
-    done = subprocess.run(command, env=_env(), capture_output=True, text=True)
-    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    status, stderr = fedhet_in_process(["bench", path, "--out", tmp_path / "out"])
+    assert status == 2 and stderr.count("\n") == 1 and "Traceback" not in stderr
     assert not (tmp_path / "out").exists()
 
 
@@ -288,17 +295,19 @@ def test_a_method_table_sets_the_dotted_keys_its_method_needs(tmp_path):
 
 
 @pytest.mark.slow
-def test_report_on_a_bench_folder_gives_its_leaderboard_page_with_marks(uninterrupted, tmp_path):
+@pytest.mark.extended
+def test_report_on_a_bench_folder_gives_its_leaderboard_page_with_marks(smoke_bench, tmp_path):
     """``fedhet report`` on a bench folder points at (or copies) its leaderboard page (it used
     to refuse it as "neither a run folder nor a folder of runs"), and the page renders the
     markdown's marks: no literal ``*worse*`` or ``**best**``."""
     from fedhet.cli import main
 
-    assert main(["report", str(uninterrupted)]) == 0
-    page = (uninterrupted / "leaderboard.html").read_text(encoding="utf-8")
+    bench = copy_bench(smoke_bench, tmp_path / "bench")
+    assert main(["report", str(bench)]) == 0
+    page = (bench / "leaderboard.html").read_text(encoding="utf-8")
     assert "<strong>best</strong>" in page and "*worse*" not in page and "**" not in page
     assert "<em>worse</em>" in page  # the legend's mark
-    assert main(["report", str(uninterrupted), "--out", str(tmp_path / "copy.html")]) == 0
+    assert main(["report", str(bench), "--out", str(tmp_path / "copy.html")]) == 0
     assert (tmp_path / "copy.html").read_text(encoding="utf-8") == page
 
 
@@ -330,26 +339,25 @@ def _failed_trials(out: Path, method: str) -> list[int]:
 
 
 @pytest.mark.slow
-def test_a_rule_edited_between_two_benches_runs_again_alone(tmp_path):
+@pytest.mark.extended
+def test_a_rule_edited_between_two_benches_runs_again_alone(tmp_path, smoke_bench):
     """A bench into a folder whose plug-in rule changed since its studies ran tunes and runs
     that method again, says so in one line, and keeps every other row byte for byte; a rule
-    whose trials failed, once fixed, gives the leaderboard of a fresh bench (its failed
-    trials dropped with its older code)."""
+    whose trials failed, once fixed, gives the leaderboard of a bench where it never failed
+    (its failed trials dropped with its older code). Each bench is a copy of the finished
+    smoke bench with the rule added, run as a new process (the code is read once per process)."""
     module = tmp_path / "plugin"
     module.mkdir()
     rule = module / "edited_rule.py"
-    env = {**_env(), "PYTHONPATH": os.pathsep.join([str(module), _env()["PYTHONPATH"]])}
-    command = [sys.executable, "-m", "fedhet", "bench", str(SMOKE), "--method", "edited_rule:Edited",
-               "--trials", "2", "--seeds", "2", "--set", "run.time_budget=4", "--quiet"]  # fmt: skip
 
     def bench(out: Path, body: str, *extra: str) -> subprocess.CompletedProcess:
         rule.write_text(EDITED_RULE.format(body=body))
-        done = subprocess.run([*command, "--out", str(out), *extra], env=env, capture_output=True,
-                              text=True, timeout=600)  # fmt: skip
+        command = [*_bench_command(out, "--method", "edited_rule:Edited"), *extra]
+        done = subprocess.run(command, env=bench_env(module), capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
         return done
 
-    bench(tmp_path / "a", BROKEN)
+    bench(copy_bench(smoke_bench, tmp_path / "a"), BROKEN)
     before = _rows(tmp_path / "a")
     broken = [line for key, line in before.items() if key.endswith(",Edited")]
     assert broken and len(_failed_trials(tmp_path / "a", "Edited")) == len(broken)
@@ -361,8 +369,8 @@ def test_a_rule_edited_between_two_benches_runs_again_alone(tmp_path):
     for key, line in before.items():
         if not key.endswith(",Edited"):
             assert after[key] == line, key  # the other methods' rows, byte for byte
-    bench(tmp_path / "fresh", FIXED)
-    assert after == _rows(tmp_path / "fresh")
+    bench(copy_bench(smoke_bench, tmp_path / "never-broken"), FIXED)
+    assert after == _rows(tmp_path / "never-broken")
     rerun = bench(tmp_path / "a", FIXED, "--rerun", "fedavg")
     assert "bench: fedavg: --rerun: its studies and seeds run again" in rerun.stderr
     assert _rows(tmp_path / "a") == after  # the same code runs the same trials and seeds

@@ -7,42 +7,26 @@ and leaderboard.csv reads back to the same leaderboard."""
 from __future__ import annotations
 
 import csv
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from test_bench import PLUGIN, SMOKE, _env
-
-ARGS = ["--trials", "2", "--seeds", "2", "--tuning-repeats", "2", "--set", "run.time_budget=4", "--quiet"]
-
-
-def _bench(out: Path, *extra: str, ok: bool = True) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "fedhet", "bench", str(SMOKE), *ARGS, "--out", str(out), *extra]
-    done = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=900)
-    if ok:
-        assert done.returncode == 0, done.stderr[-3000:]
-    return done
-
-
-@pytest.fixture(scope="module")
-def field(tmp_path_factory) -> Path:
-    """The smoke suite's own four methods, tuned twice each: the published field."""
-    out = tmp_path_factory.mktemp("field") / "field"
-    _bench(out)
-    return out
+from conftest import BENCH_PLUGIN, SMOKE_BENCH_ARGS, SMOKE_SUITE, bench_in_process, fedhet_in_process
+from conftest import BENCH_PLUGIN_RULE as PLUGIN
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_a_method_against_a_published_field_runs_alone_and_gives_the_whole_benchs_leaderboard(
-    field, tmp_path
+    smoke_bench, tmp_path
 ):
-    _bench(tmp_path / "whole", "--method", PLUGIN)
-    expected = (tmp_path / "whole" / "leaderboard.csv").read_text()
-    assert list((tmp_path / "whole").glob("seeds/*/fedavg/tuning-2/seed-1/summary.json"))  # tuned twice
-    for name, source in (("from-csv", field / "leaderboard.csv"), ("from-folder", field)):
-        _bench(tmp_path / name, "--method", PLUGIN, "--against", str(source))
+    """The finished smoke bench (its own four methods and TrimmedMean, tuned twice each) is
+    the published field and the whole bench at once: TrimmedMean against it, from its CSV or
+    its folder, runs alone and gives the whole bench's leaderboard."""
+    expected = (smoke_bench / "leaderboard.csv").read_text()
+    assert list(smoke_bench.glob("seeds/*/fedavg/tuning-2/seed-1/summary.json"))  # tuned twice
+    for name, source in (("from-csv", smoke_bench / "leaderboard.csv"), ("from-folder", smoke_bench)):
+        bench_in_process(tmp_path / name, "--against", str(source))
         assert (tmp_path / name / "leaderboard.csv").read_text() == expected, name
         ran = {
             p.relative_to(tmp_path / name / "seeds").parts[1]
@@ -53,20 +37,19 @@ def test_a_method_against_a_published_field_runs_alone_and_gives_the_whole_bench
         assert f"read from {source}" in page and "only TrimmedMean ran" in page
 
 
-def _refused(done: subprocess.CompletedProcess, *words: str) -> None:
-    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
-    assert "Traceback" not in done.stderr and all(w in done.stderr for w in words), done.stderr
+def _refused(out: Path, *args: str, words: tuple[str, ...]) -> None:
+    argv = ["bench", str(SMOKE_SUITE), *args, "--out", str(out), "--quiet"]
+    status, stderr = fedhet_in_process(argv, paths=(BENCH_PLUGIN,))
+    assert status == 2 and stderr.count("\n") == 1, stderr
+    assert "Traceback" not in stderr and all(w in stderr for w in words), stderr
 
 
-@pytest.mark.slow
-def test_a_field_of_another_budget_or_other_code_is_refused_in_one_line(field, tmp_path):
-    against = ["--method", PLUGIN, "--against", str(field / "leaderboard.csv")]
-    other_budget = subprocess.run(
-        [sys.executable, "-m", "fedhet", "bench", str(SMOKE), *ARGS, "--seeds", "3", *against,
-         "--out", str(tmp_path / "a")], env=_env(), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    _refused(other_budget, "scenario random-50, method fedavg: made with other settings")
-    rows = list(csv.DictReader((field / "leaderboard.csv").open()))
+@pytest.mark.extended
+def test_a_field_of_another_budget_or_other_code_is_refused_in_one_line(smoke_bench, tmp_path):
+    against = [*SMOKE_BENCH_ARGS, "--against", str(smoke_bench / "leaderboard.csv")]
+    _refused(tmp_path / "a", *against, "--seeds", "3",
+             words=("scenario random-50, method fedavg: made with other settings",))  # fmt: skip
+    rows = list(csv.DictReader((smoke_bench / "leaderboard.csv").open()))
     for row in rows:
         if row["method"] == "drop":
             row["code"] = "0" * 16  # as if drop's class had changed since the field ran
@@ -75,13 +58,19 @@ def test_a_field_of_another_budget_or_other_code_is_refused_in_one_line(field, t
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]), lineterminator="\n")
         writer.writeheader()
         writer.writerows(rows)
-    _refused(_bench(tmp_path / "b", "--method", PLUGIN, "--against", str(edited), ok=False),
-             "method drop: made by other code")  # fmt: skip
     _refused(
-        _bench(tmp_path / "c", "--against", str(field), ok=False), "give the method to compare with --method"
+        tmp_path / "b",
+        *SMOKE_BENCH_ARGS,
+        "--against",
+        str(edited),
+        words=("method drop: made by other code",),
     )
-    _refused(_bench(tmp_path / "d", "--method", PLUGIN, "--against", str(tmp_path / "none.csv"), ok=False),
-             "no such file")  # fmt: skip
+    without_method = [a for a in SMOKE_BENCH_ARGS if a not in ("--method", PLUGIN)]
+    _refused(tmp_path / "c", *without_method, "--against", str(smoke_bench),
+             words=("give the method to compare with --method",))  # fmt: skip
+    _refused(
+        tmp_path / "d", *SMOKE_BENCH_ARGS, "--against", str(tmp_path / "none.csv"), words=("no such file",)
+    )
     assert not any((tmp_path / name).exists() for name in "abcd")
 
 

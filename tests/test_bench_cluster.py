@@ -20,9 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_bench import SMOKE, _env
-
-ARGS = ["--trials", "2", "--seeds", "2", "--tuning-repeats", "1", "--set", "run.time_budget=4", "--quiet"]
+from conftest import SMOKE_BENCH_ARGS, SMOKE_SUITE, bench_env, fedhet_in_process
 
 
 def _free_port() -> int:
@@ -101,7 +99,7 @@ def ray_cluster():
         pytest.skip("the ray command is not installed beside this Python")
     root = Path(tempfile.mkdtemp(prefix="fedhet-ray-"))
     head, second, port = root / "head", root / "second", _free_port()
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    env = bench_env()  # the nodes' workers import the test package's rules
     try:
         start = {"check": True, "capture_output": True, "env": env, "timeout": 180}
         subprocess.run([str(ray), "start", "--head", f"--port={port}", "--num-cpus=1",
@@ -122,9 +120,9 @@ def ray_cluster():
 
 
 def _bench(out: Path, *extra: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "fedhet", "bench", str(SMOKE), *ARGS, "--out", str(out), *extra]
-    env = {**_env(), "RAY_USAGE_STATS_ENABLED": "0"}
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    command = [sys.executable, "-m", "fedhet", "bench", str(SMOKE_SUITE), *SMOKE_BENCH_ARGS,
+               "--out", str(out), "--quiet", *extra]  # fmt: skip
+    done = subprocess.run(command, env=bench_env(), capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     return done
 
@@ -134,24 +132,26 @@ def _worker_logs(node: Path) -> list[Path]:
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_a_bench_on_a_two_node_ray_cluster_with_postgresql_studies_gives_the_one_process_leaderboard(
-    tmp_path, postgres, ray_cluster
+    tmp_path, postgres, ray_cluster, smoke_bench
 ):
     """Studies in PostgreSQL (named after the suite, so that benches share one database),
     studies and seeds run by the tasks of both Ray nodes: the same leaderboard.csv as
-    ``--jobs 1`` with the folder's SQLite; run again, it resumes (nothing runs twice)."""
+    the finished smoke bench (``--jobs 1``, the folder's SQLite, in one process); run again, it
+    resumes (nothing runs twice)."""
     import optuna
 
     address, head, second = ray_cluster
-    _bench(tmp_path / "one")
     _bench(tmp_path / "cluster", "--ray", address, "--jobs", "2", "--storage", postgres)
-    expected = (tmp_path / "one" / "leaderboard.csv").read_text()
+    expected = (smoke_bench / "leaderboard.csv").read_text()
     assert (tmp_path / "cluster" / "leaderboard.csv").read_text() == expected
     assert not (tmp_path / "cluster" / "bench.db").exists()
     names = optuna.get_all_study_names(storage=postgres)
-    assert "smoke/random-50/salf" in names and len(names) == 2 * 4
+    assert "smoke/random-50/salf" in names and len(names) == 2 * 5 * 2
     assert _worker_logs(head) and _worker_logs(second), "both nodes ran tasks"
-    seeds = sorted((tmp_path / "cluster").glob("seeds/*/*/seed-*/summary.json"))
+    seeds = sorted((tmp_path / "cluster").glob("seeds/**/seed-*/summary.json"))
+    assert len(seeds) == 2 * 5 * 2 * 2
     stamps = [p.stat().st_mtime_ns for p in seeds]
     _bench(tmp_path / "cluster", "--ray", address, "--jobs", "2", "--storage", postgres)
     assert [p.stat().st_mtime_ns for p in seeds] == stamps  # resumed: no seed ran again
@@ -160,12 +160,9 @@ def test_a_bench_on_a_two_node_ray_cluster_with_postgresql_studies_gives_the_one
 
 def test_a_storage_url_that_does_not_open_is_refused_in_one_line(tmp_path):
     port = _free_port()  # nothing listens there
-    command = [sys.executable, "-m", "fedhet", "bench", str(SMOKE), *ARGS, "--out", str(tmp_path / "out"),
-               "--storage", f"postgresql://postgres@127.0.0.1:{port}/postgres"]  # fmt: skip
-    done = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=300)
-    assert done.returncode != 0 and done.stderr.count("\n") == 1, done.stderr
-    assert (
-        "--storage 'postgresql://postgres@127.0.0.1" in done.stderr
-        and "cannot open the database" in done.stderr
-    )
+    argv = ["bench", str(SMOKE_SUITE), "--trials", "2", "--out", str(tmp_path / "out"), "--quiet",
+            "--storage", f"postgresql://postgres@127.0.0.1:{port}/postgres"]  # fmt: skip
+    status, stderr = fedhet_in_process(argv)
+    assert status != 0 and stderr.count("\n") == 1, stderr
+    assert "--storage 'postgresql://postgres@127.0.0.1" in stderr and "cannot open the database" in stderr
     assert not (tmp_path / "out").exists()

@@ -15,6 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.extended
 def test_the_api_reference_builds_with_warnings_as_errors(tmp_path):
     pytest.importorskip("mkdocstrings_handlers.python", reason="the docs extra: pip install -e '.[docs]'")
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}

@@ -20,6 +20,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from conftest import fedhet_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCUMENTS = [
@@ -163,40 +164,16 @@ def _environment(assignments: list[str]) -> dict:
     return env
 
 
-def _run_in_this_process(argv: list[str], cwd: Path) -> tuple[int, str]:
-    """``fedhet ARGV`` through ``fedhet.cli.main`` in this process, from ``cwd``: its exit
-    status and stderr (an exception that escapes main is a traceback, as on the command
-    line). Saves the interpreter's start and torch's import. As in a new process the fedhet
-    logger starts with no handler (main adds its own, on this stderr); the handlers it had
-    are restored after."""
-    import contextlib
-    import io
-    import logging
-    import traceback
-
-    from fedhet.cli import main
-
-    logger = logging.getLogger("fedhet")
-    handlers, err = list(logger.handlers), io.StringIO()
-    logger.handlers.clear()
-    before = Path.cwd()
-    os.chdir(cwd)
-    try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
-            try:
-                status = main(argv)
-            except SystemExit as exc:
-                status = exc.code if isinstance(exc.code, int) else 1
-            except Exception:  # noqa: BLE001 - what the command line would print as a traceback
-                status = 1
-                err.write(traceback.format_exc())
-    finally:
-        os.chdir(before)
-        logger.handlers[:] = handlers
-    return status, err.getvalue()
+def _tier(command: str) -> str:
+    """``extended`` for a command that starts a bench or Ray (the second tier), else ``default``."""
+    argv = shlex.split(command.partition("fedhet ")[2])
+    return "extended" if (argv[:1] == ["bench"] or "--ray" in argv) else "default"
 
 
 COMMANDS = documented_commands()
+# (document, tier) for every document with a command of that tier to run
+DOCUMENT_TIERS = sorted({(document, _tier(c)) for document, commands in COMMANDS.items() for c in commands
+                         if not (_is_synopsis(c) or _skip_reason(c))})  # fmt: skip
 
 
 def test_the_documents_show_commands_and_the_skip_list_stays_short():
@@ -206,31 +183,35 @@ def test_the_documents_show_commands_and_the_skip_list_stays_short():
     assert len(SKIPPED) + len(USER_FILES) <= 6
 
 
-@pytest.mark.parametrize("document", sorted(COMMANDS))
-def test_the_commands_a_document_shows_run_as_shown(document, tmp_path):
+@pytest.mark.parametrize(
+    "document, tier",
+    [
+        pytest.param(d, t, marks=pytest.mark.extended) if t == "extended" else (d, t)
+        for d, t in DOCUMENT_TIERS
+    ],
+)
+def test_the_commands_a_document_shows_run_as_shown(document, tier, tmp_path):
     """A document's commands run in order in one folder (a later one may read what an
     earlier one wrote: calibrate's times.json, a tune folder), with the repository's
-    examples, experiments, suites and docs beside them."""
+    examples, experiments, suites and docs beside them; those that start a bench or Ray in
+    the second tier."""
     for name in ("examples", "experiments", "suites", "docs"):
         (tmp_path / name).symlink_to(ROOT / name)
-    failures, ran = [], 0
+    failures = []
     for index, command in enumerate(COMMANDS[document]):
-        if _is_synopsis(command) or _skip_reason(command):
-            continue  # a usage line (its options run with the commands that use them), or SKIPPED
+        if _is_synopsis(command) or _skip_reason(command) or _tier(command) != tier:
+            continue  # a usage line (its options run with the commands that use them), SKIPPED, other tier
         assignments, argv = _runnable(command, index)
         if not assignments and argv[3] == "reproduce":  # --list: cells built and checked, no run
-            status, stderr = _run_in_this_process(argv[3:], tmp_path)
+            status, stderr = fedhet_in_process(argv[3:], tmp_path)
         else:
             done = subprocess.run(
                 argv, env=_environment(assignments), cwd=tmp_path, capture_output=True, text=True, timeout=600
             )
             status, stderr = done.returncode, done.stderr
-        ran += 1
         if status != 0 or "Traceback" in stderr:
             failures.append(f"{document}: {command}\n{stderr[-2000:]}")
     assert not failures, "\n\n".join(failures)
-    if not ran:
-        pytest.skip("every command here is a synopsis or needs what the test cannot have")
 
 
 def _experiment_kind(path: Path) -> str:

@@ -56,6 +56,7 @@ def flower_calls(monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_a_grid_cell_with_the_flower_engine_runs_on_flower(tmp_path, flower_calls):
     from fedhet.studies.grid import load_experiment, run_experiment
 
@@ -78,6 +79,7 @@ def test_a_grid_cell_on_the_embedded_engine_says_so(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_a_tune_with_the_flower_engine_runs_its_trials_on_flower(tmp_path, flower_calls):
     pytest.importorskip("optuna")
     from fedhet.studies.tune import tune

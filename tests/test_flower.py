@@ -21,7 +21,8 @@ from fedhet.engine.flower import decode_task, decode_update, encode_task, encode
 from fedhet.engine.flower import run_simulation as run_on_flower  # noqa: E402
 from fedhet.engine.loop import RunLoop  # noqa: E402
 
-pytestmark = pytest.mark.slow
+# Every test here starts Flower (and Ray, or a SuperLink): the second tier.
+pytestmark = [pytest.mark.slow, pytest.mark.extended]
 
 BASE = {
     "run": {"name": "fl", "seed": 3, "rounds": 3, "threads": 1, "eval_every": 1},
@@ -99,16 +100,7 @@ def _config(case: dict, **run):
     return from_dict(document)
 
 
-# Cases whose way across Flower another test of the default suite takes too: FedAvg and
-# SALF with kept momentum (test_pools.py's Flower pool, the resumed run below), the server
-# optimizer (server side only, as SALF), TimelyFL's and FjORD's per-client plans (DepthFL's).
-# They run in the extended tier (`pytest -m extended`, which CI runs after the default suite).
-EXTENDED = {"fedavg", "salf", "salf-yogi", "timelyfl", "fjord"}
-
-
-@pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=pytest.mark.extended) if n in EXTENDED else n for n in CASES]
-)
+@pytest.mark.parametrize("name", list(CASES))
 def test_flower_metrics_equal_the_embedded_engine(tmp_path, name):
     """Every task and update crosses Flower as a RecordDict; a dropped, reordered or
     mis-addressed message, or lost client state, would change the metrics."""
@@ -137,7 +129,6 @@ def test_a_resumed_flower_run_keeps_the_clients_state(tmp_path):
         assert mine["test_accuracy"] == pytest.approx(theirs["test_accuracy"], abs=1e-6)
 
 
-@pytest.mark.extended  # test_pools.py's Flower case of the same rule is in the default suite
 def test_a_failing_client_is_absent_and_the_run_goes_on(tmp_path, caplog):
     # a client's exception is a bug that stops the run unless the run treats it as a fault
     config = _config(CASES["fedavg"], engine="flower", on_client_error="skip")

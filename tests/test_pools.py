@@ -71,7 +71,8 @@ def _config(pool: str, trouble: str = "", **run_keys):
     return from_dict(document)
 
 
-POOLS = ["in-process", "processes", "batched", "flower"]
+# Flower starts Ray: its cases run in the second tier
+POOLS = ["in-process", "processes", "batched", pytest.param("flower", marks=pytest.mark.extended)]
 
 
 def _rows(result) -> list[tuple]:

@@ -9,6 +9,8 @@ import sysconfig
 import venv
 from pathlib import Path
 
+import pytest
+
 from fedhet.cli import main
 
 
@@ -24,6 +26,7 @@ def _isolated_python(tmp_path):
     return python
 
 
+@pytest.mark.extended
 def test_a_scaffolded_rule_installs_and_passes_its_tests(tmp_path, capsys):
     assert main(["new", "rule", "my-rule", "--out", str(tmp_path)]) == 0
     package = tmp_path / "my-rule"

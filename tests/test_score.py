@@ -137,20 +137,17 @@ deadline = 0.2
 """
 
 
+@pytest.mark.extended
 def test_a_regression_bench_ranks_the_lowest_rmse_first(tmp_path):
     import csv
-    import os
-    import subprocess
-    import sys
+
+    from conftest import fedhet_in_process
 
     suite = tmp_path / "diabetes.toml"
     suite.write_text(REGRESSION_SUITE)
     out = tmp_path / "bench"
-    done = subprocess.run(
-        [sys.executable, "-m", "fedhet", "bench", str(suite), "--out", str(out), "--quiet"],
-        env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    status, stderr = fedhet_in_process(["bench", str(suite), "--out", str(out), "--quiet"])
+    assert status == 0, stderr[-3000:]
     rows = list(csv.DictReader((out / "leaderboard.csv").open()))
     assert {"mean_rmse", "rmse_by_seed"} <= set(rows[0]) and "mean_accuracy" not in rows[0]
     for scenario in ("random-50", "persistent-90"):

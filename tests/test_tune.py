@@ -187,6 +187,7 @@ def test_parallel_jobs_share_the_study_and_run_exactly_the_trials_asked(tmp_path
     assert len({tuple(sorted(t.params.items())) for t in counted}) == 4  # the two workers' points differ
 
 
+@pytest.mark.extended
 def test_trial_workers_run_as_tasks_of_a_local_ray_through_the_one_executor(tmp_path):
     """``--ray``: the trial workers are Ray tasks sharing the SQLite study; exactly the
     trials asked are counted, each a run folder, and the best trial is written."""
