@@ -48,11 +48,11 @@ HEAVY_COMMANDS = {
 }
 # what starts them in this process: (module, attribute, what the line says)
 HEAVY_CALLS = [
-    ("fedhet.bench.runner", "Bench.run", "a bench"),
-    ("fedhet.engine.flower", "run_simulation", "Flower's simulation (and Ray)"),
+    ("fedhet.bench.runner", "Bench._execute", "a bench"),  # after the checks, the studies and seeds
     ("fedhet.studies.executor", "start_ray", "Ray"),
     ("venv", "EnvBuilder.create", "a virtual environment"),
 ]
+FLOWER_SIMULATION = "Flower's simulation (and Ray)"
 
 
 def _argv_words(args) -> list[str]:
@@ -97,6 +97,18 @@ def _default_tier_starts_nothing_heavy(request, monkeypatch):
         for part in path:
             owner = getattr(owner, part)
         monkeypatch.setattr(owner, name, lambda *a, _what=what, **k: refuse(_what))
+    # Flower's own entry point, refused once fedhet's engine is called (importing Flower for
+    # every test would cost seconds): the engine's checks before it still run
+    engine = importlib.import_module("fedhet.engine.flower")
+    real_engine_entry = engine.run_simulation
+
+    def flower_refused(*args, **kwargs):
+        import flwr.simulation
+
+        monkeypatch.setattr(flwr.simulation, "run_simulation", lambda *a, **k: refuse(FLOWER_SIMULATION))
+        return real_engine_entry(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "run_simulation", flower_refused)
 
 
 @pytest.fixture
@@ -144,11 +156,12 @@ def fedhet_in_process(argv: list, cwd: Path | None = None, paths: tuple = ()) ->
     return status, err.getvalue()
 
 
+# The base of make_config: a few rounds (a test that needs more says so with run.rounds).
 SALF_DIGITS_TOML = """\
 [run]
 name = "salf-digits"
 seed = 1
-rounds = 30
+rounds = 5
 eval_every = 5
 [data]
 dataset = "digits"
@@ -190,7 +203,8 @@ def rule_setting(name: str) -> tuple[dict, dict, dict]:
 
 
 def make_config(overrides: dict | None = None):
-    """The issue's verbatim digits config, with ``{"section.key": value}`` overrides."""
+    """The digits configuration above (SALF, 10 clients, 90% stragglers, 5 rounds), with
+    ``{"section.key": value}`` overrides."""
     import tomllib
 
     from fedhet.config import from_dict

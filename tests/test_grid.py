@@ -12,7 +12,7 @@ from fedhet.studies.grid import load_experiment, report_table, run_experiment
 from fedhet.studies.tables import cells_csv
 
 GRID = (
-    SALF_DIGITS_TOML.replace("rounds = 30", "rounds = 4")
+    SALF_DIGITS_TOML.replace("rounds = 5", "rounds = 4")
     + """
 [experiment]
 name = "tiny"
