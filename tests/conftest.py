@@ -309,3 +309,30 @@ def copy_bench(bench: Path, to: Path) -> Path:
 
     shutil.copytree(bench, to, ignore=shutil.ignore_patterns("*.lock"))
     return to
+
+
+# --- shared work: one folder of finished runs, for the tests that only read run folders -----
+FINISHED_RUNS_CONFIG = {
+    "run": {"name": "finished", "seed": 1, "rounds": 6, "eval_every": 2, "threads": 1},
+    "data": {"dataset": "digits", "num_clients": 6, "fraction": 0.3},
+    "model": {"name": "mlp", "hidden": [8]},
+    "train": {"lr": 0.1, "batch_size": 8},
+    "system": {"model": "straggler-ratio", "straggler_ratio": 0.5, "deadline": 1.0,
+               "participation": "two-group", "participation_min": 0.3},
+    "compare": {"algorithms": ["salf", "fedstale"]},
+}  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def finished_runs(tmp_path_factory) -> Path:
+    """A folder of two finished runs (``salf`` and ``fedstale``: a [compare] of 6 rounds
+    with deadlines and two-group participation), made once per test process by ``fedhet
+    run``. Read it (write reports and figures elsewhere), or copy it before altering it."""
+    import tomli_w
+
+    folder = tmp_path_factory.mktemp("finished-runs")
+    path = folder / "compare.toml"
+    path.write_text(tomli_w.dumps(FINISHED_RUNS_CONFIG))
+    status, stderr = fedhet_in_process(["run", path, "--out", folder / "runs", "--quiet"])
+    assert status == 0, stderr
+    return folder / "runs"

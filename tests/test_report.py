@@ -11,19 +11,8 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-import tomli_w
 
 from fedhet.cli import main
-
-CONFIG = {
-    "run": {"name": "rep", "seed": 1, "rounds": 6, "eval_every": 2, "threads": 1},
-    "data": {"dataset": "digits", "num_clients": 6, "fraction": 0.3},
-    "model": {"name": "mlp", "hidden": [8]},
-    "train": {"lr": 0.1, "batch_size": 8},
-    "system": {"model": "straggler-ratio", "straggler_ratio": 0.5, "deadline": 1.0,
-               "participation": "two-group", "participation_min": 0.3},
-    "compare": {"algorithms": ["salf", "fedstale"]},
-}  # fmt: skip
 
 
 class Page(HTMLParser):
@@ -55,13 +44,10 @@ class Page(HTMLParser):
         self._tag = None
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("report")
-    path = folder / "c.toml"
-    path.write_text(tomli_w.dumps(CONFIG))
-    assert main(["run", str(path), "--out", str(folder / "runs"), "--quiet"]) == 0
-    return folder / "runs"
+@pytest.fixture
+def runs(finished_runs) -> Path:
+    """The session's finished runs (salf and fedstale), read only: pages are written elsewhere."""
+    return finished_runs
 
 
 def _parse(path: Path) -> Page:
@@ -70,9 +56,9 @@ def _parse(path: Path) -> Page:
     return page
 
 
-def test_a_run_report_holds_figures_summary_config_and_algorithm_reports(runs):
-    assert main(["report", str(runs / "fedstale")]) == 0
-    page = _parse(runs / "fedstale" / "report.html")
+def test_a_run_report_holds_figures_summary_config_and_algorithm_reports(runs, tmp_path):
+    assert main(["report", str(runs / "fedstale"), "--out", str(tmp_path / "fedstale.html")]) == 0
+    page = _parse(tmp_path / "fedstale.html")
     import matplotlib.image
 
     assert len(page.images) >= 4  # accuracy vs round and vs time, deadlines, participants
@@ -80,13 +66,13 @@ def test_a_run_report_holds_figures_summary_config_and_algorithm_reports(runs):
         assert png[:8] == b"\x89PNG\r\n\x1a\n"
         assert matplotlib.image.imread(io.BytesIO(png)).shape[0] > 100
     assert {"Summary", "Figures", "Configuration"} <= set(page.headings)
-    text = (runs / "fedstale" / "report.html").read_text()
+    text = (tmp_path / "fedstale.html").read_text()
     assert "participation.json" in text and "server_memory.json" in text and page.details >= 2
 
 
-def test_a_folder_of_runs_gets_one_page_with_every_run(runs):
-    assert main(["report", str(runs), "--out", str(runs / "all.html")]) == 0
-    page = _parse(runs / "all.html")
+def test_a_folder_of_runs_gets_one_page_with_every_run(runs, tmp_path):
+    assert main(["report", str(runs), "--out", str(tmp_path / "all.html")]) == 0
+    page = _parse(tmp_path / "all.html")
     assert page.headings[0] == "runs: 2 runs"
     assert {"salf", "fedstale"} <= set(page.headings)
     assert page.tables >= 3 and len(page.images) >= 2 + 2 * 4
@@ -104,8 +90,8 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
     CHROMIUM is None, reason="headless check needs Debian's chromium (apt-get install chromium)"
 )
 def test_the_page_opens_in_headless_chromium(runs, tmp_path):
-    assert main(["report", str(runs)]) == 0
-    page = runs / "report.html"
+    page = tmp_path / "report.html"
+    assert main(["report", str(runs), "--out", str(page)]) == 0
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"]
     dom = subprocess.run(
         [CHROMIUM, *flags, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120
