@@ -47,8 +47,30 @@ def _bench(out: Path, *extra: str) -> subprocess.CompletedProcess:
     return done
 
 
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (a bench's workers)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state == "Z"  # a zombie waiting to be reaped counts as gone
+
+
 def _kill_when(out: Path, pattern: str, *extra: str, timeout: float = 300.0) -> None:
-    """Start a bench and SIGKILL it as soon as a file matching ``pattern`` appears."""
+    """Start a bench and SIGKILL it as soon as a file matching ``pattern`` appears; return
+    once its workers, which notice their parent is gone, have ended (a resume started while
+    one still writes would find its run folder locked)."""
     process = subprocess.Popen(_bench_command(out, *extra), env=bench_env(), stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)  # fmt: skip
     deadline = time.monotonic() + timeout
@@ -58,10 +80,14 @@ def _kill_when(out: Path, pattern: str, *extra: str, timeout: float = 300.0) -> 
                 break
             time.sleep(0.05)
         assert process.poll() is None, f"the bench ended before {pattern} appeared"
+        workers = _children(process.pid)
         process.send_signal(signal.SIGKILL)
     finally:
         process.wait()
-    time.sleep(1.0)  # its workers notice their parent is gone and end
+    deadline = time.monotonic() + 60.0
+    while not all(_gone(pid) for pid in workers):
+        assert time.monotonic() < deadline, f"the killed bench's workers {workers} still run after 60 s"
+        time.sleep(0.1)
 
 
 def _counted_trials(out: Path) -> dict[str, list[dict]]:
