@@ -167,8 +167,13 @@ def test_the_leaderboard_states_its_budget_and_flags_methods_with_knobs_of_their
         tunings = json.loads(by_method[("random-50", method)]["tuned"])  # each tuning's best setting
         assert len(tunings) == 2 and all({"train.lr", "server.lr"} <= set(tuned) for tuned in tunings)
     assert by_method[("random-50", "salf")]["own_knobs"] == ""
-    assert by_method[("random-50", "fedprox")]["own_knobs"] == "algorithm.mu"
     assert by_method[("random-50", "TrimmedMean")]["own_knobs"] == "algorithm.trim"
+    # at one local step FedProx's proximal term is inert: mu is not tuned, and the row says why
+    assert by_method[("random-50", "fedprox")]["own_knobs"] == ""
+    assert (
+        "its proximal term (mu/2)||w - w_t||^2 (FedProx eq. (2)) is inert here"
+        in (by_method[("random-50", "fedprox")]["caveats"])
+    )
     assert sorted(r["rank"] for r in rows if r["scenario"] == "random-50")[0] == "1"
     import fedhet  # every row names the fedhet build its seed runs ran on
 
@@ -176,12 +181,15 @@ def test_the_leaderboard_states_its_budget_and_flags_methods_with_knobs_of_their
     page = (smoke_bench / "leaderboard.md").read_text()
     facts = ("2 trials per method and scenario", "validation split of 0.2", "2 (1, 2) of each tuned setting",
              "shared knobs (every method): train.lr 0.02..0.5 log, server.lr 0.25..2 log",
-             "2 independent tunings per method and scenario", "fedprox: algorithm.mu")  # fmt: skip
+             "2 independent tunings per method and scenario", "fedprox: algorithm.mu",
+             "knobs not tuned (their mechanism is inert there): fedprox: algorithm.mu in random-50, "
+             "persistent-90")  # fmt: skip
     for fact in (*facts, "fedhet version", "Holm"):
         assert fact in page
     import re
 
-    assert re.search(r"\| fedprox[^|]*\(\+1 own\) \|", page) and not re.search(r"\| salf[^|]*own", page)
+    assert re.search(r"\| TrimmedMean[^|]*\(\+1 own\) \|", page) and not re.search(r"\| salf[^|]*own", page)
+    assert re.search(r"\| fedprox[^|]*⚠", page) and not re.search(r"\| fedprox[^|]*own", page)
     html = (smoke_bench / "leaderboard.html").read_text()
     assert html.count("data:image/png;base64,") == 2
 

@@ -383,6 +383,9 @@ def _describe_plugin(kind: str, name: str) -> int:
         ranges = ", ".join(f"{p.key.split('.', 1)[1]} {p.describe()}" for p in own)
         print(f"\ntuned by fedhet bench: the suite's shared knobs (train.lr and server.lr by default)"
               f"{', and its own: ' + ranges if ranges else ''}")  # fmt: skip
+        for mechanism in getattr(entry.cls, "mechanisms", ()):
+            knobs = f" (reads {', '.join(mechanism.knobs)})" if mechanism.knobs else ""
+            print(f"mechanism: {mechanism.name}{knobs}: acts with {mechanism.needs}")
     return 0
 
 

@@ -56,6 +56,7 @@ import torch
 
 from fedhet.algorithms.base import ClientAssignment, RoundPlan, RunSetting, register
 from fedhet.algorithms.fedavg import FedAvg, FedAvgOptions
+from fedhet.algorithms.mechanisms import Mechanism
 from fedhet.errors import ConfigError
 from fedhet.system.base import StepTimeLaw
 
@@ -373,6 +374,11 @@ class AMSFL(FedAvg):
     uses_deadline = False
     partial_work = "none"
     tracks_gradient_differences = True
+    mechanisms = (
+        Mechanism("its allocation of local step counts (AMSFL Sec. 3.4)",
+                  needs="algorithm.max_steps >= 2 (each client's t_i is in 1..max_steps)",
+                  acts=lambda rule: rule.options.max_steps >= 2, knobs=("mu", "allocation")),
+    )  # fmt: skip
 
     def init_state(self, setting: RunSetting) -> dict:
         sizes = np.asarray(setting.client_sizes, float)

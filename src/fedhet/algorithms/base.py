@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from fedhet import registry
+from fedhet.algorithms.mechanisms import check_mechanisms
 from fedhet.algorithms.streaming import Aggregator, ListAggregator
 from fedhet.messages import ClientTask, ClientUpdate, Coverage, Payload
 from fedhet.models.layers import ModelLayout
@@ -187,6 +188,10 @@ class Algorithm:
     # them beside the learning rate): option name -> { low, high[, log][, int] } or
     # { choices = [...] }, as in a search space file. Empty: the learning rate alone.
     hyperparameters: ClassVar[dict[str, dict]] = {}
+    # What the rule does beyond averaging, each with the settings under which it acts and the
+    # options only it reads (:mod:`fedhet.algorithms.mechanisms`): a run where one is inert
+    # says so, and ``fedhet bench`` does not tune its knobs there. Empty: nothing to declare.
+    mechanisms: ClassVar[tuple] = ()
     # the capability flags a class set itself (checked against its hooks at registration)
     _declared_capabilities: ClassVar[dict[str, Any]] = {}
 
@@ -507,6 +512,7 @@ def check_algorithm_class(cls: type, name: str) -> None:
         raise ConfigError(f"{label}: local_loss_per_client = True is for a rule that defines local_loss")
     _check_hook_signatures(cls, label)
     _check_hyperparameters(cls, label)
+    check_mechanisms(cls, set(registry.option_fields(cls)), label)
     derived = _derived_capabilities(cls)
     for flag, value in derived.items():
         declared = next(

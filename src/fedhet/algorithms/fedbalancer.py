@@ -47,6 +47,7 @@ from typing import ClassVar
 import numpy as np
 
 from fedhet.algorithms.base import Algorithm, ClientAssignment, RoundPlan, register, require_time_law
+from fedhet.algorithms.mechanisms import Mechanism
 from fedhet.checks import in_range, one_of
 from fedhet.errors import ConfigError
 
@@ -117,6 +118,17 @@ class FedBalancer(Algorithm):
     Options = FedBalancerOptions
     local_loss_per_client: ClassVar[bool] = False
     hyperparameters: ClassVar[dict[str, dict]] = {"under_share": {"low": 0.0, "high": 0.5}}
+    mechanisms = (
+        Mechanism("its sample selection (Algorithm 1)",
+                  needs="train.local_steps >= 2 (a client trains ceil(K c / n) steps on c of its n "
+                  "samples: with K = 1 all of its samples fit one step, so it trains on all of them)",
+                  acts=lambda rule: rule.train.local_steps >= 2, knobs=("under_share", "threshold_step")),
+        Mechanism("its deadline interpolation D_low..D_high (Algorithm 4)",
+                  needs="a work share low_share of K steps below K steps (with train.local_steps = 1, "
+                  "or low_share = 1, D_low = D_high)",
+                  acts=lambda rule: math.ceil(rule.options.low_share * rule.train.local_steps)
+                  < rule.train.local_steps, knobs=("deadline_step", "low_share")),
+    )  # fmt: skip
 
     def init_state(self, setting) -> dict:
         require_time_law(setting.system, self.name)

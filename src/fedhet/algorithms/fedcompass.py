@@ -47,6 +47,7 @@ import numpy as np
 
 from fedhet.algorithms.base import AsyncAlgorithm, register
 from fedhet.algorithms.fedasync import STALENESS_FUNCTIONS, staleness_function
+from fedhet.algorithms.mechanisms import Mechanism
 from fedhet.checks import in_range, one_of
 from fedhet.errors import ConfigError
 
@@ -101,6 +102,13 @@ class FedCompass(AsyncAlgorithm):
         "alpha": {"low": 0.3, "high": 1.0},
         "min_ratio": {"low": 0.1, "high": 0.5},
     }
+    mechanisms = (
+        Mechanism("its computing-power-aware step assignment (Q_min..Q_max steps per client)",
+                  needs="a step range wider than one step: Q_max (algorithm.max_steps, else "
+                  "train.local_steps) above Q_min = max(1, floor(min_ratio Q_max)); with Q_max = 1 "
+                  "every client gets one step", acts=lambda rule: rule.q_max > rule.q_min,
+                  knobs=("min_ratio",)),
+    )  # fmt: skip
 
     @property
     def q_max(self) -> int:

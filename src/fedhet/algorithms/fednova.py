@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from fedhet.algorithms.aggregation import client_weights, layerwise_mean_buffers
 from fedhet.algorithms.base import register
 from fedhet.algorithms.fedavg import FedAvg, FedAvgOptions
+from fedhet.algorithms.mechanisms import Mechanism
 
 
 def normalising_factor(steps: int, momentum: float) -> float:
@@ -35,6 +36,11 @@ class FedNova(FedAvg):
     Options = FedNovaOptions
     uses_deadline = True
     partial_work = "steps"
+    mechanisms = (
+        Mechanism("its normalised averaging (tau_eff sum_i p_i Delta_i / a_i)",
+                  needs="train.local_steps >= 2 (with one step every delivering client has a_i = 1: "
+                  "the weighted average of FedAvg)", acts=lambda rule: rule.train.local_steps >= 2),
+    )  # fmt: skip
 
     def aggregate(self, params, buffers, updates, state, context, layout):
         """tau_eff sum_i p_i Delta_i / a_i (FedNova's normalised update)."""

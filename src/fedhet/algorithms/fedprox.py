@@ -8,6 +8,7 @@ from typing import ClassVar
 
 from fedhet.algorithms.base import register
 from fedhet.algorithms.fedavg import FedAvg, FedAvgOptions
+from fedhet.algorithms.mechanisms import Mechanism
 from fedhet.errors import ConfigError
 
 
@@ -38,6 +39,14 @@ class FedProx(FedAvg):
     }
     uses_deadline = True
     partial_work = "steps"
+    mechanisms = (
+        Mechanism("its proximal term (mu/2)||w - w_t||^2 (FedProx eq. (2))",
+                  needs="train.local_steps >= 2 (its gradient mu (w - w_t) is zero at the first local step)",
+                  acts=lambda rule: rule.train.local_steps >= 2, knobs=("mu",)),
+        Mechanism("its acceptance of partial local work",
+                  needs="train.local_steps >= 2 (one local step is all or nothing)",
+                  acts=lambda rule: rule.train.local_steps >= 2),
+    )  # fmt: skip
 
     corrects_gradients = True
 

@@ -71,7 +71,18 @@ def _search_settings(suite: Suite) -> dict[str, str]:
         "shared knobs (every method)": ", ".join(f"{p.key} {p.describe()}" for p in suite.shared)
         + " (a server optimizer's preset, FedAdam, searches its own server_lr as the server rate)",
         "own knobs": spaces or "none",
+        "knobs not tuned (their mechanism is inert there)": _inert_settings(suite),
     }
+
+
+def _inert_settings(suite: Suite) -> str:
+    """Per method, the own knobs left out of its search in the scenarios where the mechanism
+    that reads them is inert (the rows' caveats say why)."""
+    by_method: dict[tuple[str, str], list[str]] = {}
+    for (scenario, label), keys in suite.inert.items():
+        by_method.setdefault((label, " ".join(keys)), []).append(scenario)
+    return "; ".join(f"{label}: {keys} in {', '.join(scenarios)}" for (label, keys), scenarios
+                     in by_method.items()) or "none"  # fmt: skip
 
 
 @dataclass

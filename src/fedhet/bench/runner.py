@@ -367,7 +367,8 @@ class Bench:
                 if method.label in self.skip:
                     continue
                 settings = settings_fingerprint(self.suite, scenario, method)
-                row: dict[str, Any] = {"scenario": scenario.name, "method": method.label, "own": method.own,
+                row: dict[str, Any] = {"scenario": scenario.name, "method": method.label,
+                                       "own": self.suite.own_for(scenario, method),
                                        "status": "ok", "reason": "", "tunings": [], "failed_trials": 0,
                                        "code": code_fingerprint(method), "settings": settings}  # fmt: skip
                 tunings = [Tuning(scenario, method, r) for r in range(1, self.suite.tuning_repeats + 1)]

@@ -46,12 +46,12 @@ class StudyResult:
         return bool(self.stopped) or self.counted >= trials
 
 
-def _space(suite: Suite, method: Method):
+def _space(suite: Suite, params: list):
     from fedhet.studies.trials import SearchSpace
 
     return SearchSpace(objective=suite.objective, direction=suite.direction, pruner=suite.pruner,  # type: ignore[arg-type]
                        startup_trials=suite.startup_trials, warmup_steps=suite.warmup_steps,
-                       params=method.params, path=suite.path)  # fmt: skip
+                       params=params, path=suite.path)  # fmt: skip
 
 
 def open_study(suite: Suite, tuning: Tuning, storage: str, prefix: str = ""):
@@ -61,7 +61,7 @@ def open_study(suite: Suite, tuning: Tuning, storage: str, prefix: str = ""):
     from fedhet.studies import trials
 
     name = prefix + suite.study_name(tuning.scenario, tuning.method, tuning.repeat)
-    study = trials.open_study(name, storage, _space(suite, tuning.method))
+    study = trials.open_study(name, storage, _space(suite, suite.params_for(tuning.scenario, tuning.method)))
     settings = settings_of(suite, tuning)
     stored = study.user_attrs.get("settings")
     if stored is None:
@@ -109,7 +109,7 @@ def settings_of(suite: Suite, tuning: Tuning) -> dict:
     seed = suite.sampler_seed + tuning.repeat - 1
     settings = {
         "config": suite.config(tuning.scenario, tuning.method, {}, "trial"),
-        "params": {p.key: p.describe() for p in tuning.method.params},
+        "params": {p.key: p.describe() for p in suite.params_for(tuning.scenario, tuning.method)},
         "objective": suite.objective,
         "sampler": {"seed": seed, "random_trials": suite.random_trials},
         "pruner": [suite.pruner, suite.startup_trials, suite.warmup_steps],
@@ -181,7 +181,8 @@ def run_study(suite: Suite, tuning: Tuning, storage: str, out: str, prefix: str 
     if study.user_attrs.get("stopped"):  # run again: it may have been fixed
         study.set_user_attr("stopped", "")
         study.set_user_attr("not_applicable", "")
-    space, group = _space(suite, method), f"bench-{suite.name}"
+    params = suite.params_for(scenario, method)  # less the knobs of mechanisms inert here
+    space, group = _space(suite, params), f"bench-{suite.name}"
 
     def make_run(values: dict, number: int):
         name = tuning.run_name(f"trial-{number}")
@@ -195,7 +196,7 @@ def run_study(suite: Suite, tuning: Tuning, storage: str, out: str, prefix: str 
                                           n_startup_trials=suite.random_trials)  # fmt: skip
 
     remaining = suite.trials - status(study, suite.trials).counted
-    end = run_trials(study, remaining, lambda trial: run_trial(trial, method.params, space, make_run, group),
+    end = run_trials(study, remaining, lambda trial: run_trial(trial, params, space, make_run, group),
                      suite.max_failures, sampler_for=sampler_for, config_error_stops=True)  # fmt: skip
     if end.not_applicable:
         study.set_user_attr("not_applicable", end.not_applicable)

@@ -129,6 +129,20 @@ class Suite:
     sampler_seed: int = 1
     tuning_repeats: int = 1
     shared: list[Param] = field(default_factory=list)  # the knobs every method searches
+    # (scenario, method label) -> keys a method searches that only its inert mechanisms read
+    # there (:mod:`fedhet.algorithms.mechanisms`): not tuned in that scenario
+    inert: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+
+    def params_for(self, scenario: Scenario, method: Method) -> list[Param]:
+        """The keys ``method`` searches in ``scenario``: its own, less those only a mechanism
+        that is inert there reads."""
+        dropped = self.inert.get((scenario.name, method.label), [])
+        return [p for p in method.params if p.key not in dropped]
+
+    def own_for(self, scenario: Scenario, method: Method) -> list[str]:
+        """The method's own searched keys (beyond the shared ones) in ``scenario``."""
+        dropped = self.inert.get((scenario.name, method.label), [])
+        return [key for key in method.own if key not in dropped]
 
     def pairs(self) -> list[tuple[Scenario, Method]]:
         """Every (scenario, method) that runs: the product, less each scenario's skips."""
@@ -437,7 +451,34 @@ def load_suite(
                   scenarios, methods, shared=shared)  # fmt: skip
     _settings(suite, table, trials, seeds, repeats)
     check(suite)
+    suite.inert = {(s.name, m.label): keys for s, m in suite.pairs() if (keys := _inert_knobs(suite, s, m))}
     return suite
+
+
+def _inert_knobs(suite: Suite, scenario: Scenario, method: Method) -> list[str]:
+    """The keys ``method`` searches that only mechanisms inert in ``scenario`` read, whatever
+    value any searched key takes (each at both ends of its range): a search over them would
+    tune nothing."""
+    from fedhet.algorithms.base import AlgorithmContext
+    from fedhet.algorithms.mechanisms import inert_knobs
+    from fedhet.registry import resolve
+
+    searched = {p.key for p in method.params}
+    probes: list[dict] = [{}] + [{p.key: v} for p in method.params for v in p.ends()]
+    common: set[str] | None = None
+    for values in probes:
+        config = from_dict(suite.config(scenario, method, values, "check"))
+        cls = resolve("algorithm", config.algorithm_name, f"method {method.label}").cls
+        rule = cls.build(config.algorithm.options, AlgorithmContext(config.train))
+        try:
+            keys = inert_knobs(rule) & searched
+        except Exception as exc:  # noqa: BLE001 - a plug-in's test of its settings
+            raise ConfigError(
+                f"{suite.path}: scenario {scenario.name}, method {method.label}: its mechanisms' "
+                f"test of the settings raised {type(exc).__name__}: {exc}"
+            ) from None
+        common = keys if common is None else common & keys
+    return sorted(common or ())
 
 
 def _settings(suite: Suite, table: dict, trials: int | None, seeds: int | None, repeats: int | None) -> None:

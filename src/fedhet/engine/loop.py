@@ -36,7 +36,7 @@ from fedhet.engine.evaluation import make_evaluator
 from fedhet.engine.faults import NonFinite
 from fedhet.engine.plugin_errors import TRACEBACK_FILE, PluginError, PluginStopped, guarded, plugin_label
 from fedhet.engine.pool import ClientPool, PoolContext, TaskOrder, WorkerDied
-from fedhet.engine.preflight import check_first_round, run_caveats
+from fedhet.engine.preflight import check_first_round, inert_mechanisms, run_caveats
 from fedhet.engine.records import run_summary
 from fedhet.engine.state import RunState, check_checkpoint, from_checkpoint
 from fedhet.errors import FedhetError
@@ -309,6 +309,9 @@ class RunLoop:
             summary["tasks_one_at_a_time"] = self._one_at_a_time(grouped + summary["tasks_alone"])
         if self.caveats:
             summary["caveats"] = self.caveats
+        inert = inert_mechanisms(config, world)
+        if inert:
+            summary["inert_mechanisms"] = inert
         if state.stopped_by == "callback":
             summary["stopped_by_callback"] = state.stopped_by_callback
         if isinstance(fault, PluginError):

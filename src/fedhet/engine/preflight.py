@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedhet.algorithms.mechanisms import inert, inert_lines
 from fedhet.checks import counted
 from fedhet.engine.plugin_errors import Hooks
 from fedhet.errors import FedhetError
@@ -94,12 +95,28 @@ def first_round(config, world, algorithm_state: dict):
     return plan, work, asked, marginals, delivering
 
 
+def inert_mechanisms(config, world) -> list[str]:
+    """The names of the mechanisms the run's rule declares that its settings make inert
+    (:mod:`fedhet.algorithms.mechanisms`); the summary's ``inert_mechanisms``."""
+    hooks = Hooks(config.algorithm_name, 0)
+    return [m.name for m in hooks.call("mechanisms", inert, world.algorithm)]
+
+
+def inert_mechanism_lines(config, world) -> list[str]:
+    """One line per inert mechanism of the run's rule: what it is, what it needs, which of
+    its options do nothing."""
+    return list(Hooks(config.algorithm_name, 0).call("mechanisms", inert_lines, world.algorithm,
+                                                     config.algorithm_name))  # fmt: skip
+
+
 def run_caveats(config, world, algorithm_state: dict) -> list[str]:
     """What makes a run say little, one line each: the rule's own caveats (settings under
-    which it is another rule) and, priced with the first round's plan, most clients never
+    which it is another rule), its declared mechanisms that the settings make inert and,
+    priced with the first round's plan, most clients never
     able to deliver an update (fixed stragglers under a rule that keeps only finished work)."""
     algorithm = world.algorithm
     found = list(Hooks(config.algorithm_name, 0).call("caveats", algorithm.caveats))
+    found += inert_mechanism_lines(config, world)
     first = first_round(config, world, algorithm_state)
     if first is None:
         return found
