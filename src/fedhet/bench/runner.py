@@ -215,6 +215,7 @@ class Bench:
     def _check_engines(self) -> None:
         """Every scenario's engine takes the bench's placement (``--jobs``, ``--ray``)."""
         from fedhet.config import from_dict
+        from fedhet.data.task import objective_direction
         from fedhet.engine.launch import check_placement
         from fedhet.studies.trials import check_objective_metric
 
@@ -223,9 +224,11 @@ class Bench:
             for s, m in self._pairs()
         ]
         check_placement(configs, parallel=self.jobs > 1, ray=self.ray is not None, command="fedhet bench")
-        check_objective_metric(
+        task = check_objective_metric(
             self.suite.objective, [(f"{self.suite.path}: {name}", c) for name, c in configs]
         )
+        if not self.suite.direction_given:  # the task says which way its metrics go (a plug-in's F1 up)
+            self.suite.direction = objective_direction(self.suite.objective, task)
 
     def _queue_seeds(self, tuning: Tuning, result: StudyResult) -> None:
         name = self._name(tuning)

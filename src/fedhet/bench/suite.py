@@ -118,6 +118,7 @@ class Suite:
     validation_fraction: float = 0.2
     objective: str = "final_test_accuracy"
     direction: str = "maximize"
+    direction_given: bool = False  # set by the suite; else the runs' task decides (objective_direction)
     target: float | None = None
     alpha: float = 0.05
     random_trials: int = 3
@@ -505,7 +506,10 @@ def _settings(suite: Suite, table: dict, trials: int | None, seeds: int | None, 
     suite.validation_fraction = float(fraction)
     suite.objective = table.get("objective", suite.objective)
     check_objective(f"{where}: suite.objective", suite.objective, plain=())
-    suite.direction = objective_direction(suite.objective)
+    suite.direction = table.get("direction", objective_direction(suite.objective))
+    suite.direction_given = "direction" in table
+    if suite.direction not in ("maximize", "minimize"):
+        raise ConfigError(f"{where}: suite.direction = {suite.direction!r}: maximize or minimize")
     target = table.get("target")
     bad = target is not None and (
         isinstance(target, bool) or not isinstance(target, int | float) or not 0 < target < float("inf")

@@ -67,6 +67,15 @@ class Task:
         """The metrics of ``count`` examples from the added-up :meth:`batch_sums`."""
         raise NotImplementedError
 
+    def higher_is_better_for(self, metric: str) -> bool | None:
+        """Whether ``metric`` grows as a model improves: the score's own direction
+        (``higher_is_better``), a loss falls; None for a metric the task does not report."""
+        if metric == self.score:
+            return bool(self.higher_is_better)
+        if metric == "loss":
+            return False
+        return None
+
     def metric_names(self) -> tuple[str, ...]:
         """The names :meth:`metrics` returns, in order."""
         raise NotImplementedError
@@ -210,12 +219,16 @@ class Score:
         return {"metric": self.metric, "higher_is_better": self.higher_is_better}
 
 
-def objective_direction(objective: str) -> str:
-    """The natural direction of a summary number used as an objective: accuracies up,
-    losses, errors, times and round counts down (``final_test_<m>``, ``best_test_<m>``,
-    ``sim_time``, ``rounds``, ``time_to:X``)."""
+def objective_direction(objective: str, task: Task | None = None) -> str:
+    """The natural direction of a summary number used as an objective: the run's ``task``
+    says for its metrics (its score's direction, a loss down); without a task, or for a
+    metric it does not name, accuracies up and losses, errors, times and round counts down
+    (``final_test_<m>``, ``best_test_<m>``, ``sim_time``, ``rounds``, ``time_to:X``)."""
     metric = objective.removeprefix("final_test_").removeprefix("best_test_")
-    return "maximize" if metric in HIGHER_IS_BETTER else "minimize"
+    higher = None if task is None or metric == objective else task.higher_is_better_for(metric)
+    if higher is None:
+        higher = metric in HIGHER_IS_BETTER
+    return "maximize" if higher else "minimize"
 
 
 HIGHER_IS_BETTER = ("accuracy",)  # the built-in tasks' metrics that grow as a model improves

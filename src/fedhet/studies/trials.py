@@ -44,6 +44,7 @@ class SearchSpace:
 
     objective: str = "final_test_accuracy"
     direction: Literal["maximize", "minimize"] = "maximize"
+    direction_given: bool = False  # set by the file; else the task's metrics decide (objective_direction)
     sampler: str = "tpe"
     seed: int | None = None
     pruner: str = "median"
@@ -293,15 +294,17 @@ def counted(study) -> int:
     return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
 
 
-def check_objective_metric(objective: str, configs: list[tuple[str, Config]]) -> None:
+def check_objective_metric(objective: str, configs: list[tuple[str, Config]]):
     """Before anything runs: a ``final_test_<metric>`` / ``best_test_<metric>`` objective
     names a metric every run's task reports (a regression reports no accuracy); one line
-    naming the task's metrics otherwise. A dataset that does not load is left to its runs."""
+    naming the task's metrics otherwise. A dataset that does not load is left to its runs.
+    Returns the first run's task (None when none loaded): it says the objective's direction
+    (:func:`fedhet.data.task.objective_direction`)."""
     if not objective.startswith(("final_test_", "best_test_")):
-        return
+        return None
     from fedhet.world import open_configured_dataset
 
-    metric, seen = objective.split("_test_", 1)[1], set()
+    metric, seen, first = objective.split("_test_", 1)[1], set(), None
     for label, config in configs:
         key = (config.data.dataset, repr(config.data.options("dataset")))
         if key in seen:
@@ -316,6 +319,8 @@ def check_objective_metric(objective: str, configs: list[tuple[str, Config]]) ->
                 f"{label}: objective {objective!r}: dataset {config.data.dataset!r} is a {task.name} task "
                 f"reporting {', '.join(task.metric_names())}; judge it by final_test_{task.score}"
             )
+        first = first or task
+    return first
 
 
 # -- trials ------------------------------------------------------------------------------

@@ -109,6 +109,7 @@ def load_space(path: str | Path) -> SearchSpace:
     space = SearchSpace(path=str(path))
     objective = raw.get("objective", {})
     space.objective = objective.get("value", space.objective)
+    space.direction_given = "direction" in objective
     space.direction = objective.get("direction", objective_direction(str(space.objective)))
     if space.direction not in ("maximize", "minimize"):
         raise ConfigError(f"{path}: objective.direction = {space.direction!r}: maximize or minimize")
@@ -289,7 +290,9 @@ def _check_before_trials(
     _check_engines(studies, jobs, ray)
     _check_validation(studies, config_path, allow_test_set)
     labelled = [(f"{config_path}: study {algorithm or 'tune'}", from_dict(raw)) for algorithm, raw in studies]
-    check_objective_metric(space.objective, labelled)
+    task = check_objective_metric(space.objective, labelled)
+    if not space.direction_given:  # the task says which way its metrics go (a plug-in's F1 up)
+        space.direction = objective_direction(str(space.objective), task)
 
 
 def _require_optuna() -> None:
