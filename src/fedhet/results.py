@@ -424,8 +424,12 @@ class RunDirectory:
         return self.path / "client_metrics.csv"
 
     def write_client_metrics(self, rows: list[dict]) -> None:
-        """Rewrite client_metrics.csv (round, client, examples, loss, accuracy)."""
-        self._write_table(self.client_metrics_path, ("round", "client", "examples", "loss", "accuracy"), rows)
+        """Rewrite client_metrics.csv: round, client, examples and the task's metrics, as
+        the rows hold them (a classification's loss and accuracy, a regression's loss and
+        rmse)."""
+        keys = ("round", "client", "examples")
+        metrics = tuple(dict.fromkeys(k for row in rows for k in row if k not in keys))
+        self._write_table(self.client_metrics_path, (*keys, *metrics), rows)
 
     def write_clients(self, rows: list[dict]) -> None:
         """Rewrite clients.csv: one row per client (its columns, in the first row's order)."""

@@ -96,10 +96,11 @@ def run_summary(config, world, state, notes: list[str]) -> dict:
 def _task_metrics(task, evaluated: list[dict]) -> dict:
     """``final_test_<m>`` and ``best_test_<m>`` for each of the task's metrics; best in the
     score's direction for the score, lowest for a loss or error, highest for an accuracy."""
-    score, out = Score.of(task), {}
+    out: dict = {}
     for name in task.metric_names():
         values = [r[f"test_{name}"] for r in evaluated if r.get(f"test_{name}") is not None]
-        higher = score.higher_is_better if name == score.metric else name in HIGHER_IS_BETTER
+        higher = task.higher_is_better_for(name)  # the task says; else the built-in names
+        higher = name in HIGHER_IS_BETTER if higher is None else higher
         out[f"final_test_{name}"] = values[-1] if values else None
         out[f"best_test_{name}"] = Score(name, higher).best(values)
     return out

@@ -65,7 +65,7 @@ def test_the_task_says_which_way_its_metrics_go():
 
 CONFIG = {
     "run": {"name": "f1", "seed": 1, "rounds": 2, "threads": 1},
-    "data": {"dataset": "test_score_direction:DigitsF1", "num_clients": 4, "validation_fraction": 0.2},
+    "data": {"dataset": "test_score_from_task:DigitsF1", "num_clients": 4, "validation_fraction": 0.2},
     "model": {"name": "mlp", "hidden": [8]},
     "train": {"lr": 0.1, "batch_size": 8},
     "algorithm": {"name": "fedavg"},
@@ -101,7 +101,7 @@ def test_a_bench_maximises_a_plugin_tasks_f1_and_honours_a_suites_direction(tmp_
     from fedhet.bench.suite import load_suite
 
     f1 = Path(_suite(tmp_path, 'objective = "final_test_f1"'))
-    f1.write_text(f1.read_text().replace('dataset = "digits"', 'dataset = "test_score_direction:DigitsF1"'))
+    f1.write_text(f1.read_text().replace('dataset = "digits"', 'dataset = "test_score_from_task:DigitsF1"'))
     suite = load_suite(f1)
     Bench(suite, tmp_path / "bench")._check_engines()  # the checks before anything runs
     assert suite.direction == "maximize" and not (tmp_path / "bench").exists()
@@ -110,3 +110,24 @@ def test_a_bench_maximises_a_plugin_tasks_f1_and_honours_a_suites_direction(tmp_
     with pytest.raises(ConfigError, match="suite.direction = 'down': maximize or minimize") as err:
         load_suite(_suite(tmp_path, 'objective = "final_test_accuracy"', 'direction = "down"'))
     assert "\n" not in str(err.value)
+
+
+def test_a_regression_with_client_evaluation_writes_each_clients_rmse(tmp_path):
+    """client_metrics.csv has the task's columns: a regression's loss and rmse (it had an
+    empty accuracy column and no rmse), and the summary each client's final RMSE."""
+    import csv
+
+    from conftest import config_from
+
+    from fedhet.engine.launch import run
+
+    config = config_from({**CONFIG, "data": {"dataset": "diabetes", "num_clients": 4}},
+                         run={"rounds": 4, "eval_every": 2, "client_eval": True})  # fmt: skip
+    summary = run(config, tmp_path / "r").summary
+    with open(tmp_path / "r" / "client_metrics.csv") as fh:
+        reader = csv.DictReader(fh)
+        rows = list(reader)
+    assert reader.fieldnames == ["round", "client", "examples", "loss", "rmse"]
+    assert len(rows) == 2 * 4 and all(float(r["rmse"]) > 0 for r in rows)
+    last = {r["client"]: float(r["rmse"]) for r in rows if r["round"] == "4"}
+    assert summary["final_client_rmse"] == pytest.approx(last)
