@@ -506,10 +506,7 @@ def _settings(suite: Suite, table: dict, trials: int | None, seeds: int | None, 
     suite.validation_fraction = float(fraction)
     suite.objective = table.get("objective", suite.objective)
     check_objective(f"{where}: suite.objective", suite.objective, plain=())
-    suite.direction = table.get("direction", objective_direction(suite.objective))
-    suite.direction_given = "direction" in table
-    if suite.direction not in ("maximize", "minimize"):
-        raise ConfigError(f"{where}: suite.direction = {suite.direction!r}: maximize or minimize")
+    _direction(suite, table)
     target = table.get("target")
     bad = target is not None and (
         isinstance(target, bool) or not isinstance(target, int | float) or not 0 < target < float("inf")
@@ -534,6 +531,15 @@ def _settings(suite: Suite, table: dict, trials: int | None, seeds: int | None, 
     suite.threads = _int(table, "threads", where, 1, 1)
     suite.sampler_seed = _int(table, "sampler_seed", where, 0, 1)
     suite.tuning_repeats = repeats if repeats is not None else _int(table, "tuning_repeats", where, 1, 1)
+
+
+def _direction(suite: Suite, table: dict) -> None:
+    """``suite.direction``, checked; without it, the objective's natural direction until the
+    runs' task says (:meth:`fedhet.bench.runner.Bench.run`)."""
+    suite.direction = table.get("direction", objective_direction(suite.objective))
+    suite.direction_given = "direction" in table
+    if suite.direction not in ("maximize", "minimize"):
+        raise ConfigError(f"{suite.path}: suite.direction = {suite.direction!r}: maximize or minimize")
 
 
 def _known_labels(scenarios: list[Scenario], methods: list[Method], where: str) -> None:
