@@ -343,7 +343,8 @@ def test_padded_aggregation_averages_zero_padded_models_over_all_updates():
 
 
 def test_a_fixed_rate_run_sends_stragglers_half_width_and_records_its_prices(tmp_path):
-    config = _straggler_config(2, width_rule="fixed", aggregate="padded")
+    # the server knows this round's stragglers (the oracle): every straggler gets the fixed rate
+    config = _straggler_config(2, width_rule="fixed", aggregate="padded", planner_knowledge="oracle")
     result, seen = _run_recording_tasks(config, tmp_path / "r")
     widths = [task.coverage.width for task, _ in seen]
     assert sorted(set(widths)) == [0.5, 1.0] and widths.count(0.5) == 2 * 3  # 3 stragglers a round

@@ -374,6 +374,13 @@ class AMSFL(FedAvg):
     uses_deadline = False
     partial_work = "none"
     tracks_gradient_differences = True
+
+    @property
+    def planner_knowledge(self) -> str:
+        """``profile`` with the system model's per-step costs (``costs = "known"``), else
+        ``history`` (costs estimated from what clients reported)."""
+        return "profile" if self.options.costs == "known" else "history"
+
     mechanisms = (
         Mechanism("its allocation of local step counts (AMSFL Sec. 3.4)",
                   needs="algorithm.max_steps >= 2 (each client's t_i is in 1..max_steps)",

@@ -36,7 +36,14 @@ import torch
 
 from fedhet.algorithms.aggregation import expand_per_layer
 from fedhet.algorithms.base import Algorithm, register
-from fedhet.algorithms.sub_models import fitting_level, largest_fitting
+from fedhet.algorithms.sub_models import (
+    KNOWLEDGE,
+    PlansFromKnowledge,
+    fitting_level,
+    knowledge_state,
+    largest_fitting,
+)
+from fedhet.checks import one_of
 from fedhet.errors import ConfigError
 from fedhet.messages import ClientTask, Coverage
 
@@ -46,13 +53,17 @@ EXITS = "exits"  # the task's and the update's payload key: the client's local d
 @dataclass
 class DepthFLOptions:
     """``distillation`` (mutual self-distillation), ``consistency_weight`` (the KL terms'
-    weight once ramped up) and ``consistency_rampup`` (rounds of the ramp; 0 = none)."""
+    weight once ramped up), ``consistency_rampup`` (rounds of the ramp; 0 = none) and
+    ``planner_knowledge`` (what the server knows of a client's time when it picks its depth:
+    :mod:`fedhet.algorithms.sub_models`)."""
 
     distillation: bool = True
     consistency_weight: float = 1.0
     consistency_rampup: int = 300
+    planner_knowledge: str = "history"  # history | profile | oracle: what sizes a client's sub-model
 
     def validate(self) -> None:
+        one_of("algorithm.planner_knowledge", self.planner_knowledge, KNOWLEDGE)
         if not self.consistency_weight >= 0:
             raise ConfigError(f"algorithm.consistency_weight = {self.consistency_weight}: must be >= 0")
         if self.consistency_rampup < 0:
@@ -68,7 +79,7 @@ def consistency_weight(weight: float, round_index: int, rampup: int) -> float:
 
 
 @register
-class DepthFL(Algorithm):
+class DepthFL(PlansFromKnowledge, Algorithm):
     """The deepest local model that fits each client's deadline, mutual self-distillation
     among its classifiers, per-layer means over the clients holding each layer."""
 
@@ -87,7 +98,8 @@ class DepthFL(Algorithm):
                 "algorithm 'depthfl' needs a model with a classifier after each block: model.name = "
                 "'mlp-exits' or 'cnn2-exits' (or a model built with fedhet.models.exits.with_exits)"
             )
-        return {"level_cost": self.level_costs(setting.layout, setting.layer_multiply_adds)}
+        return {"level_cost": self.level_costs(setting.layout, setting.layer_multiply_adds),
+                **knowledge_state(setting)}  # fmt: skip
 
     @staticmethod
     def level_costs(layout, layer_multiply_adds) -> list[float]:
@@ -111,7 +123,7 @@ class DepthFL(Algorithm):
         costs = state["level_cost"]
         k = fitting_level(
             context, client, lambda full_time, deadline: self.depth_for(full_time, deadline, costs),
-            lambda level: costs[level - 1],
+            lambda level: costs[level - 1], state,
         )  # fmt: skip
         if k is None:
             return None

@@ -118,6 +118,7 @@ class FedBalancer(Algorithm):
     Options = FedBalancerOptions
     local_loss_per_client: ClassVar[bool] = False
     hyperparameters: ClassVar[dict[str, dict]] = {"under_share": {"low": 0.0, "high": 0.5}}
+    planner_knowledge = "history"  # plans from the speeds clients reported with their last update
     mechanisms = (
         Mechanism("its sample selection (Algorithm 1)",
                   needs="train.local_steps >= 2 (a client trains ceil(K c / n) steps on c of its n "

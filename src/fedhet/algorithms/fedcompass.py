@@ -102,6 +102,7 @@ class FedCompass(AsyncAlgorithm):
         "alpha": {"low": 0.3, "high": 1.0},
         "min_ratio": {"low": 0.1, "high": 0.5},
     }
+    planner_knowledge = "history"  # assigns steps from the speeds measured at clients' arrivals
     mechanisms = (
         Mechanism("its computing-power-aware step assignment (Q_min..Q_max steps per client)",
                   needs="a step range wider than one step: Q_max (algorithm.max_steps, else "

@@ -33,7 +33,13 @@ import torch
 
 from fedhet.algorithms.base import Algorithm, register
 from fedhet.algorithms.heterofl import DEFAULT_RATES
-from fedhet.algorithms.sub_models import fitting_level, largest_fitting
+from fedhet.algorithms.sub_models import (
+    KNOWLEDGE,
+    PlansFromKnowledge,
+    fitting_level,
+    knowledge_state,
+    largest_fitting,
+)
 from fedhet.checks import one_of
 from fedhet.errors import ConfigError
 from fedhet.messages import ClientTask, Coverage
@@ -43,13 +49,16 @@ from fedhet.messages import ClientTask, Coverage
 class FIARSEOptions:
     """``rates``: the sub-model sizes a client may get (shares of the parameters, 1 among
     them); ``scope``: thresholds per ``layer`` or over the whole ``model``; ``server_lr``
-    eta."""
+    eta; ``planner_knowledge``: what the server knows of a client's time when it sizes its
+    sub-model (:mod:`fedhet.algorithms.sub_models`)."""
 
     rates: list = field(default_factory=lambda: list(DEFAULT_RATES))
     scope: str = "layer"  # layer (each module's parameters) | model (one threshold)
     server_lr: float = 1.0  # eta, the server's step on the element-wise mean update
+    planner_knowledge: str = "history"  # history | profile | oracle: what sizes a client's sub-model
 
     def validate(self) -> None:
+        one_of("algorithm.planner_knowledge", self.planner_knowledge, KNOWLEDGE)
         rates = self.rates
         numbers = all(isinstance(r, int | float) and not isinstance(r, bool) and 0 < r <= 1 for r in rates)
         if not rates or not numbers:
@@ -99,7 +108,7 @@ def thresholds(named: list[tuple[str, torch.Tensor]], rate: float, scope: str) -
 
 
 @register
-class FIARSE(Algorithm):
+class FIARSE(PlansFromKnowledge, Algorithm):
     """A client too slow for the full model trains the share r of the parameters with the
     largest magnitudes (the largest of ``rates`` that fits the deadline; thresholds per
     module or over the model, set on the received model), masked in the forward pass and
@@ -113,12 +122,16 @@ class FIARSE(Algorithm):
     local_loss_per_client: ClassVar[bool] = True  # the client's own rate and thresholds
     hyperparameters: ClassVar[dict[str, dict]] = {"server_lr": {"low": 0.5, "high": 1.5}}
 
+    def init_state(self, setting) -> dict:
+        """What the server knows of its clients' times (:func:`knowledge_state`)."""
+        return knowledge_state(setting)
+
     def rate_for(self, full_time: float, deadline: float | None) -> float | None:
         """The largest rate r with r x T_u <= deadline (None: none fits)."""
         return largest_fitting({float(r): float(r) for r in self.options.rates}, full_time, deadline)
 
     def client_task(self, context, client: int, state: dict) -> ClientTask | None:
-        rate = fitting_level(context, client, self.rate_for, float)
+        rate = fitting_level(context, client, self.rate_for, float, state)
         if rate is None:
             return None
         plan = context.plan

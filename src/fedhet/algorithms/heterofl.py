@@ -24,7 +24,13 @@ from typing import ClassVar
 import torch
 
 from fedhet.algorithms.base import Algorithm, register
-from fedhet.algorithms.sub_models import fitting_level, largest_fitting
+from fedhet.algorithms.sub_models import (
+    KNOWLEDGE,
+    PlansFromKnowledge,
+    fitting_level,
+    knowledge_state,
+    largest_fitting,
+)
 from fedhet.checks import one_of
 from fedhet.errors import ConfigError
 from fedhet.messages import ClientTask, Coverage
@@ -45,7 +51,9 @@ class HeteroFLOptions:
     rate's cost is priced, ``"multiply-adds"`` (default: the sub-model's training-step FLOPs
     from the model's layers, :func:`fedhet.models.cost.sub_model_step_share`) or
     ``"rate-squared"`` (r^2, HeteroFL Sec. 3.1's estimate, exact only for layers whose inputs
-    and outputs both shrink); ``aggregate``: ``"held"`` or ``"padded"``."""
+    and outputs both shrink); ``aggregate``: ``"held"`` or ``"padded"``; ``planner_knowledge``:
+    what the server knows of a client's time when it sizes its sub-model
+    (:mod:`fedhet.algorithms.sub_models`)."""
 
     rates: list = field(default_factory=lambda: list(DEFAULT_RATES))
     width_rule: str = "cost"
@@ -53,8 +61,10 @@ class HeteroFLOptions:
     sub_model_cost: str = "multiply-adds"
     aggregate: str = "held"
     bn_examples: int = 0  # static BatchNorm: training examples to recompute statistics on (0 = all)
+    planner_knowledge: str = "history"  # history | profile | oracle: what sizes a client's sub-model
 
     def validate(self) -> None:
+        one_of("algorithm.planner_knowledge", self.planner_knowledge, KNOWLEDGE)
         if self.bn_examples < 0:
             raise ConfigError(f"algorithm.bn_examples = {self.bn_examples}: must be >= 0 (0 = all)")
         rates = self.rates
@@ -73,7 +83,7 @@ class HeteroFLOptions:
 
 
 @register
-class HeteroFL(Algorithm):
+class HeteroFL(PlansFromKnowledge, Algorithm):
     """Client u, whose full local work would take T_u (the system model's ``full_time``),
     trains every layer for all its local steps on a sub-model of rate r (hidden outputs
     divided by r). With ``width_rule = "cost"`` r is the largest rate with c(r) T_u <=
@@ -101,7 +111,8 @@ class HeteroFL(Algorithm):
     def init_state(self, setting) -> dict:
         """Prices every rate once: {rate: cost share of a full step} (kept in the state, so a
         resumed run uses the prices it started with)."""
-        return {"rate_cost": self.rate_costs(setting.layout, setting.layer_multiply_adds)}
+        return {"rate_cost": self.rate_costs(setting.layout, setting.layer_multiply_adds),
+                **knowledge_state(setting)}  # fmt: skip
 
     def rate_costs(self, layout, layer_multiply_adds) -> dict[str, float]:
         """Each rate's cost as a share of the full model's training step: r^2, or the share
@@ -139,7 +150,7 @@ class HeteroFL(Algorithm):
         rate = fitting_level(
             context, client,
             lambda full_time, deadline: self.rate_for(full_time, deadline, state.get("rate_cost")),
-            cost,
+            cost, state,
         )  # fmt: skip
         if rate is None:
             return None

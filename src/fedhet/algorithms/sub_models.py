@@ -1,9 +1,34 @@
 """The largest sub-model that fits a deadline: the choice HeteroFL, FedRolex and FjORD make
-among widths and DepthFL among depths, one rule for all of them."""
+among widths and DepthFL and FIARSE among depths and shares, one rule for all of them, and
+what the server knows when it makes it.
+
+**What the server knows** (``algorithm.planner_knowledge``). A real server sizes a client's
+sub-model before the round, from what it can know of the client's speed, and learns whether
+the work fit only when the client reports:
+
+- ``history`` (the default): the client's full-work time as it reported it the last time it
+  was asked (a client measures its speed on the steps it did, even when it misses the
+  deadline); before its first report, ``profile``;
+- ``profile``: the time the system model declares to expect of the client (the mean of
+  :data:`PROFILE_DRAWS` draws on a fixed stream; exact for a model that draws nothing);
+- ``oracle``: this round's drawn time, as if the server knew in advance who straggles and
+  how far (the reading of papers that assume it; labelled, for reproducing them).
+
+The drawn time then decides: a client whose sub-model does not fit its drawn time works
+until the deadline and delivers nothing (these rules use no partial work); the run counts
+such clients (``late_sub_models``, a metrics column: the total so far).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
+
+import numpy as np
+
+KNOWLEDGE = ("history", "profile", "oracle")
+PROFILE_DRAWS = 32  # draws of a random system model averaged into a client's expected time
+FLOAT_BYTES = 4
 
 
 def largest_fitting(costs: Mapping, full_time: float, deadline: float | None):
@@ -20,16 +45,87 @@ def largest_fitting(costs: Mapping, full_time: float, deadline: float | None):
     return max(fitting) if fitting else None
 
 
-def fitting_level(context, client: int, choose: Callable, cost: Callable):
+def knowledge_state(setting) -> dict:
+    """The server state the estimates need: each client's last reported full-work time,
+    the late clients counted so far, the full model's bytes (its download and upload)."""
+    layout = setting.layout
+    size = float(FLOAT_BYTES * (layout.num_params + layout.num_buffers))
+    return {"reported_time": [None] * setting.num_clients, "late_sub_models": 0, "model_bytes": size}
+
+
+def expected_full_times(system, batch_size: int, local_steps: int, model_bytes: float) -> np.ndarray:
+    """Each client's expected time for the full model's work (``profile``): exact for a
+    system model that draws nothing, else the mean of :data:`PROFILE_DRAWS` draws on a fixed
+    stream (the model's declared law, not this round's draw)."""
+    from fedhet.system.types import Workload
+
+    n = system.num_clients
+    work = Workload(None, np.full(n, batch_size), np.full(n, local_steps), np.ones(n, dtype=int),
+                    upload_bytes=np.full(n, model_bytes), download_bytes=np.full(n, model_bytes))  # fmt: skip
+    rng = np.random.default_rng(0)
+    count = 1 if system.deterministic else PROFILE_DRAWS
+    return np.mean([system.full_times(work, rng) for _ in range(count)], axis=0)
+
+
+def with_estimates(plan, state: dict, system, knowledge: str, train):
+    """``plan`` with the server's estimate of each client's full-work time in its record
+    (``estimated_full_time``), from ``knowledge`` (see the module's docstring); the plan as
+    it is for ``oracle``."""
+    if knowledge == "oracle":
+        return plan
+    known = state.get("reported_time") if knowledge == "history" else None  # a state without: none yet
+    reported = list(known) if known is not None else [None] * system.num_clients
+    estimates = list(reported)
+    if any(r is None for r in reported):
+        size = float(state.get("model_bytes", 0.0))
+        profile = expected_full_times(system, train.batch_size, train.local_steps, size)
+        estimates = [float(p) if r is None else float(r) for p, r in zip(profile, reported, strict=True)]
+    return replace(plan, record={**plan.record, "estimated_full_time": estimates})
+
+
+def fitting_level(context, client: int, choose: Callable, cost: Callable, state: dict | None = None):
     """The sub-model level ``client`` trains this round: ``choose(full_time, deadline)``
-    (usually :func:`largest_fitting`) for an asked, present client, kept when the client
-    finishes that level's work, ``cost(level)`` x its full time, before it fails mid-round;
-    None when it is not asked, not present, no level fits, or it fails first."""
+    (usually :func:`largest_fitting`) for an asked, present client, from the plan's estimate
+    of its full time (``estimated_full_time``; this round's drawn time where the plan has
+    none: ``oracle``), kept when the client finishes that level's work, ``cost(level)`` x its
+    drawn full time, by the deadline and before it fails mid-round; None when it is not
+    asked, not present, no level fits, the level does not fit its drawn time (counted in
+    ``state["late_sub_models"]``) or it fails first. Its drawn time is what it reports
+    (``state["reported_time"]``, read by the next plans)."""
     plan, outcomes = context.plan, context.outcomes
     if not (plan.assignments[client].asked and outcomes.participates[client]):
         return None
     full_time = float(outcomes.full_time[client])
-    level = choose(full_time, plan.deadline)
-    if level is None or not outcomes.finishes_before_failure(client, cost(level) * full_time):
-        return None  # no level fits, or it failed mid-round before its sub-model was done
+    estimates = plan.record.get("estimated_full_time") if plan.record else None
+    estimate = full_time if estimates is None else float(estimates[client])
+    level = choose(estimate, plan.deadline)
+    if estimates is not None and state is not None:
+        state["reported_time"][client] = full_time  # measured on its steps, reported
+    if level is None:
+        return None  # no level fits: not asked to work
+    seconds, limit = cost(level) * full_time, (plan.deadline or 0.0) * (1 + 1e-12)
+    # work sized to fit the estimate that its drawn time does not fit (a level given whatever
+    # it costs, HeteroFL's fixed rate, is trained whatever it takes, as before)
+    late = plan.deadline is not None and cost(level) * estimate <= limit < seconds
+    if late and state is not None:
+        state["late_sub_models"] += 1
+    if late or not outcomes.finishes_before_failure(client, seconds):
+        return None  # its sub-model does not fit its drawn time, or it failed mid-round first
     return level
+
+
+class PlansFromKnowledge:
+    """For a sub-model rule: the plan carries the server's estimate of each client's time
+    (``algorithm.planner_knowledge``), the state what clients reported, the metrics the
+    clients whose sub-model did not fit."""
+
+    @property
+    def planner_knowledge(self) -> str:
+        return str(self.options.planner_knowledge)  # type: ignore[attr-defined]
+
+    def plan(self, round_index, state, system, deadline):
+        plan = super().plan(round_index, state, system, deadline)
+        return with_estimates(plan, state, system, self.planner_knowledge, self.train)
+
+    def round_metrics(self, state: dict) -> dict[str, float]:
+        return {**super().round_metrics(state), "late_sub_models": float(state["late_sub_models"])}  # type: ignore[misc]

@@ -93,6 +93,7 @@ class TimelyFL(Algorithm):
     )
     Options = TimelyFLOptions
     partial_work = "none"
+    planner_knowledge = "profile"  # plans from the times the system model declares (expected_finish)
 
     def init_state(self, setting) -> dict:
         require_time_law(setting.system, self.name)

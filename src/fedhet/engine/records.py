@@ -55,7 +55,9 @@ def run_summary(config, world, state, notes: list[str]) -> dict:
     scored = [r for r in evaluated if r.get(score.column) is not None]
     best = score.best(r[score.column] for r in scored)
     best_row = next((r for r in scored if r[score.column] == best), None)
+    knowledge = getattr(world.algorithm, "planner_knowledge", None)  # a rule that plans from speeds
     return {
+        **({"planner_knowledge": knowledge} if knowledge else {}),
         "name": config.run.name,
         "algorithm": config.algorithm_name,
         "engine": config.run.engine,
