@@ -119,3 +119,27 @@ def test_rules_that_plan_from_speeds_say_what_they_knew(tmp_path):
         assert run(config, tmp_path / name).summary["planner_knowledge"] == knowledge
     salf = run(config_from(BASE, algorithm={"name": "salf"}, run={"rounds": 1}), tmp_path / "salf")
     assert "planner_knowledge" not in salf.summary  # a rule that plans from no speed
+
+
+def test_the_leaderboard_shows_what_each_planner_knew(tmp_path):
+    """A row's seed runs say what the planner knew; the row keeps it (leaderboard.csv's
+    planner_knowledge, read back) and the page shows it beside the method."""
+    from fedhet.bench import leaderboard
+
+    def row(method: str, knowledge: str, values: list[float]) -> dict:
+        result = {"score_metric": "accuracy", "higher_is_better": True, "time_to_target": None,
+                  "planner_knowledge": knowledge}  # fmt: skip
+        seeds = {s + 1: {**result, "score": v} for s, v in enumerate(values)}
+        return {"scenario": "s", "method": method, "status": "ok", "reason": "",
+                "tunings": [{"repeat": 1, "params": {}, "validation": 0.5, "seeds": seeds}]}  # fmt: skip
+
+    rows = [row("heterofl", "history", [0.7, 0.72, 0.71]), row("salf", "", [0.69, 0.7, 0.7])]
+    board = leaderboard.build(rows)
+    entries = {e.method: e for e in board.scenarios["s"]}
+    assert entries["heterofl"].knowledge == "history" and entries["salf"].knowledge == ""
+    path = leaderboard.write_csv(board, tmp_path / "leaderboard.csv")
+    again = {e.method: e for e in leaderboard.build(leaderboard.read_csv(path)).scenarios["s"]}
+    assert again["heterofl"].knowledge == "history"
+    page = "\n".join(leaderboard.scenario_lines(board.scenarios["s"], None, board.alpha))
+    (heterofl,) = [line for line in page.splitlines() if "| heterofl" in line]
+    assert heterofl.split("|")[2].strip().endswith("(knew: history)") and "salf (knew" not in page

@@ -42,6 +42,7 @@ CSV_COLUMNS = (
     "own_knobs",
     "reason",
     "caveats",
+    "planner_knowledge",
     "fedhet",
     "failed_trials",
     "code",
@@ -90,6 +91,7 @@ class Entry:
     own: list[str] = field(default_factory=list)  # searched keys beyond the suite's shared ones
     tunings: list[Tuned] = field(default_factory=list)
     caveats: list[str] = field(default_factory=list)  # settings under which it is another rule
+    knowledge: str = ""  # what its planner knew of clients' speeds (summary.json's planner_knowledge)
     builds: list[str] = field(default_factory=list)  # the fedhet builds its seed runs ran on
     failed_trials: int = 0  # tuning trials that failed (with the method's current code)
     code: str = ""  # the fingerprint of the code its studies ran (fedhet.bench.study)
@@ -199,6 +201,7 @@ def _tuned(entry: Entry, tuning: dict, score: Score) -> Tuned:
         tuned.times[int(seed)] = result.get("time_to_target")
         tuned.folders[int(seed)] = result.get("folder", "")
         entry.caveats += [c for c in result.get("caveats", []) if c not in entry.caveats]
+        entry.knowledge = entry.knowledge or str(result.get("planner_knowledge") or "")
         if result.get("fedhet") and result["fedhet"] not in entry.builds:
             entry.builds.append(result["fedhet"])
     return tuned
@@ -302,7 +305,8 @@ def csv_rows(board: Leaderboard) -> list[dict]:
                 "validation_value": ";".join(_number(t.validation, 6) for t in e.tunings),
                 "tuned": json.dumps(tuned[0] if len(tuned) == 1 else tuned, sort_keys=True),
                 "own_knobs": " ".join(e.own), "reason": e.reason, "caveats": " | ".join(e.caveats),
-                "fedhet": ";".join(sorted(e.builds)), "failed_trials": e.failed_trials,
+                "planner_knowledge": e.knowledge, "fedhet": ";".join(sorted(e.builds)),
+                "failed_trials": e.failed_trials,
                 "code": e.code, "settings": e.settings,
                 "higher_is_better": str(board.score.higher_is_better).lower(),
             })  # fmt: skip
@@ -341,6 +345,7 @@ def _row_from_csv(r: dict, metric: str) -> dict:
         result = {"score": float(value), "score_metric": metric, "higher_is_better": higher,
                   "time_to_target": float(times[key]) if times.get(key) else None,
                   "caveats": [c for c in r.get("caveats", "").split(" | ") if c],
+                  "planner_knowledge": r.get("planner_knowledge", ""),
                   "fedhet": r.get("fedhet", "")}  # fmt: skip
         tunings[int(repeat or 1) - 1]["seeds"][int(seed)] = result
     return {"scenario": r["scenario"], "method": r["method"], "status": r["status"], "reason": r["reason"],
@@ -389,6 +394,7 @@ def scenario_lines(
         marker = " **best**" if e.best else (" *worse*" if e.worse else "")
         marker += " ⚠" if e.caveats else ""
         marker += f" (+{len(e.own)} own)" if e.own else ""
+        marker += f" (knew: {e.knowledge})" if e.knowledge else ""
         value = f"{e.mean:.4f}{interval} ({_units_text(e)})"
         tests = f"{_p(e.p)} | {_p(e.p_holm)}"
         lines.append(f"| {e.rank} | {e.method}{marker} | {value} | {time} | {tests} | {_tuned_text(e)} |")
@@ -431,8 +437,10 @@ def markdown(board: Leaderboard, header: dict) -> str:
         f"Test {board.score.metric}: {unit}; p Holm: Holm-corrected within the scenario; "
         f"*worse*: Holm-corrected p < {board.alpha:g}. Every method searches the suite's shared "
         "knobs; (+k own): it searched k knobs of its own besides (the searched line above names "
-        "them). ⚠: under this scenario's settings the method is provably another, simpler rule "
-        "(the caveat says which).",
+        "them). ⚠: under this scenario's settings the method is provably another, simpler rule, "
+        "or a mechanism of it is inert (the caveat says which). (knew: k): what its planner knew of "
+        "clients' speeds when it sized their work: history (their reports), profile (the declared "
+        "expectation) or oracle (this round's drawn times).",
         "",
         "## Across scenarios",
         "",

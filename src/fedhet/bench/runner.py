@@ -419,6 +419,7 @@ def _seed_result(run: SeedRun, target: float | None) -> dict:
         "time_to_target": None if not hit else float(hit["sim_time"]),
         "sim_time": summary.get("sim_time"),
         "caveats": list(summary.get("caveats") or []),
+        "planner_knowledge": summary.get("planner_knowledge", ""),
         "folder": str(run.folder),
         "fedhet": summary.get("fedhet", ""),
     }
