@@ -131,3 +131,30 @@ def test_a_regression_with_client_evaluation_writes_each_clients_rmse(tmp_path):
     assert len(rows) == 2 * 4 and all(float(r["rmse"]) > 0 for r in rows)
     last = {r["client"]: float(r["rmse"]) for r in rows if r["round"] == "4"}
     assert summary["final_client_rmse"] == pytest.approx(last)
+
+
+def test_a_grid_reports_a_regressions_rmse_and_refuses_a_metric_its_task_lacks(tmp_path):
+    """``report.value = "final_test_rmse"`` (refused before: not in the closed list) gives a
+    table of RMSEs; a metric the cells' task does not report is one line naming it."""
+    from fedhet.studies.grid import load_experiment, report_table, run_experiment
+
+    document = {k: dict(v) for k, v in CONFIG.items()}
+    document["experiment"] = {"name": "rmse", "jobs": 1}
+    document["grid"] = {"algorithm.name": ["fedavg", "salf"]}
+    document["report"] = {"value": "final_test_rmse"}
+    document["data"] = {"dataset": "diabetes", "num_clients": 4}
+    document["system"] = {"model": "straggler-ratio", "straggler_ratio": 0.5, "deadline": 1.0}
+    path = tmp_path / "grid.toml"
+    path.write_text(tomli_w.dumps(document))
+    experiment = load_experiment(path)
+    summaries = run_experiment(experiment, tmp_path / "out")
+    table = report_table(experiment, summaries)
+    for summary in summaries.values():
+        assert f"| {summary['final_test_rmse']:.3f} " in f"{table} "  # each cell's RMSE, not a blank
+    document["report"]["value"] = "final_test_accuracy_top5"
+    path.write_text(tomli_w.dumps(document))
+    with pytest.raises(
+        ConfigError, match="report.value, cell .*: objective 'final_test_accuracy_top5'"
+    ) as err:
+        load_experiment(path)
+    assert "\n" not in str(err.value) and "reporting loss, rmse" in str(err.value)

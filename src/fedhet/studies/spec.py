@@ -109,6 +109,26 @@ def _grid_cells(base: dict, grid: dict, cases: list, has_cases: bool, path) -> l
     return cells
 
 
+def _report_value(report: dict, cells: list, path) -> str:
+    """``report.value``: a summary number, either one of :data:`REPORT_VALUES` or the
+    ``final_test_<metric>`` / ``best_test_<metric>`` of a metric the cells' task reports (a
+    regression's rmse); refused in one line otherwise."""
+    import re
+
+    value = report.get("value", "final_test_accuracy")
+    if value in REPORT_VALUES:
+        return value
+    if not isinstance(value, str) or not re.fullmatch(r"(final|best)_test_[a-z][a-z0-9_]*", value):
+        raise ConfigError(
+            f"{path}: report.value = {value!r}: not a summary number (final_test_<metric>, "
+            f"best_test_<metric> of the task's metrics, or one of {', '.join(REPORT_VALUES)})"
+        )
+    from fedhet.studies.trials import check_objective_metric
+
+    check_objective_metric(value, [(f"{path}: report.value, cell {c.name}", c.config) for c in cells])
+    return value
+
+
 def _report_settings(report: dict, keys: list, cells: list, path) -> dict:
     """The ``[report]`` table, checked: rows, columns (the grid's keys by default), value,
     interval, reference, alpha and correction."""
@@ -116,11 +136,7 @@ def _report_settings(report: dict, keys: list, cells: list, path) -> dict:
     columns = _key_list(report, "columns", keys, path)
     for key in rows + columns:
         _check_report_key(key, cells, path)
-    value = report.get("value", "final_test_accuracy")
-    if value not in REPORT_VALUES:
-        raise ConfigError(
-            f"{path}: report.value = {value!r}: not a summary number (known: {', '.join(REPORT_VALUES)})"
-        )
+    value = _report_value(report, cells, path)
     interval = report.get("interval", "std")
     if interval not in INTERVALS:
         raise ConfigError(f"{path}: report.interval = {interval!r}: one of {', '.join(INTERVALS)}")
