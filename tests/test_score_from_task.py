@@ -158,3 +158,19 @@ def test_a_grid_reports_a_regressions_rmse_and_refuses_a_metric_its_task_lacks(t
     ) as err:
         load_experiment(path)
     assert "\n" not in str(err.value) and "reporting loss, rmse" in str(err.value)
+
+
+def test_fedhet_version_prints_the_commit_a_summary_records(capsys):
+    """``fedhet --version`` says the build a run's summary records (version and commit in a
+    checkout), not the bare package version."""
+    from fedhet.build import fedhet_build
+    from fedhet.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out == f"fedhet {fedhet_build()}\n"
+    import shutil
+
+    if shutil.which("git") and (Path(__file__).resolve().parents[1] / ".git").exists():
+        assert "+g" in fedhet_build()  # the commit, in a checkout

@@ -396,7 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
         "ADEL-FL, AMSFL, FedStale and their baselines on one simulated clock.",
         epilog="Start with: fedhet run examples/quickstart.toml. Help on one command: fedhet COMMAND --help.",
     )
-    parser.add_argument("--version", action="version", version=f"fedhet {_version()}")
+    parser.add_argument("--version", action=_VersionAction)
     parser.add_argument(
         "--debug",
         action="store_true",
@@ -605,13 +605,19 @@ def _show_warnings() -> None:
         logger.addHandler(handler)
 
 
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+class _VersionAction(argparse.Action):
+    """``--version``: the version and the commit of the checkout fedhet runs from, as a run's
+    summary records it (:func:`fedhet.build.fedhet_build`), read only when asked."""
 
-    try:
-        return version("fedhet")
-    except PackageNotFoundError:  # running from a source tree that is not installed
-        return "unknown"
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        help = help or "print fedhet's version and the commit it runs from, then exit"
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from fedhet.build import fedhet_build
+
+        print(f"fedhet {fedhet_build()}")
+        parser.exit()
 
 
 def _add_unset(parser: argparse.ArgumentParser) -> None:
