@@ -171,7 +171,8 @@ def heterofl_widths(draws: int = 2000) -> None:
                 "algorithm": {"name": "heterofl"},
             })  # fmt: skip
             system = build_system(config, 30, flat.num_layers)
-            plan_algorithm = HeteroFL(HeteroFLOptions(), config.train)
+            # the plan's workload only: the widths below follow each draw's time (the oracle's)
+            plan_algorithm = HeteroFL(HeteroFLOptions(planner_knowledge="oracle"), config.train)
             tally: dict = defaultdict(int)
             stragglers = 0
             for t in range(1, draws + 1):
