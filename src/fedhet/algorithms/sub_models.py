@@ -99,8 +99,8 @@ def fitting_level(context, client: int, choose: Callable, cost: Callable, state:
     estimates = plan.record.get("estimated_full_time") if plan.record else None
     estimate = full_time if estimates is None else float(estimates[client])
     level = choose(estimate, plan.deadline)
-    if estimates is not None and state is not None:
-        state["reported_time"][client] = full_time  # measured on its steps, reported
+    if estimates is not None and state is not None:  # measured on its steps, reported
+        state.setdefault("reported_time", [None] * len(outcomes.full_time))[client] = full_time
     if level is None:
         return None  # no level fits: not asked to work
     seconds, limit = cost(level) * full_time, (plan.deadline or 0.0) * (1 + 1e-12)
@@ -108,7 +108,7 @@ def fitting_level(context, client: int, choose: Callable, cost: Callable, state:
     # it costs, HeteroFL's fixed rate, is trained whatever it takes, as before)
     late = plan.deadline is not None and cost(level) * estimate <= limit < seconds
     if late and state is not None:
-        state["late_sub_models"] += 1
+        state["late_sub_models"] = state.get("late_sub_models", 0) + 1
     if late or not outcomes.finishes_before_failure(client, seconds):
         return None  # its sub-model does not fit its drawn time, or it failed mid-round first
     return level
@@ -128,4 +128,5 @@ class PlansFromKnowledge:
         return with_estimates(plan, state, system, self.planner_knowledge, self.train)
 
     def round_metrics(self, state: dict) -> dict[str, float]:
-        return {**super().round_metrics(state), "late_sub_models": float(state["late_sub_models"])}  # type: ignore[misc]
+        late = float(state.get("late_sub_models", 0))  # a state saved before the count: none yet
+        return {**super().round_metrics(state), "late_sub_models": late}  # type: ignore[misc]
