@@ -464,12 +464,14 @@ def _inert_knobs(suite: Suite, scenario: Scenario, method: Method) -> list[str]:
     from fedhet.algorithms.mechanisms import inert_knobs
     from fedhet.registry import resolve
 
+    cls = resolve("algorithm", method.name, f"method {method.label}").cls
+    if not getattr(cls, "mechanisms", ()):
+        return []  # nothing declared: no configuration to build
     searched = {p.key for p in method.params}
     probes: list[dict] = [{}] + [{p.key: v} for p in method.params for v in p.ends()]
     common: set[str] | None = None
     for values in probes:
         config = from_dict(suite.config(scenario, method, values, "check"))
-        cls = resolve("algorithm", config.algorithm_name, f"method {method.label}").cls
         rule = cls.build(config.algorithm.options, AlgorithmContext(config.train))
         try:
             keys = inert_knobs(rule) & searched
@@ -479,6 +481,8 @@ def _inert_knobs(suite: Suite, scenario: Scenario, method: Method) -> list[str]:
                 f"test of the settings raised {type(exc).__name__}: {exc}"
             ) from None
         common = keys if common is None else common & keys
+        if not common:
+            return []  # a probe where every searched knob acts: nothing to leave out
     return sorted(common or ())
 
 
