@@ -278,14 +278,13 @@ def test_a_sub_model_counts_only_if_it_ended_before_the_failure():
     from fedhet.algorithms.heterofl import HeteroFL
     from fedhet.system.types import Outcomes
 
-    rule = HeteroFL.__new__(HeteroFL)
-    rule.options = HeteroFL.Options()
+    rule = HeteroFL(HeteroFL.Options(), None)
     plan = RoundPlan(0, 1.0, 0.1, [ClientAssignment(8, 1)] * 3)
     full = np.array([0.5, 4.0, 4.0])  # rate 1; rate 0.5 (cost 0.25 x 4 s = 1 s) twice
     outcomes = Outcomes(np.ones(3, bool), np.ones(3, int), full, np.minimum(full, 1.0),
                         failure_time=np.array([0.4, 0.9, np.inf]))  # fmt: skip
     context = RoundContext(plan, outcomes, None, 3, 2)
-    tasks = [rule.client_task(context, c, {"rate_cost": {"0.5": 0.25}}) for c in range(3)]
+    tasks = [rule.planner.client_task(context, c, {"rate_cost": {"0.5": 0.25}}) for c in range(3)]
     assert tasks[0] is None and tasks[1] is None  # failed at 0.4 < 0.5 s and 0.9 < 1 s
     assert tasks[2] is not None and tasks[2].coverage.width == 0.5
 

@@ -30,8 +30,8 @@ def test_stale_weights_by_hand():
 
 
 def test_lateness_counts_the_rounds_a_straggler_spans():
-    assert [REFL.lateness(f, 2.0) for f in (1.0, 2.0, 2.5, 4.0, 8.0)] == [0, 0, 1, 1, 3]
-    assert REFL.lateness(9.0, None) == 0
+    assert [REFL.Aggregation.lateness(f, 2.0) for f in (1.0, 2.0, 2.5, 4.0, 8.0)] == [0, 0, 1, 1, 3]
+    assert REFL.Aggregation.lateness(9.0, None) == 0
 
 
 # four clients of capabilities 1.5, 1.5, 0.75 and 0.25 (mean 1): two steps of batch 8 take

@@ -42,8 +42,10 @@ testpaths = ["tests"]
 RULE = '''"""The $name rule: the server steps by the average of the clients' updates, each weighted by
 the local steps it finished by the deadline (a client that finished none sends nothing).
 
-Edit ``aggregate`` (and any hook below) to make it yours. Round numbers count from 0 in these
-hooks (``context.plan.round``) and from 1 in what fedhet prints."""
+A rule is a few parts; this one writes its aggregation and its client part and keeps the
+shared planner and reporting. Edit ``aggregate`` (and the client hook) to make it yours.
+Round numbers count from 0 in these hooks (``context.plan.round``) and from 1 in what
+fedhet prints."""
 
 from __future__ import annotations
 
@@ -52,7 +54,7 @@ from typing import ClassVar
 
 import torch
 
-from fedhet.algorithms import Algorithm
+from fedhet.algorithms import Aggregation, Algorithm, ClientPart
 from fedhet.errors import ConfigError
 
 
@@ -67,22 +69,9 @@ class ${cls}Options:
             raise ConfigError(f"algorithm.server_lr = {self.server_lr}: must be > 0")
 
 
-class $cls(Algorithm):
-    """A client delivers the whole local steps it finished by the deadline
-    (``partial_work = "steps"``); the server averages the updates with weights a_u
-    proportional to those steps."""
-
-    name = "$name"
-    summary = "steps-weighted average of the clients' finished local work"
-    Options = ${cls}Options
-    partial_work = "steps"  # "none": only finishers are asked; "layers": SALF's layer cut
-    # tuned by `fedhet bench` beside the learning rate (a search-space range per option)
-    hyperparameters: ClassVar[dict] = {"server_lr": {"low": 0.25, "high": 2.0, "log": True}}
-
-    # Server side. ``plan`` (deadline, learning rate, each client's batch and steps) and
-    # ``client_task`` (each client's task cut to its sampled outcome) are inherited; override
-    # them to decide who does what. ``init_state`` returns server memory kept across rounds
-    # (checkpointed with the run).
+class StepsWeightedMean(Aggregation):
+    """Server side: the new global model from the round's updates. The part may keep
+    server memory across rounds (``init_state``, checkpointed with the run)."""
 
     def aggregate(self, params, buffers, updates, state, context, layout):
         """New global (params, buffers) from this round's updates (sorted by client)."""
@@ -97,12 +86,33 @@ class $cls(Algorithm):
             new_buffers = buffers + buffer_step
         return params + self.options.server_lr * step, new_buffers
 
-    # Client side: each hook runs on the client, over its own state.
+
+class PlainSGD(ClientPart):
+    """Client side: each hook runs on the client, over its own state (a local loss,
+    sample selection and what it does after its steps are hooks too)."""
 
     def gradient_correction(self, task, state, region, local, anchor):
         """A term added to each local step's gradient over ``region`` (FedProx's
         mu (w - w_t)); None: plain SGD."""
         return None
+
+
+class $cls(Algorithm):
+    """A client delivers the whole local steps it finished by the deadline
+    (``partial_work = "steps"``); the server averages the updates with weights a_u
+    proportional to those steps."""
+
+    name = "$name"
+    summary = "steps-weighted average of the clients' finished local work"
+    Options = ${cls}Options
+    partial_work = "steps"  # "none": only finishers are asked; "layers": SALF's layer cut
+    # tuned by `fedhet bench` beside the learning rate (a search-space range per option)
+    hyperparameters: ClassVar[dict] = {"server_lr": {"low": 0.25, "high": 2.0, "log": True}}
+    # The parts it changes. The planner (deadline, learning rate, each client's batch and
+    # steps; each client's task cut to its outcome) and the reporting are the defaults:
+    # set ``Planner`` or ``Reporting`` to a subclass of fedhet.algorithms.Planner/Reporting.
+    Aggregation = StepsWeightedMean
+    Client = PlainSGD
 '''
 
 TEST = '''"""The $name rule passes `fedhet check` (class, rounds, interrupted and resumed), and its
@@ -131,7 +141,7 @@ def test_aggregate_weights_updates_by_the_steps_they_finished():
                      delta=torch.tensor([value]))
         for u, (steps, value) in enumerate([(1, 3.0), (3, -1.0)])
     ]
-    params, _ = rule.aggregate(torch.zeros(1), torch.zeros(0), updates, {}, None, None)
+    params, _ = rule.aggregation.aggregate(torch.zeros(1), torch.zeros(0), updates, {}, None, None)
     assert torch.allclose(params, torch.tensor([0.0]))  # (1 x 3 + 3 x -1) / 4
 '''
 
@@ -197,7 +207,8 @@ python -m pytest                      # fedhet check on the rule, and its aggreg
 fedhet bench suites/$name.toml        # against SALF, drop-stragglers and FedAvg
 ```
 
-The rule is `src/$package/rule.py`; edit `aggregate` and the hooks there.
+The rule is `src/$package/rule.py`: its aggregation and client parts; edit `aggregate` and
+the hooks there.
 """
 
 

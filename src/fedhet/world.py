@@ -337,7 +337,7 @@ def server_optimizer(config: Config, algorithm):
     for (FedAdam: FedAvg with the adam step); both at once is refused in one line, and so is
     a rule's own ``server_lr`` beside a ``[server]`` optimizer (one server learning rate)."""
     chosen = config.server.entry("optimizer").cls.build(config.server.options("optimizer"), None)
-    preset = algorithm.preset_server_optimizer()
+    preset = algorithm.aggregation.preset_server_optimizer()
     if preset is None:
         own = getattr(config.algorithm.options, "server_lr", 1.0)
         if own != 1.0 and not chosen.is_identity:  # one server learning rate, set in one place

@@ -1,4 +1,5 @@
-"""Algorithms: plan / client tasks / client hooks / aggregate, registered by name."""
+"""Rules, registered by name, each a few parts: planner (or event scheduler), client part,
+aggregation, reporting (:mod:`fedhet.algorithms.parts`)."""
 
 from fedhet.algorithms import (  # noqa: F401  (registration)
     adelfl,
@@ -29,15 +30,31 @@ from fedhet.algorithms.base import (
     ALGORITHMS,
     Algorithm,
     AlgorithmContext,
+    AsyncAlgorithm,
     ClientAssignment,
     RoundContext,
     RoundPlan,
     RunSetting,
 )
+from fedhet.algorithms.parts import (
+    Aggregation,
+    ClientPart,
+    EventAggregation,
+    EventScheduler,
+    Planner,
+    Reporting,
+)
 
 __all__ = [
     "ALGORITHMS",
+    "Aggregation",
     "Algorithm",
+    "AsyncAlgorithm",
+    "ClientPart",
+    "EventAggregation",
+    "EventScheduler",
+    "Planner",
+    "Reporting",
     "AlgorithmContext",
     "ClientAssignment",
     "RoundContext",

@@ -23,6 +23,7 @@ from fedhet.algorithms.deadline_planner import (
     equal_plan,
     solve,
 )
+from fedhet.algorithms.parts import Planner, Reporting
 from fedhet.algorithms.salf import SALF, SALFOptions
 from fedhet.errors import ConfigError
 from fedhet.messages import ClientTask
@@ -100,14 +101,9 @@ class ADELFLOptions(SALFOptions):
             raise ConfigError(f"algorithm.max_iter = {self.max_iter}: must be >= 1")
 
 
-@register
-class ADELFL(SALF):
-    """Planned deadlines T_t and batches S_u = ceil(m P_u) (Problem 2), SALF aggregation
-    with p_l(T_t, m) (ADEL-FL eq. (5), Lemma 1); layers nobody reached are kept."""
-
-    name = "adel-fl"
-    summary = "ADEL-FL: deadlines and batch sizes optimised for a time budget, layer-wise aggregation"
-    Options = ADELFLOptions
+class ADELFLPlanner(Planner):
+    """ADEL-FL's planner: the deadlines T_1..T_R and batch scale m that minimise the Theorem 1
+    bound (Problem 2, Algorithm 1), solved before round 1 from probed gradient statistics."""
 
     def probe_tasks(self, setting: RunSetting) -> list[ClientTask]:
         """With ``estimate_constants``: one gradient probe per client at the initial model."""
@@ -125,6 +121,18 @@ class ADELFL(SALF):
             )
             for u in range(setting.num_clients)
         ]
+
+    def plan(self, round_index: int, state: dict, system, deadline) -> RoundPlan:
+        """Round t: the planned deadline T_t and batches S_u, one entry per client."""
+        deadlines = state["deadlines"]
+        t = min(round_index, len(deadlines) - 1)
+        rates = state.get("learning_rates")
+        return RoundPlan(
+            round=round_index,
+            deadline=deadlines[t],
+            lr=rates[t] if self.options.time_aware_lr and rates else self.lr_at(round_index),
+            assignments=[ClientAssignment(int(s), self.train.local_steps) for s in state["batch_sizes"]],
+        )
 
     def init_state(self, setting: RunSetting) -> dict:
         """Solve Problem 2 once (ADEL-FL Algorithm 1, steps 1-3)."""
@@ -249,6 +257,10 @@ class ADELFL(SALF):
         )
         return report
 
+
+class ADELFLReporting(Reporting):
+    """ADEL-FL's plan (deadlines, batch sizes, the bound's constants) and its fallbacks."""
+
     def reports(self, state: dict) -> dict[str, dict]:
         return {"plan": state["plan"]}
 
@@ -268,14 +280,14 @@ class ADELFL(SALF):
             )
         return notes
 
-    def plan(self, round_index: int, state: dict, system, deadline) -> RoundPlan:
-        """Round t: the planned deadline T_t and batches S_u, one entry per client."""
-        deadlines = state["deadlines"]
-        t = min(round_index, len(deadlines) - 1)
-        rates = state.get("learning_rates")
-        return RoundPlan(
-            round=round_index,
-            deadline=deadlines[t],
-            lr=rates[t] if self.options.time_aware_lr and rates else self.lr_at(round_index),
-            assignments=[ClientAssignment(int(s), self.train.local_steps) for s in state["batch_sizes"]],
-        )
+
+@register
+class ADELFL(SALF):
+    """Planned deadlines T_t and batches S_u = ceil(m P_u) (Problem 2), SALF aggregation
+    with p_l(T_t, m) (ADEL-FL eq. (5), Lemma 1); layers nobody reached are kept."""
+
+    name = "adel-fl"
+    summary = "ADEL-FL: deadlines and batch sizes optimised for a time budget, layer-wise aggregation"
+    Options = ADELFLOptions
+    Planner = ADELFLPlanner
+    Reporting = ADELFLReporting

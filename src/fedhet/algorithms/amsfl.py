@@ -55,8 +55,9 @@ import numpy as np
 import torch
 
 from fedhet.algorithms.base import ClientAssignment, RoundPlan, RunSetting, register
-from fedhet.algorithms.fedavg import FedAvg, FedAvgOptions
+from fedhet.algorithms.fedavg import FedAvg, FedAvgAggregation, FedAvgOptions
 from fedhet.algorithms.mechanisms import Mechanism
+from fedhet.algorithms.parts import ClientPart, Planner, Reporting
 from fedhet.errors import ConfigError
 from fedhet.system.base import StepTimeLaw
 
@@ -359,69 +360,9 @@ class AMSFLOptions(FedAvgOptions):
             raise ConfigError(f"algorithm.max_steps = {self.max_steps}: must be >= 1")
 
 
-@register
-class AMSFL(FedAvg):
-    """Adaptive local steps under a per-round time budget (AMSFL Algorithm 1), GDA estimates,
-    weighted averaging of the local models."""
-
-    name = "amsfl"
-    summary = "AMSFL: local steps per client chosen under a time budget from GDA drift estimates"
-    Options = AMSFLOptions
-    hyperparameters: ClassVar[dict[str, dict]] = {
-        **FedAvg.hyperparameters,
-        "mu": {"low": 0.01, "high": 1.0, "log": True},
-    }
-    uses_deadline = False
-    partial_work = "none"
-    tracks_gradient_differences = True
-
-    @property
-    def planner_knowledge(self) -> str:
-        """``profile`` with the system model's per-step costs (``costs = "known"``), else
-        ``history`` (costs estimated from what clients reported)."""
-        return "profile" if self.options.costs == "known" else "history"
-
-    mechanisms = (
-        Mechanism("its allocation of local step counts (AMSFL Sec. 3.4)",
-                  needs="algorithm.max_steps >= 2 (each client's t_i is in 1..max_steps)",
-                  acts=lambda rule: rule.options.max_steps >= 2, knobs=("mu", "allocation")),
-    )  # fmt: skip
-
-    def init_state(self, setting: RunSetting) -> dict:
-        sizes = np.asarray(setting.client_sizes, float)
-        weights = (
-            sizes / sizes.sum() if self.options.weights == "samples" else np.full(len(sizes), 1 / len(sizes))
-        )
-        o = self.options
-        law = setting.system.time_law()
-        if o.costs == "known" and not isinstance(law, StepTimeLaw):
-            raise ConfigError(
-                f"system.model = {setting.system.name!r}: amsfl with known costs needs the per-step "
-                'model (c_i, b_i); set system.model = "per-step" or algorithm.costs = "estimated"'
-            )
-        if o.gda_cost == "charged" and not isinstance(law, StepTimeLaw):
-            raise ConfigError(
-                f"system.model = {setting.system.name!r}: only the per-step model prices GDA's extra "
-                'gradients; set system.model = "per-step" or algorithm.gda_cost = "free"'
-            )
-        if o.costs == "known" and isinstance(law, StepTimeLaw):
-            batch = np.full(setting.num_clients, self.train.batch_size)
-            step, comm = law.step_time(batch), law.comm_times()
-            least = float(np.sum(step) + np.sum(comm))  # one step per client (Algorithm 1's t_i >= 1)
-            if o.round_budget < least:
-                raise ConfigError(
-                    f"algorithm.round_budget = {o.round_budget:g}: below the least a round costs, "
-                    f"{least:.4g} s (communication sum b_i = {np.sum(comm):.4g} s plus one step per client, "
-                    f"sum c_i = {np.sum(step):.4g} s)"
-                )
-        return {
-            "weights": weights,
-            "estimates": None,
-            "cost_sums": np.zeros((setting.num_clients, 5)),
-            "history": [],
-            "previous": None,  # the last round's model and mean gradient (L across rounds)
-            "client_estimates": {},  # client -> its last GDA report's L_i, G_i, G_i,k (gda-sqrt)
-        }
+class AMSFLPlanner(Planner):
+    """AMSFL's planner: each client's local steps from the step costs and the GDA drift
+    estimates under the round's time budget (AMSFL Sec. 3.3-3.4)."""
 
     def _costs(self, state: dict, system, batch_sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(c_i, b_i) as the allocation sees them: with GDA charged, steps 2..t_i cost 2 c_i
@@ -494,6 +435,13 @@ class AMSFL(FedAvg):
             ],
         )
 
+
+class AMSFLClient(ClientPart):
+    """AMSFL's client: tracks each step's gradient beside the gradient at the received model
+    (GDA, AMSFL Sec. 3.2) and reports the estimates with its update."""
+
+    tracks_gradient_differences = True
+
     # -- client: GDA along the local steps ---------------------------------------------------
     def upload_payload(self, covered: int) -> dict[str, int]:
         """The gradient at the received model (step 1's batch) travels with the update: the
@@ -539,6 +487,47 @@ class AMSFL(FedAvg):
                 "gda_anchor_gradient": anchor_gradient,  # grad F_i(w^(k)) on step 1's batch
             }
         )
+
+
+class AMSFLAggregation(FedAvgAggregation):
+    """AMSFL's aggregation: FedAvg's weighted mean, then the server's estimates (step costs,
+    smoothness, drift) updated from what the clients reported."""
+
+    def init_state(self, setting: RunSetting) -> dict:
+        sizes = np.asarray(setting.client_sizes, float)
+        weights = (
+            sizes / sizes.sum() if self.options.weights == "samples" else np.full(len(sizes), 1 / len(sizes))
+        )
+        o = self.options
+        law = setting.system.time_law()
+        if o.costs == "known" and not isinstance(law, StepTimeLaw):
+            raise ConfigError(
+                f"system.model = {setting.system.name!r}: amsfl with known costs needs the per-step "
+                'model (c_i, b_i); set system.model = "per-step" or algorithm.costs = "estimated"'
+            )
+        if o.gda_cost == "charged" and not isinstance(law, StepTimeLaw):
+            raise ConfigError(
+                f"system.model = {setting.system.name!r}: only the per-step model prices GDA's extra "
+                'gradients; set system.model = "per-step" or algorithm.gda_cost = "free"'
+            )
+        if o.costs == "known" and isinstance(law, StepTimeLaw):
+            batch = np.full(setting.num_clients, self.train.batch_size)
+            step, comm = law.step_time(batch), law.comm_times()
+            least = float(np.sum(step) + np.sum(comm))  # one step per client (Algorithm 1's t_i >= 1)
+            if o.round_budget < least:
+                raise ConfigError(
+                    f"algorithm.round_budget = {o.round_budget:g}: below the least a round costs, "
+                    f"{least:.4g} s (communication sum b_i = {np.sum(comm):.4g} s plus one step per client, "
+                    f"sum c_i = {np.sum(step):.4g} s)"
+                )
+        return {
+            "weights": weights,
+            "estimates": None,
+            "cost_sums": np.zeros((setting.num_clients, 5)),
+            "history": [],
+            "previous": None,  # the last round's model and mean gradient (L across rounds)
+            "client_estimates": {},  # client -> its last GDA report's L_i, G_i, G_i,k (gda-sqrt)
+        }
 
     # -- server ---------------------------------------------------------------------------
     def aggregate(self, params, buffers, updates, state, context, layout):
@@ -607,6 +596,42 @@ class AMSFL(FedAvg):
             return None
         return float((gradient - previous["gradient"]).norm()) / distance
 
+
+class AMSFLReporting(Reporting):
+    """AMSFL's report: the steps it allocated and the estimates behind them."""
+
     def reports(self, state: dict) -> dict[str, dict]:
         run_rounds = [h for h in state["history"] if "drift_norm" in h]  # not a plan cut by the budget
         return {"amsfl": {"estimates": state["estimates"], "rounds": run_rounds}}
+
+
+@register
+class AMSFL(FedAvg):
+    """Adaptive local steps under a per-round time budget (AMSFL Algorithm 1), GDA estimates,
+    weighted averaging of the local models."""
+
+    name = "amsfl"
+    summary = "AMSFL: local steps per client chosen under a time budget from GDA drift estimates"
+    Options = AMSFLOptions
+    hyperparameters: ClassVar[dict[str, dict]] = {
+        **FedAvg.hyperparameters,
+        "mu": {"low": 0.01, "high": 1.0, "log": True},
+    }
+    uses_deadline = False
+    partial_work = "none"
+
+    @property
+    def planner_knowledge(self) -> str:
+        """``profile`` with the system model's per-step costs (``costs = "known"``), else
+        ``history`` (costs estimated from what clients reported)."""
+        return "profile" if self.options.costs == "known" else "history"
+
+    mechanisms = (
+        Mechanism("its allocation of local step counts (AMSFL Sec. 3.4)",
+                  needs="algorithm.max_steps >= 2 (each client's t_i is in 1..max_steps)",
+                  acts=lambda rule: rule.options.max_steps >= 2, knobs=("mu", "allocation")),
+    )  # fmt: skip
+    Planner = AMSFLPlanner
+    Client = AMSFLClient
+    Aggregation = AMSFLAggregation
+    Reporting = AMSFLReporting

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from fedhet.algorithms.base import Algorithm, register
+from fedhet.algorithms.parts import Aggregation, Planner, Reporting
 from fedhet.errors import ConfigError
 from fedhet.messages import ClientTask, Coverage
 
@@ -41,16 +42,9 @@ class AsyncFLOptions:
             )
 
 
-@register
-class AsyncFL(Algorithm):
-    """Fresh updates now, a straggler's full update 2 d rounds after it was started."""
-
-    name = "asyncfl"
-    summary = "AsyncFL: stragglers' full updates arrive 2d rounds late and join FedAvg (SALF Sec. IV)"
-    Options: ClassVar[type] = AsyncFLOptions
-
-    def init_state(self, setting) -> dict:
-        return {"pending": [], "log": [], "resting": {}}
+class AsyncFLPlanner(Planner):
+    """AsyncFL's planner: a straggler keeps training past the deadline and is sent no new
+    task until its late update is in (``busy_clients``)."""
 
     def client_task(self, context, client: int, state: dict) -> ClientTask | None:
         """Every present client not still busy with an earlier task trains the full model."""
@@ -71,6 +65,14 @@ class AsyncFL(Algorithm):
         return {int(p["client"]) for p in state["pending"]} | {
             int(c) for c, until in resting.items() if until >= round_index
         }
+
+
+class AsyncFLAggregation(Aggregation):
+    """AsyncFL's aggregation: this round's finishers with the late updates that arrive now,
+    each discounted by its staleness."""
+
+    def init_state(self, setting) -> dict:
+        return {"pending": [], "log": [], "resting": {}}
 
     @staticmethod
     def delay(depth: int) -> int:
@@ -117,6 +119,22 @@ class AsyncFL(Algorithm):
                 new_buffers.add_(delta_buffers, alpha=1.0 / len(deltas))
         return new_params, new_buffers
 
+
+class AsyncFLReporting(Reporting):
+    """AsyncFL's report: the late updates and their delays."""
+
     def reports(self, state: dict) -> dict[str, dict]:
         in_flight = [{"client": p["client"], "made": p["made"], "due": p["due"]} for p in state["pending"]]
         return {"asyncfl": {"rounds": state["log"], "in_flight": in_flight}}
+
+
+@register
+class AsyncFL(Algorithm):
+    """Fresh updates now, a straggler's full update 2 d rounds after it was started."""
+
+    name = "asyncfl"
+    summary = "AsyncFL: stragglers' full updates arrive 2d rounds late and join FedAvg (SALF Sec. IV)"
+    Options: ClassVar[type] = AsyncFLOptions
+    Planner = AsyncFLPlanner
+    Aggregation = AsyncFLAggregation
+    Reporting = AsyncFLReporting

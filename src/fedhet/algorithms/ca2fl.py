@@ -13,7 +13,7 @@ from typing import ClassVar
 import numpy as np
 
 from fedhet.algorithms.base import SERVER_LR_RANGE, register
-from fedhet.algorithms.fedbuff import FedBuff, FedBuffOptions
+from fedhet.algorithms.fedbuff import FedBuff, FedBuffAggregation, FedBuffOptions, FedBuffReporting
 from fedhet.algorithms.memory import DTYPES, FOLDER, STORAGES, ClientMemory, persisted, restored
 from fedhet.checks import one_of
 
@@ -33,23 +33,9 @@ class CA2FLOptions(FedBuffOptions):
         one_of("algorithm.memory_storage", self.memory_storage, STORAGES)
 
 
-@register
-class CA2FL(FedBuff):
-    """CA2FL's Algorithm 1. The server caches h_i, client i's latest update (0 before it
-    first delivers), and their mean h = (1/N) sum_i h_i. At server step t, from the buffer S_t
-    of M updates,
-
-        v_t = h_t + (1/M) sum_{i in S_t} (Delta_i - h_i),    x_{t+1} = x_t + eta v_t,
-
-    then h_i <- Delta_i for i in S_t. The calibration replaces FedBuff's staleness weights:
-    v_t estimates the mean update of all N clients, stale ones included, rather than the
-    mean of whoever arrived. A client delivering twice in one buffer: the later update
-    counts as a separate entry and is cached last."""
-
-    name = "ca2fl"
-    summary = "CA2FL: FedBuff calibrated by every client's cached latest update (Wang et al. ICLR 2024)"
-    Options = CA2FLOptions
-    hyperparameters: ClassVar[dict[str, dict]] = {"server_lr": SERVER_LR_RANGE}
+class CA2FLAggregation(FedBuffAggregation):
+    """CA2FL's server step: the buffer's updates calibrated by each client's cached update
+    (cache-aided asynchronous aggregation)."""
 
     def init_state(self, setting) -> dict:
         state = super().init_state(setting)
@@ -84,5 +70,30 @@ class CA2FL(FedBuff):
         """The cache rebuilt from its files as they were at the checkpoint."""
         return {**saved, "memory": restored(saved["memory"], work_dir, self.name)}
 
+
+class CA2FLReporting(FedBuffReporting):
+    """CA2FL's report: the server steps and the cache."""
+
     def reports(self, state: dict) -> dict[str, dict]:
         return {"ca2fl": {"server_steps": state["log"]}}
+
+
+@register
+class CA2FL(FedBuff):
+    """CA2FL's Algorithm 1. The server caches h_i, client i's latest update (0 before it
+    first delivers), and their mean h = (1/N) sum_i h_i. At server step t, from the buffer S_t
+    of M updates,
+
+        v_t = h_t + (1/M) sum_{i in S_t} (Delta_i - h_i),    x_{t+1} = x_t + eta v_t,
+
+    then h_i <- Delta_i for i in S_t. The calibration replaces FedBuff's staleness weights:
+    v_t estimates the mean update of all N clients, stale ones included, rather than the
+    mean of whoever arrived. A client delivering twice in one buffer: the later update
+    counts as a separate entry and is cached last."""
+
+    name = "ca2fl"
+    summary = "CA2FL: FedBuff calibrated by every client's cached latest update (Wang et al. ICLR 2024)"
+    Options = CA2FLOptions
+    hyperparameters: ClassVar[dict[str, dict]] = {"server_lr": SERVER_LR_RANGE}
+    Aggregation = CA2FLAggregation
+    Reporting = CA2FLReporting

@@ -36,8 +36,11 @@ import torch
 
 from fedhet.algorithms.aggregation import expand_per_layer
 from fedhet.algorithms.base import Algorithm, register
+from fedhet.algorithms.parts import Aggregation, ClientPart
 from fedhet.algorithms.sub_models import (
     KNOWLEDGE,
+    KnowledgePlanner,
+    LateSubModelsReporting,
     PlansFromKnowledge,
     fitting_level,
     knowledge_state,
@@ -78,18 +81,57 @@ def consistency_weight(weight: float, round_index: int, rampup: int) -> float:
     return weight * float(np.exp(-5.0 * phase * phase))
 
 
-@register
-class DepthFL(PlansFromKnowledge, Algorithm):
-    """The deepest local model that fits each client's deadline, mutual self-distillation
-    among its classifiers, per-layer means over the clients holding each layer."""
+class DepthFLPlanner(KnowledgePlanner):
+    """DepthFL's planner: each client's depth (its classifiers up to an exit) sized to fit
+    the deadline from the planner's estimate of its time."""
 
-    name = "depthfl"
-    summary = "DepthFL: depth-scaled local models with a classifier per block, self-distillation"
-    sends_only_work_that_fits: ClassVar[bool] = True  # no level fits: not asked to work
-    Options = DepthFLOptions
-    hyperparameters: ClassVar[dict[str, dict]] = {
-        "consistency_weight": {"low": 0.1, "high": 3.0, "log": True}
-    }
+    def depth_for(self, full_time: float, deadline: float | None, level_cost: list[float]) -> int | None:
+        """The local depth k of a client whose full work takes ``full_time``: K when it fits
+        the deadline (or there is none), else the largest k with c(k) full_time <= deadline;
+        None when no k fits."""
+        return largest_fitting(dict(enumerate(level_cost, start=1)), full_time, deadline)
+
+    def client_task(self, context, client: int, state: dict) -> ClientTask | None:
+        costs = state["level_cost"]
+        k = fitting_level(
+            context, client, lambda full_time, deadline: self.depth_for(full_time, deadline, costs),
+            lambda level: costs[level - 1], state,
+        )  # fmt: skip
+        if k is None:
+            return None
+        plan = context.plan
+        task = self.make_task(plan, client, plan.assignments[client].local_steps, Coverage(1), state)
+        task.payload[EXITS] = int(k)
+        task.work_share = float(costs[k - 1])
+        return task
+
+
+class DepthFLClient(ClientPart):
+    """DepthFL's client: the loss over its exits with mutual self-distillation between them."""
+
+    def local_loss(self, task, state, model, x, y, depth, loss, rng):
+        """sum_i CE(z_i, y) + w_t/(k-1) sum_{i != j} KL(softmax z_j || softmax z_i) over the
+        local model's exits (DepthFL Sec. 3.2); the task's loss and divergence (a
+        regression's: squared error to the other exit's prediction)."""
+        k = int(task.payload.get(EXITS, getattr(model, "num_exits", 1)))
+        outputs = model.exits(x, k, depth)
+        total = sum(loss(z, y) for z in outputs)
+        weight = consistency_weight(
+            self.options.consistency_weight, task.round, self.options.consistency_rampup
+        )
+        if self.options.distillation and len(outputs) > 1 and weight > 0:
+            for divergence in loss.divergences(outputs):  # the task's (fedhet.data.task)
+                total = total + weight * divergence / (len(outputs) - 1)
+        return total
+
+    def finish_local_work(self, task, update, state, region, local, anchor):
+        """The client's depth k travels with its update; the server takes only the layers of
+        level <= k from it (the others had no gradient)."""
+        update.payload[EXITS] = int(task.payload.get(EXITS, 0))
+
+
+class DepthFLAggregation(Aggregation):
+    """DepthFL's aggregation: each layer averaged over the clients whose depth covers it."""
 
     def init_state(self, setting) -> dict:
         levels = setting.layout.exit_levels
@@ -112,46 +154,6 @@ class DepthFL(PlansFromKnowledge, Algorithm):
             work = np.array([end - start for start, end in layout.param_slices.bounds], dtype=float)
         total = work.sum()
         return [float(work[levels <= k].sum() / total) for k in range(1, int(levels.max()) + 1)]
-
-    def depth_for(self, full_time: float, deadline: float | None, level_cost: list[float]) -> int | None:
-        """The local depth k of a client whose full work takes ``full_time``: K when it fits
-        the deadline (or there is none), else the largest k with c(k) full_time <= deadline;
-        None when no k fits."""
-        return largest_fitting(dict(enumerate(level_cost, start=1)), full_time, deadline)
-
-    def client_task(self, context, client: int, state: dict) -> ClientTask | None:
-        costs = state["level_cost"]
-        k = fitting_level(
-            context, client, lambda full_time, deadline: self.depth_for(full_time, deadline, costs),
-            lambda level: costs[level - 1], state,
-        )  # fmt: skip
-        if k is None:
-            return None
-        plan = context.plan
-        task = self.make_task(plan, client, plan.assignments[client].local_steps, Coverage(1), state)
-        task.payload[EXITS] = int(k)
-        task.work_share = float(costs[k - 1])
-        return task
-
-    def local_loss(self, task, state, model, x, y, depth, loss, rng):
-        """sum_i CE(z_i, y) + w_t/(k-1) sum_{i != j} KL(softmax z_j || softmax z_i) over the
-        local model's exits (DepthFL Sec. 3.2); the task's loss and divergence (a
-        regression's: squared error to the other exit's prediction)."""
-        k = int(task.payload.get(EXITS, getattr(model, "num_exits", 1)))
-        outputs = model.exits(x, k, depth)
-        total = sum(loss(z, y) for z in outputs)
-        weight = consistency_weight(
-            self.options.consistency_weight, task.round, self.options.consistency_rampup
-        )
-        if self.options.distillation and len(outputs) > 1 and weight > 0:
-            for divergence in loss.divergences(outputs):  # the task's (fedhet.data.task)
-                total = total + weight * divergence / (len(outputs) - 1)
-        return total
-
-    def finish_local_work(self, task, update, state, region, local, anchor):
-        """The client's depth k travels with its update; the server takes only the layers of
-        level <= k from it (the others had no gradient)."""
-        update.payload[EXITS] = int(task.payload.get(EXITS, 0))
 
     def aggregate(self, params, buffers, updates, state, context, layout):
         """Each layer: the mean update over the clients whose local depth holds it."""
@@ -177,3 +179,21 @@ class DepthFL(PlansFromKnowledge, Algorithm):
         if buffers.numel():
             new_buffers += buffer_total * expand_per_layer(factor, layout.buffer_slices, buffers.numel())
         return new_params, new_buffers
+
+
+@register
+class DepthFL(PlansFromKnowledge, Algorithm):
+    """The deepest local model that fits each client's deadline, mutual self-distillation
+    among its classifiers, per-layer means over the clients holding each layer."""
+
+    name = "depthfl"
+    summary = "DepthFL: depth-scaled local models with a classifier per block, self-distillation"
+    sends_only_work_that_fits: ClassVar[bool] = True  # no level fits: not asked to work
+    Options = DepthFLOptions
+    hyperparameters: ClassVar[dict[str, dict]] = {
+        "consistency_weight": {"low": 0.1, "high": 3.0, "log": True}
+    }
+    Planner = DepthFLPlanner
+    Reporting = LateSubModelsReporting
+    Client = DepthFLClient
+    Aggregation = DepthFLAggregation

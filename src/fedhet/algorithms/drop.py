@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedhet.algorithms.base import Algorithm, register
+from fedhet.algorithms.parts import Aggregation
 from fedhet.errors import ConfigError
 
 
@@ -20,15 +21,8 @@ class DropOptions:
             raise ConfigError(f"algorithm.normalize = {self.normalize!r}: must be 'finishers' or 'all'")
 
 
-@register
-class DropStragglers(Algorithm):
-    """Clients with depth > 1 at the deadline are discarded (they need not even compute);
-    w_{t+1} = w_t + mean over finishers of Delta_u; with no finisher w_t is kept."""
-
-    name = "drop"
-    summary = "FedAvg that drops clients not finished by the deadline (SALF eq. (4))"
-    Options = DropOptions
-    partial_work = "none"  # a straggler's work would be thrown away: it is not asked for
+class DropStragglersAggregation(Aggregation):
+    """Drop-stragglers' aggregation: the mean of the finishers' updates (SALF eq. (4))."""
 
     def aggregate(self, params, buffers, updates, state, context, layout):
         """SALF eq. (4)."""
@@ -43,3 +37,15 @@ class DropStragglers(Algorithm):
             if buffers.numel():
                 new_buffers.add_(u.delta_buffers, alpha=1.0 / len(finishers))
         return new_params, new_buffers
+
+
+@register
+class DropStragglers(Algorithm):
+    """Clients with depth > 1 at the deadline are discarded (they need not even compute);
+    w_{t+1} = w_t + mean over finishers of Delta_u; with no finisher w_t is kept."""
+
+    name = "drop"
+    summary = "FedAvg that drops clients not finished by the deadline (SALF eq. (4))"
+    Options = DropOptions
+    partial_work = "none"  # a straggler's work would be thrown away: it is not asked for
+    Aggregation = DropStragglersAggregation

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from fedhet.algorithms.base import AsyncAlgorithm, register
+from fedhet.algorithms.parts import ClientPart, EventAggregation, EventScheduler, Reporting
 from fedhet.checks import in_range, one_of
 from fedhet.errors import ConfigError
 
@@ -71,30 +72,15 @@ def staleness_function(kind: str, staleness: int, a: float = 0.5, b: float = 4.0
     raise ValueError(f"unknown staleness function {kind!r}")
 
 
-@register
-class FedAsync(AsyncAlgorithm):
-    """Every arrival: x <- (1 - alpha s(d)) x + alpha s(d) x_new, d its staleness (FedAsync
-    Algorithm 1); clients minimise f + (rho/2)||x - x_tau||^2 locally. Idle clients are
-    started at random, up to ``max_concurrency`` in flight, on the current model."""
-
-    name = "fedasync"
-    summary = "FedAsync: each arrival mixed in with weight alpha s(staleness) (Xie et al., arXiv:1903.03934)"
-    Options = FedAsyncOptions
-    hyperparameters: ClassVar[dict[str, dict]] = {
-        "alpha": {"low": 0.1, "high": 0.9},
-        "rho": {"low": 1e-4, "high": 0.1, "log": True},
-    }
-
-    def init_state(self, setting) -> dict:
-        return {"log": []}
+class FedAsyncScheduler(EventScheduler):
+    """FedAsync's scheduler: how many clients train at once."""
 
     def concurrency(self, num_clients: int) -> int:
         return min(self.options.max_concurrency or num_clients, num_clients)
 
-    def mixing_weight(self, staleness: int) -> float:
-        """alpha_t = alpha s(t - tau) (FedAsync Algorithm 1, with s of Sec. 5)."""
-        o = self.options
-        return o.alpha * staleness_function(o.staleness, staleness, o.staleness_a, o.staleness_b)
+
+class FedAsyncClient(ClientPart):
+    """FedAsync's client: the proximal term rho/2 ||w - w_t||^2 of its local objective."""
 
     def gradient_correction(self, task, state, region, local, anchor):
         """grad of (rho/2)||x - x_tau||^2 over the covered region: rho (x - x_tau)
@@ -102,6 +88,19 @@ class FedAsync(AsyncAlgorithm):
         if not self.options.rho:
             return None
         return self.options.rho * (local[region] - anchor[region])
+
+
+class FedAsyncAggregation(EventAggregation):
+    """FedAsync's server step: w <- (1 - alpha_t) w + alpha_t w_u with alpha_t discounted by
+    the update's staleness."""
+
+    def init_state(self, setting) -> dict:
+        return {"log": []}
+
+    def mixing_weight(self, staleness: int) -> float:
+        """alpha_t = alpha s(t - tau) (FedAsync Algorithm 1, with s of Sec. 5)."""
+        o = self.options
+        return o.alpha * staleness_function(o.staleness, staleness, o.staleness_a, o.staleness_b)
 
     def apply_models(self, params, buffers, arrivals, state: dict, version: int):
         """x <- (1 - alpha_t) x + alpha_t (x_tau + delta) for each arrival, in order."""
@@ -116,5 +115,28 @@ class FedAsync(AsyncAlgorithm):
             )
         return new_params, new_buffers
 
+
+class FedAsyncReporting(Reporting):
+    """FedAsync's report: the mixing weights it applied."""
+
     def reports(self, state: dict) -> dict[str, dict]:
         return {"fedasync": {"server_steps": state["log"]}}
+
+
+@register
+class FedAsync(AsyncAlgorithm):
+    """Every arrival: x <- (1 - alpha s(d)) x + alpha s(d) x_new, d its staleness (FedAsync
+    Algorithm 1); clients minimise f + (rho/2)||x - x_tau||^2 locally. Idle clients are
+    started at random, up to ``max_concurrency`` in flight, on the current model."""
+
+    name = "fedasync"
+    summary = "FedAsync: each arrival mixed in with weight alpha s(staleness) (Xie et al., arXiv:1903.03934)"
+    Options = FedAsyncOptions
+    hyperparameters: ClassVar[dict[str, dict]] = {
+        "alpha": {"low": 0.1, "high": 0.9},
+        "rho": {"low": 1e-4, "high": 0.1, "log": True},
+    }
+    Scheduler = FedAsyncScheduler
+    Client = FedAsyncClient
+    Aggregation = FedAsyncAggregation
+    Reporting = FedAsyncReporting

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from fedhet.algorithms.base import SERVER_LR_RANGE, Algorithm, register
+from fedhet.algorithms.parts import Aggregation
 from fedhet.algorithms.streaming import WeightedSumAggregator
 from fedhet.errors import ConfigError
 
@@ -25,20 +26,9 @@ class FedAvgOptions:
             raise ConfigError(f"algorithm.server_lr = {self.server_lr}: must be > 0")
 
 
-@register
-class FedAvg(Algorithm):
-    """Every client computes its full update; w_{t+1} = mean_u w_u. The round has no
-    deadline: it lasts until the slowest client finishes (max_u finish time).
-
-    Under Bernoulli participation the mean runs over the clients present this round: plain
-    FedAvg over participants, biased towards frequent participants (FedStale Sec. 2)."""
-
-    name = "fedavg"
-    partial_work = "none"
-    summary = "FedAvg waiting for all clients (no deadline); over the present ones under participation"
-    Options = FedAvgOptions
-    hyperparameters: ClassVar[dict[str, dict]] = {"server_lr": SERVER_LR_RANGE}
-    uses_deadline = False
+class FedAvgAggregation(Aggregation):
+    """FedAvg's aggregation (SALF/ADEL-FL eq. (3)): w_t + eta_s sum_u a_u Delta_u over the
+    full updates, streamed as they arrive."""
 
     def streaming_aggregator(self, params, buffers, tasks, state, context, layout):
         """Streams eq. (3): the weights are fixed by the tasks sent (1/|tasks| or n_u / sum
@@ -78,3 +68,20 @@ class FedAvg(Algorithm):
             if buffers.numel():
                 new_buffers.add_(u.delta_buffers, alpha=w)
         return new_params, new_buffers
+
+
+@register
+class FedAvg(Algorithm):
+    """Every client computes its full update; w_{t+1} = mean_u w_u. The round has no
+    deadline: it lasts until the slowest client finishes (max_u finish time).
+
+    Under Bernoulli participation the mean runs over the clients present this round: plain
+    FedAvg over participants, biased towards frequent participants (FedStale Sec. 2)."""
+
+    name = "fedavg"
+    partial_work = "none"
+    summary = "FedAvg waiting for all clients (no deadline); over the present ones under participation"
+    Options = FedAvgOptions
+    hyperparameters: ClassVar[dict[str, dict]] = {"server_lr": SERVER_LR_RANGE}
+    uses_deadline = False
+    Aggregation = FedAvgAggregation

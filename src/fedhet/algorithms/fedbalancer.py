@@ -48,6 +48,7 @@ import numpy as np
 
 from fedhet.algorithms.base import Algorithm, ClientAssignment, RoundPlan, register, require_time_law
 from fedhet.algorithms.mechanisms import Mechanism
+from fedhet.algorithms.parts import Aggregation, ClientPart, Planner, Reporting
 from fedhet.checks import in_range, one_of
 from fedhet.errors import ConfigError
 
@@ -103,77 +104,9 @@ def peak_deadline(times: np.ndarray) -> float:
     return float(ordered[int(np.argmax(rates))])  # the earliest of equal peaks
 
 
-@register
-class FedBalancer(Algorithm):
-    """FedBalancer: each client trains on the examples whose loss at the received model is
-    over the server's threshold (as many as fit the deadline, a share ``under_share`` from
-    under it); the server sets the deadline between the peaks of clients finished per
-    second for a ``low_share`` of the work and for all of it, and moves the threshold and
-    deadline ratios every ``window`` rounds with the loss trend (Algorithms 1-4)."""
-
-    name = "fedbalancer"
-    summary = (
-        "FedBalancer: loss-threshold sample selection and an adaptive deadline (Shin et al. MobiSys 2022)"
-    )
-    Options = FedBalancerOptions
-    local_loss_per_client: ClassVar[bool] = False
-    hyperparameters: ClassVar[dict[str, dict]] = {"under_share": {"low": 0.0, "high": 0.5}}
-    planner_knowledge = "history"  # plans from the speeds clients reported with their last update
-    mechanisms = (
-        Mechanism("its sample selection (Algorithm 1)",
-                  needs="train.local_steps >= 2 (a client trains ceil(K c / n) steps on c of its n "
-                  "samples: with K = 1 all of its samples fit one step, so it trains on all of them)",
-                  acts=lambda rule: rule.train.local_steps >= 2, knobs=("under_share", "threshold_step")),
-        Mechanism("its deadline interpolation D_low..D_high (Algorithm 4)",
-                  needs="a work share low_share of K steps below K steps (with train.local_steps = 1, "
-                  "or low_share = 1, D_low = D_high)",
-                  acts=lambda rule: math.ceil(rule.options.low_share * rule.train.local_steps)
-                  < rule.train.local_steps, knobs=("deadline_step", "low_share")),
-    )  # fmt: skip
-
-    def init_state(self, setting) -> dict:
-        require_time_law(setting.system, self.name)
-        n = setting.num_clients
-        return {"sizes": [int(s) for s in setting.client_sizes], "counts": [[] for _ in range(n)],
-                "step_time": [None] * n, "comm_time": [0.0] * n, "threshold_ratio": 0.0,
-                "deadline_ratio": 1.0, "threshold": 0.0, "losses": [], "log": []}  # fmt: skip
-
-    # -- server: the plan ---------------------------------------------------------------------
-    def _estimated_counts(self, state: dict) -> np.ndarray:
-        """Each client's selected count: the mean of its last five reports (n before any),
-        at most what fits the deadline."""
-        reports = zip(state["counts"], state["sizes"], strict=True)
-        counts = np.array([np.mean(c) if c else n for c, n in reports], dtype=float)
-        for client, capacity in state.get("capacity", {}).items():
-            if capacity >= 0:
-                counts[client] = max(1.0, min(counts[client], capacity))
-        return counts
-
-    def _steps_for(self, state: dict, counts: np.ndarray) -> np.ndarray:
-        """ceil(K c / n) steps for c of n samples, at least one."""
-        sizes = np.maximum(np.array(state["sizes"], dtype=float), 1.0)
-        return np.maximum(1, np.ceil(self.train.local_steps * counts / sizes - 1e-9)).astype(int)
-
-    def _deadline(self, state: dict, configured: float | None) -> float | None:
-        """Algorithm 4 once more than half of the clients reported their speed."""
-        known = np.array([t is not None for t in state["step_time"]])
-        if known.sum() * 2 <= len(known):
-            return configured
-        speed = np.array([t if t is not None else np.nan for t in state["step_time"]], dtype=float)
-        comm = np.array(state["comm_time"], dtype=float)
-        steps = self._steps_for(state, self._estimated_counts(state))
-        inference = self._inference_steps(state) * speed
-        high = peak_deadline(comm + inference + steps * speed)
-        low = peak_deadline(comm + inference + np.maximum(1, np.ceil(self.options.low_share * steps)) * speed)
-        if not math.isfinite(high):
-            return configured
-        return low + (high - low) * state["deadline_ratio"]
-
-    def _inference_steps(self, state: dict) -> np.ndarray:
-        """ceil(n / (3 B)) steps for evaluating n losses (0 when pipelined)."""
-        if self.options.inference == "pipelined":
-            return np.zeros(len(state["sizes"]), dtype=int)
-        return np.ceil(np.array(state["sizes"]) / (3.0 * self.train.batch_size)).astype(int)
+class FedBalancerPlanner(Planner):
+    """FedBalancer's planner: the round's deadline from the clients' estimated times and the
+    loss threshold's window (FedBalancer's deadline control)."""
 
     def plan(self, round_index: int, state: dict, system, deadline) -> RoundPlan:
         """Each client's steps from its estimated selected count; the deadline of Alg. 4."""
@@ -194,6 +127,13 @@ class FedBalancer(Algorithm):
         return {"loss_threshold": float(state["threshold"]), "under_share": float(self.options.under_share),
                 "capacity": float(state.get("capacity", {}).get(client, -1.0))}  # fmt: skip
 
+
+class FedBalancerClient(ClientPart):
+    """FedBalancer's client: trains on the examples whose loss at the received model is over
+    the threshold (sample selection), and reports its loss statistics."""
+
+    local_loss_per_client: ClassVar[bool] = False
+
     # -- client -------------------------------------------------------------------------------
     def select_samples(self, task, state, losses, rng):
         """Algorithm 1 on the client's losses; its loss range and count are reported."""
@@ -206,6 +146,18 @@ class FedBalancer(Algorithm):
     def finish_local_work(self, task, update, state, region, local, anchor) -> None:
         low, high, count = state.pop("report")
         update.payload.update(loss_min=low, loss_max=high, selected=count)
+
+
+class FedBalancerAggregation(Aggregation):
+    """FedBalancer's aggregation: FedAvg's mean, then the threshold and the clients' time
+    estimates updated from the reports."""
+
+    def init_state(self, setting) -> dict:
+        require_time_law(setting.system, self.name)
+        n = setting.num_clients
+        return {"sizes": [int(s) for s in setting.client_sizes], "counts": [[] for _ in range(n)],
+                "step_time": [None] * n, "comm_time": [0.0] * n, "threshold_ratio": 0.0,
+                "deadline_ratio": 1.0, "threshold": 0.0, "losses": [], "log": []}  # fmt: skip
 
     # -- server: aggregation and control -----------------------------------------------------
     def aggregate(self, params, buffers, updates, state, context, layout):
@@ -268,5 +220,79 @@ class FedBalancer(Algorithm):
                 capacity[c] = float(max(0, math.floor(steps * state["sizes"][c] / self.train.local_steps)))
         state["capacity"] = capacity
 
+
+class FedBalancerReporting(Reporting):
+    """FedBalancer's report: deadlines, thresholds and selected counts per round."""
+
     def reports(self, state: dict) -> dict[str, dict]:
         return {"fedbalancer": {"rounds": state["log"]}}
+
+
+@register
+class FedBalancer(Algorithm):
+    """FedBalancer: each client trains on the examples whose loss at the received model is
+    over the server's threshold (as many as fit the deadline, a share ``under_share`` from
+    under it); the server sets the deadline between the peaks of clients finished per
+    second for a ``low_share`` of the work and for all of it, and moves the threshold and
+    deadline ratios every ``window`` rounds with the loss trend (Algorithms 1-4)."""
+
+    name = "fedbalancer"
+    summary = (
+        "FedBalancer: loss-threshold sample selection and an adaptive deadline (Shin et al. MobiSys 2022)"
+    )
+    Options = FedBalancerOptions
+    hyperparameters: ClassVar[dict[str, dict]] = {"under_share": {"low": 0.0, "high": 0.5}}
+    planner_knowledge = "history"  # plans from the speeds clients reported with their last update
+    mechanisms = (
+        Mechanism("its sample selection (Algorithm 1)",
+                  needs="train.local_steps >= 2 (a client trains ceil(K c / n) steps on c of its n "
+                  "samples: with K = 1 all of its samples fit one step, so it trains on all of them)",
+                  acts=lambda rule: rule.train.local_steps >= 2, knobs=("under_share", "threshold_step")),
+        Mechanism("its deadline interpolation D_low..D_high (Algorithm 4)",
+                  needs="a work share low_share of K steps below K steps (with train.local_steps = 1, "
+                  "or low_share = 1, D_low = D_high)",
+                  acts=lambda rule: math.ceil(rule.options.low_share * rule.train.local_steps)
+                  < rule.train.local_steps, knobs=("deadline_step", "low_share")),
+    )  # fmt: skip
+
+    # -- server: the plan ---------------------------------------------------------------------
+    def _estimated_counts(self, state: dict) -> np.ndarray:
+        """Each client's selected count: the mean of its last five reports (n before any),
+        at most what fits the deadline."""
+        reports = zip(state["counts"], state["sizes"], strict=True)
+        counts = np.array([np.mean(c) if c else n for c, n in reports], dtype=float)
+        for client, capacity in state.get("capacity", {}).items():
+            if capacity >= 0:
+                counts[client] = max(1.0, min(counts[client], capacity))
+        return counts
+
+    def _steps_for(self, state: dict, counts: np.ndarray) -> np.ndarray:
+        """ceil(K c / n) steps for c of n samples, at least one."""
+        sizes = np.maximum(np.array(state["sizes"], dtype=float), 1.0)
+        return np.maximum(1, np.ceil(self.train.local_steps * counts / sizes - 1e-9)).astype(int)
+
+    def _deadline(self, state: dict, configured: float | None) -> float | None:
+        """Algorithm 4 once more than half of the clients reported their speed."""
+        known = np.array([t is not None for t in state["step_time"]])
+        if known.sum() * 2 <= len(known):
+            return configured
+        speed = np.array([t if t is not None else np.nan for t in state["step_time"]], dtype=float)
+        comm = np.array(state["comm_time"], dtype=float)
+        steps = self._steps_for(state, self._estimated_counts(state))
+        inference = self._inference_steps(state) * speed
+        high = peak_deadline(comm + inference + steps * speed)
+        low = peak_deadline(comm + inference + np.maximum(1, np.ceil(self.options.low_share * steps)) * speed)
+        if not math.isfinite(high):
+            return configured
+        return low + (high - low) * state["deadline_ratio"]
+
+    def _inference_steps(self, state: dict) -> np.ndarray:
+        """ceil(n / (3 B)) steps for evaluating n losses (0 when pipelined)."""
+        if self.options.inference == "pipelined":
+            return np.zeros(len(state["sizes"]), dtype=int)
+        return np.ceil(np.array(state["sizes"]) / (3.0 * self.train.batch_size)).astype(int)
+
+    Planner = FedBalancerPlanner
+    Client = FedBalancerClient
+    Aggregation = FedBalancerAggregation
+    Reporting = FedBalancerReporting

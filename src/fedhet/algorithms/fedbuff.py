@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from fedhet.algorithms.base import SERVER_LR_RANGE, AsyncAlgorithm, register
+from fedhet.algorithms.parts import EventAggregation, EventScheduler, Reporting
 from fedhet.errors import ConfigError
 
 
@@ -32,18 +33,18 @@ class FedBuffOptions:
             raise ConfigError(f"algorithm.server_lr = {self.server_lr}: must be > 0")
 
 
-@register
-class FedBuff(AsyncAlgorithm):
-    """Server step after every K arrivals: w <- w + eta_g (1/K) sum_i s(tau_i) Delta_i with
-    s(tau) = 1 / sqrt(1 + tau), tau = server steps since the client's model was sent
-    (FedBuff Algorithm 1 and its polynomial staleness scaling). A client that delivers is
-    idle; idle clients are started at random, up to ``max_concurrency`` in flight, on the
-    current model."""
+class FedBuffScheduler(EventScheduler):
+    """FedBuff's scheduler: its concurrency and the buffer of K arrivals per server step."""
 
-    name = "fedbuff"
-    summary = "FedBuff: buffered asynchronous aggregation, staleness weight 1/sqrt(1+s)"
-    Options = FedBuffOptions
-    hyperparameters: ClassVar[dict[str, dict]] = {"server_lr": SERVER_LR_RANGE}
+    def buffer_size(self) -> int:
+        return self.options.buffer_size
+
+    def concurrency(self, num_clients: int) -> int:
+        return min(self.options.max_concurrency or num_clients, num_clients)
+
+
+class FedBuffAggregation(EventAggregation):
+    """FedBuff's server step: eta_g times the buffer's staleness-weighted mean update."""
 
     def init_state(self, setting) -> dict:
         if self.options.buffer_size > setting.num_clients:
@@ -52,12 +53,6 @@ class FedBuff(AsyncAlgorithm):
                 f"more than the {setting.num_clients} clients"
             )
         return {"log": []}
-
-    def buffer_size(self) -> int:
-        return self.options.buffer_size
-
-    def concurrency(self, num_clients: int) -> int:
-        return min(self.options.max_concurrency or num_clients, num_clients)
 
     @staticmethod
     def staleness_weight(staleness: int) -> float:
@@ -82,5 +77,26 @@ class FedBuff(AsyncAlgorithm):
         )
         return new_params, new_buffers
 
+
+class FedBuffReporting(Reporting):
+    """FedBuff's report: the server steps and their staleness."""
+
     def reports(self, state: dict) -> dict[str, dict]:
         return {"fedbuff": {"server_steps": state["log"]}}
+
+
+@register
+class FedBuff(AsyncAlgorithm):
+    """Server step after every K arrivals: w <- w + eta_g (1/K) sum_i s(tau_i) Delta_i with
+    s(tau) = 1 / sqrt(1 + tau), tau = server steps since the client's model was sent
+    (FedBuff Algorithm 1 and its polynomial staleness scaling). A client that delivers is
+    idle; idle clients are started at random, up to ``max_concurrency`` in flight, on the
+    current model."""
+
+    name = "fedbuff"
+    summary = "FedBuff: buffered asynchronous aggregation, staleness weight 1/sqrt(1+s)"
+    Options = FedBuffOptions
+    hyperparameters: ClassVar[dict[str, dict]] = {"server_lr": SERVER_LR_RANGE}
+    Scheduler = FedBuffScheduler
+    Aggregation = FedBuffAggregation
+    Reporting = FedBuffReporting

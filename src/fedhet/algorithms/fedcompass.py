@@ -48,6 +48,7 @@ import numpy as np
 from fedhet.algorithms.base import AsyncAlgorithm, register
 from fedhet.algorithms.fedasync import STALENESS_FUNCTIONS, staleness_function
 from fedhet.algorithms.mechanisms import Mechanism
+from fedhet.algorithms.parts import EventAggregation, EventScheduler, Reporting
 from fedhet.checks import in_range, one_of
 from fedhet.errors import ConfigError
 
@@ -88,28 +89,9 @@ class FedCompassOptions:
         one_of("algorithm.weights", self.weights, ("uniform", "samples"))
 
 
-@register
-class FedCompass(AsyncAlgorithm):
-    """FedCompass: step counts in [Q_min, Q_max] planned from each client's measured seconds
-    per step so that the clients of an arrival group finish together; a group is one server
-    step, x <- x + sum_i alpha s(tau_i) p_i (x_i - x), taken when its last member arrives or
-    at its latest time (lambda times its expected duration) with whoever arrived."""
-
-    name = "fedcompass"
-    summary = "FedCompass: per-client step counts so arrival groups finish together (Li et al. ICLR 2024)"
-    Options = FedCompassOptions
-    hyperparameters: ClassVar[dict[str, dict]] = {
-        "alpha": {"low": 0.3, "high": 1.0},
-        "min_ratio": {"low": 0.1, "high": 0.5},
-    }
-    planner_knowledge = "history"  # assigns steps from the speeds measured at clients' arrivals
-    mechanisms = (
-        Mechanism("its computing-power-aware step assignment (Q_min..Q_max steps per client)",
-                  needs="a step range wider than one step: Q_max (algorithm.max_steps, else "
-                  "train.local_steps) above Q_min = max(1, floor(min_ratio Q_max)); with Q_max = 1 "
-                  "every client gets one step", acts=lambda rule: rule.q_max > rule.q_min,
-                  knobs=("min_ratio",)),
-    )  # fmt: skip
+class FedCompassScheduler(EventScheduler):
+    """FedCompass's scheduler: each client's local steps from its measured speed so that a
+    group arrives together, and the groups' arrival times (computing-power-aware scheduling)."""
 
     @property
     def q_max(self) -> int:
@@ -118,16 +100,6 @@ class FedCompass(AsyncAlgorithm):
     @property
     def q_min(self) -> int:
         return max(1, math.floor(self.options.min_ratio * self.q_max))
-
-    def init_state(self, setting) -> dict:
-        sizes = np.asarray(setting.client_sizes, dtype=float)
-        shares = (
-            sizes / sizes.sum()
-            if self.options.weights == "samples"
-            else np.full(len(sizes), 1.0 / len(sizes))
-        )
-        return {"log": [], "starts": [], "shares": shares.tolist(), "clients": {}, "groups": {},
-                "next_group": 0, "single": []}  # fmt: skip
 
     # -- scheduling -------------------------------------------------------------------------
     def plan_starts(self, state: dict, clients: list[int], now: float) -> list[int]:
@@ -225,6 +197,20 @@ class FedCompass(AsyncAlgorithm):
     def _drop_if_empty(state: dict) -> None:
         state["groups"] = {g: v for g, v in state["groups"].items() if v["members"] or v["arrived"]}
 
+
+class FedCompassAggregation(EventAggregation):
+    """FedCompass's server step: a group's models mixed with staleness weights."""
+
+    def init_state(self, setting) -> dict:
+        sizes = np.asarray(setting.client_sizes, dtype=float)
+        shares = (
+            sizes / sizes.sum()
+            if self.options.weights == "samples"
+            else np.full(len(sizes), 1.0 / len(sizes))
+        )
+        return {"log": [], "starts": [], "shares": shares.tolist(), "clients": {}, "groups": {},
+                "next_group": 0, "single": []}  # fmt: skip
+
     def apply_models(self, params, buffers, arrivals, state: dict, version: int):
         """x <- x + sum_i alpha s(tau_i) p_i (x_i - x), x_i = x_(tau_i) + Delta_i."""
         o, shares = self.options, state["shares"]
@@ -240,6 +226,10 @@ class FedCompass(AsyncAlgorithm):
                              "staleness": [s for _, s, *_ in arrivals]})  # fmt: skip
         return new_params, new_buffers
 
+
+class FedCompassReporting(Reporting):
+    """FedCompass's report: the groups and the steps it assigned."""
+
     def reports(self, state: dict) -> dict[str, dict]:
         speeds = {str(c): r["speed"] for c, r in sorted(state["clients"].items())}
         return {
@@ -249,3 +239,30 @@ class FedCompass(AsyncAlgorithm):
                 "seconds_per_step": speeds,
             }
         }
+
+
+@register
+class FedCompass(AsyncAlgorithm):
+    """FedCompass: step counts in [Q_min, Q_max] planned from each client's measured seconds
+    per step so that the clients of an arrival group finish together; a group is one server
+    step, x <- x + sum_i alpha s(tau_i) p_i (x_i - x), taken when its last member arrives or
+    at its latest time (lambda times its expected duration) with whoever arrived."""
+
+    name = "fedcompass"
+    summary = "FedCompass: per-client step counts so arrival groups finish together (Li et al. ICLR 2024)"
+    Options = FedCompassOptions
+    hyperparameters: ClassVar[dict[str, dict]] = {
+        "alpha": {"low": 0.3, "high": 1.0},
+        "min_ratio": {"low": 0.1, "high": 0.5},
+    }
+    planner_knowledge = "history"  # assigns steps from the speeds measured at clients' arrivals
+    mechanisms = (
+        Mechanism("its computing-power-aware step assignment (Q_min..Q_max steps per client)",
+                  needs="a step range wider than one step: Q_max (algorithm.max_steps, else "
+                  "train.local_steps) above Q_min = max(1, floor(min_ratio Q_max)); with Q_max = 1 "
+                  "every client gets one step", acts=lambda rule: rule.q_max > rule.q_min,
+                  knobs=("min_ratio",)),
+    )  # fmt: skip
+    Scheduler = FedCompassScheduler
+    Aggregation = FedCompassAggregation
+    Reporting = FedCompassReporting

@@ -10,6 +10,7 @@ import torch
 
 from fedhet.algorithms.aggregation import layerwise_mean_buffers
 from fedhet.algorithms.base import Algorithm, RunSetting, register
+from fedhet.algorithms.parts import Aggregation, ClientPart
 from fedhet.errors import ConfigError
 
 
@@ -24,24 +25,9 @@ class FedDynOptions:
             raise ConfigError(f"algorithm.alpha = {self.alpha}: must be > 0")
 
 
-@register
-class FedDyn(Algorithm):
-    """Client i minimises F_i(theta) - <g_i, theta> + (alpha/2)||theta - theta_t||^2 for the
-    steps it finishes by the deadline (gradient + (-g_i + alpha (theta - theta_t))), then
-    g_i <- g_i - alpha (theta_i - theta_t). Server: h <- h - alpha (1/N) sum_S
-    (theta_i - theta_t); theta_{t+1} = mean_S theta_i - h / alpha.
-
-    State: server h (P floats, ``state["h"]``); client g_i (P floats each, client state
-    ``"linear"``, zeros until its first round)."""
-
-    name = "feddyn"
-    summary = "FedDyn: dynamic regularisation (alpha); partial steps accepted"
-    Options = FedDynOptions
-    hyperparameters: ClassVar[dict[str, dict]] = {"alpha": {"low": 1e-4, "high": 1.0, "log": True}}
-    partial_work = "steps"
-
-    def init_state(self, setting: RunSetting) -> dict:
-        return {"h": torch.zeros(setting.num_params)}
+class FedDynClient(ClientPart):
+    """FedDyn's client: the dynamic regulariser's linear and proximal terms, and its own
+    gradient state updated after its steps."""
 
     def _linear(self, state: dict, like: torch.Tensor) -> torch.Tensor:
         """g_i, zero at first, on ``like``'s device and of its size (the model)."""
@@ -63,6 +49,13 @@ class FedDyn(Algorithm):
         g[region] -= self.options.alpha * update.delta
         state["linear"] = g
 
+
+class FedDynAggregation(Aggregation):
+    """FedDyn's aggregation: the mean model corrected by the server state h."""
+
+    def init_state(self, setting: RunSetting) -> dict:
+        return {"h": torch.zeros(setting.num_params)}
+
     def aggregate(self, params, buffers, updates, state, context, layout):
         """h <- h - alpha (1/N) sum_S Delta_i; theta = theta_t + mean_S Delta_i - h / alpha."""
         full = [u for u in updates if u.coverage.is_full() and u.steps > 0]
@@ -76,3 +69,22 @@ class FedDyn(Algorithm):
             h.add_(u.delta, alpha=-alpha / context.num_clients)
         state["h"] = h
         return params + mean_delta - h / alpha, layerwise_mean_buffers(buffers, full, layout.buffer_slices)
+
+
+@register
+class FedDyn(Algorithm):
+    """Client i minimises F_i(theta) - <g_i, theta> + (alpha/2)||theta - theta_t||^2 for the
+    steps it finishes by the deadline (gradient + (-g_i + alpha (theta - theta_t))), then
+    g_i <- g_i - alpha (theta_i - theta_t). Server: h <- h - alpha (1/N) sum_S
+    (theta_i - theta_t); theta_{t+1} = mean_S theta_i - h / alpha.
+
+    State: server h (P floats, ``state["h"]``); client g_i (P floats each, client state
+    ``"linear"``, zeros until its first round)."""
+
+    name = "feddyn"
+    summary = "FedDyn: dynamic regularisation (alpha); partial steps accepted"
+    Options = FedDynOptions
+    hyperparameters: ClassVar[dict[str, dict]] = {"alpha": {"low": 1e-4, "high": 1.0, "log": True}}
+    partial_work = "steps"
+    Client = FedDynClient
+    Aggregation = FedDynAggregation

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from fedhet.algorithms.aggregation import client_weights, layerwise_mean_buffers
 from fedhet.algorithms.base import register
-from fedhet.algorithms.fedavg import FedAvg, FedAvgOptions
+from fedhet.algorithms.fedavg import FedAvg, FedAvgAggregation, FedAvgOptions
 from fedhet.algorithms.mechanisms import Mechanism
 
 
@@ -23,6 +23,25 @@ def normalising_factor(steps: int, momentum: float) -> float:
 class FedNovaOptions(FedAvgOptions):
     """``weights`` (p_i: ``uniform`` or ``samples`` over the delivering clients) and
     ``server_lr``, as FedAvg."""
+
+
+class FedNovaAggregation(FedAvgAggregation):
+    """FedNova's normalised averaging: tau_eff sum_i p_i Delta_i / a_i."""
+
+    def aggregate(self, params, buffers, updates, state, context, layout):
+        """tau_eff sum_i p_i Delta_i / a_i (FedNova's normalised update)."""
+        full = [u for u in updates if u.coverage.is_full() and u.steps > 0]
+        if not full:
+            return params, buffers
+        weights = client_weights(full, self.options.weights)
+        momentum = float(self.train.momentum)
+        factors = [normalising_factor(u.steps, momentum) for u in full]
+        tau_eff = sum(p * a for p, a in zip(weights, factors, strict=True))
+        new_params = params.clone()
+        for p, a, u in zip(weights, factors, full, strict=True):
+            new_params.add_(u.delta, alpha=self.options.server_lr * tau_eff * p / a)
+        new_buffers = layerwise_mean_buffers(buffers, full, layout.buffer_slices)
+        return new_params, new_buffers
 
 
 @register
@@ -41,18 +60,4 @@ class FedNova(FedAvg):
                   needs="train.local_steps >= 2 (with one step every delivering client has a_i = 1: "
                   "the weighted average of FedAvg)", acts=lambda rule: rule.train.local_steps >= 2),
     )  # fmt: skip
-
-    def aggregate(self, params, buffers, updates, state, context, layout):
-        """tau_eff sum_i p_i Delta_i / a_i (FedNova's normalised update)."""
-        full = [u for u in updates if u.coverage.is_full() and u.steps > 0]
-        if not full:
-            return params, buffers
-        weights = client_weights(full, self.options.weights)
-        momentum = float(self.train.momentum)
-        factors = [normalising_factor(u.steps, momentum) for u in full]
-        tau_eff = sum(p * a for p, a in zip(weights, factors, strict=True))
-        new_params = params.clone()
-        for p, a, u in zip(weights, factors, full, strict=True):
-            new_params.add_(u.delta, alpha=self.options.server_lr * tau_eff * p / a)
-        new_buffers = layerwise_mean_buffers(buffers, full, layout.buffer_slices)
-        return new_params, new_buffers
+    Aggregation = FedNovaAggregation

@@ -9,6 +9,7 @@ from typing import ClassVar
 from fedhet.algorithms.base import register
 from fedhet.algorithms.fedavg import FedAvg, FedAvgOptions
 from fedhet.algorithms.mechanisms import Mechanism
+from fedhet.algorithms.parts import ClientPart, Reporting
 from fedhet.errors import ConfigError
 
 
@@ -22,6 +23,30 @@ class FedProxOptions(FedAvgOptions):
         super().validate()
         if not self.mu >= 0:
             raise ConfigError(f"algorithm.mu = {self.mu}: must be >= 0")
+
+
+class FedProxClient(ClientPart):
+    """FedProx's client: the proximal term's gradient mu (w - w_t) added to each step."""
+
+    corrects_gradients = True
+
+    def gradient_correction(self, task, state, region, local, anchor):
+        """grad of (mu/2)||w - w_t||^2 over the covered region: mu (w - w_t)."""
+        return self.options.mu * (local[region] - anchor[region])
+
+
+class FedProxReporting(Reporting):
+    """FedProx's caveat: at one local step it is drop-stragglers."""
+
+    def caveats(self) -> list[str]:
+        """With one local step FedProx is drop-stragglers: a step is all or nothing (no partial
+        work to accept) and the proximal gradient mu (w - w_t) is zero at the first step."""
+        if self.train.local_steps == 1:
+            return [
+                "fedprox with train.local_steps = 1 is drop-stragglers (one step is all or nothing, "
+                "and the proximal term is zero at the first step)"
+            ]
+        return []
 
 
 @register
@@ -47,19 +72,5 @@ class FedProx(FedAvg):
                   needs="train.local_steps >= 2 (one local step is all or nothing)",
                   acts=lambda rule: rule.train.local_steps >= 2),
     )  # fmt: skip
-
-    corrects_gradients = True
-
-    def caveats(self) -> list[str]:
-        """With one local step FedProx is drop-stragglers: a step is all or nothing (no partial
-        work to accept) and the proximal gradient mu (w - w_t) is zero at the first step."""
-        if self.train.local_steps == 1:
-            return [
-                "fedprox with train.local_steps = 1 is drop-stragglers (one step is all or nothing, "
-                "and the proximal term is zero at the first step)"
-            ]
-        return []
-
-    def gradient_correction(self, task, state, region, local, anchor):
-        """grad of (mu/2)||w - w_t||^2 over the covered region: mu (w - w_t)."""
-        return self.options.mu * (local[region] - anchor[region])
+    Client = FedProxClient
+    Reporting = FedProxReporting

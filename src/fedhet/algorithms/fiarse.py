@@ -33,8 +33,11 @@ import torch
 
 from fedhet.algorithms.base import Algorithm, register
 from fedhet.algorithms.heterofl import DEFAULT_RATES
+from fedhet.algorithms.parts import Aggregation, ClientPart
 from fedhet.algorithms.sub_models import (
     KNOWLEDGE,
+    KnowledgePlanner,
+    LateSubModelsReporting,
     PlansFromKnowledge,
     fitting_level,
     knowledge_state,
@@ -107,24 +110,9 @@ def thresholds(named: list[tuple[str, torch.Tensor]], rate: float, scope: str) -
     return out
 
 
-@register
-class FIARSE(PlansFromKnowledge, Algorithm):
-    """A client too slow for the full model trains the share r of the parameters with the
-    largest magnitudes (the largest of ``rates`` that fits the deadline; thresholds per
-    module or over the model, set on the received model), masked in the forward pass and
-    trained with TCB-GD's surrogate gradient; the server averages each element over the
-    clients that changed it (FIARSE Sec. 3-4)."""
-
-    name = "fiarse"
-    summary = "FIARSE: sub-models of the largest-magnitude parameters, TCB-GD (Wu et al. NeurIPS 2024)"
-    sends_only_work_that_fits: ClassVar[bool] = True  # no level fits: not asked to work
-    Options = FIARSEOptions
-    local_loss_per_client: ClassVar[bool] = True  # the client's own rate and thresholds
-    hyperparameters: ClassVar[dict[str, dict]] = {"server_lr": {"low": 0.5, "high": 1.5}}
-
-    def init_state(self, setting) -> dict:
-        """What the server knows of its clients' times (:func:`knowledge_state`)."""
-        return knowledge_state(setting)
+class FIARSEPlanner(KnowledgePlanner):
+    """FIARSE's planner: each client's sub-model rate sized to fit the deadline from the
+    planner's estimate of its time."""
 
     def rate_for(self, full_time: float, deadline: float | None) -> float | None:
         """The largest rate r with r x T_u <= deadline (None: none fits)."""
@@ -139,6 +127,13 @@ class FIARSE(PlansFromKnowledge, Algorithm):
         task.payload["rate"] = float(rate)
         task.work_share = float(rate)
         return task
+
+
+class FIARSEClient(ClientPart):
+    """FIARSE's client: trains the importance-selected sub-model (the largest-magnitude
+    parameters up to its rate) through a straight-through mask."""
+
+    local_loss_per_client: ClassVar[bool] = True  # the client's own rate and thresholds
 
     def local_loss(self, task, state, model, x, y, depth, loss, rng):
         """The loss of the masked model x * m(|x|), thresholds set on the received model (the
@@ -159,6 +154,14 @@ class FIARSE(PlansFromKnowledge, Algorithm):
         state.pop("thresholds", None)
         state.pop("thresholds_for", None)
 
+
+class FIARSEAggregation(Aggregation):
+    """FIARSE's aggregation: each parameter averaged over the clients whose mask kept it."""
+
+    def init_state(self, setting) -> dict:
+        """What the server knows of its clients' times (:func:`knowledge_state`)."""
+        return knowledge_state(setting)
+
     def aggregate(self, params, buffers, updates, state, context, layout):
         """x + eta sum_u Delta_u / (clients that changed each element); buffers averaged."""
         if not updates:
@@ -173,3 +176,22 @@ class FIARSE(PlansFromKnowledge, Algorithm):
             for u in updates:
                 new_buffers.add_(u.delta_buffers, alpha=1.0 / len(updates))
         return params + self.options.server_lr * step, new_buffers
+
+
+@register
+class FIARSE(PlansFromKnowledge, Algorithm):
+    """A client too slow for the full model trains the share r of the parameters with the
+    largest magnitudes (the largest of ``rates`` that fits the deadline; thresholds per
+    module or over the model, set on the received model), masked in the forward pass and
+    trained with TCB-GD's surrogate gradient; the server averages each element over the
+    clients that changed it (FIARSE Sec. 3-4)."""
+
+    name = "fiarse"
+    summary = "FIARSE: sub-models of the largest-magnitude parameters, TCB-GD (Wu et al. NeurIPS 2024)"
+    sends_only_work_that_fits: ClassVar[bool] = True  # no level fits: not asked to work
+    Options = FIARSEOptions
+    hyperparameters: ClassVar[dict[str, dict]] = {"server_lr": {"low": 0.5, "high": 1.5}}
+    Planner = FIARSEPlanner
+    Reporting = LateSubModelsReporting
+    Client = FIARSEClient
+    Aggregation = FIARSEAggregation

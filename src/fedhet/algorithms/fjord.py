@@ -36,7 +36,8 @@ import torch
 import torch.nn.functional as F
 
 from fedhet.algorithms.base import register
-from fedhet.algorithms.heterofl import HeteroFL, HeteroFLOptions
+from fedhet.algorithms.heterofl import HeteroFL, HeteroFLAggregation, HeteroFLOptions
+from fedhet.algorithms.parts import ClientPart
 from fedhet.errors import ConfigError
 from fedhet.models.width import ordered_dropout_hooks, width_mask
 
@@ -59,15 +60,11 @@ class FjORDOptions(HeteroFLOptions):
             )
 
 
-@register
-class FjORD(HeteroFL):
-    """Nested ordered-dropout sub-models: p ~ U{rates <= p_max} per batch, self-distillation
-    from p_max, example-weighted averages over the clients holding each element."""
+class FjORDClient(ClientPart):
+    """FjORD's client: ordered dropout over the widths up to its own, with self-distillation."""
 
-    name = "fjord"
-    summary = "FjORD: ordered dropout, a width per batch up to the device's p_max, self-distillation"
-    Options = FjORDOptions
     scales_sub_models: ClassVar[bool] = False
+
     local_loss_per_client: ClassVar[bool] = True  # a width drawn per batch from the client's stream
 
     def widths_up_to(self, p_max: float) -> list[float]:
@@ -98,6 +95,10 @@ class FjORD(HeteroFL):
             return total + F.cross_entropy(student, teacher.detach().softmax(dim=1))
         return total + distill(student, teacher.detach())
 
+
+class FjORDAggregation(HeteroFLAggregation):
+    """FjORD's aggregation: each width's elements averaged over the clients that trained them."""
+
     def aggregate(self, params, buffers, updates, state, context, layout):
         """w[e] + sum_u n_u Delta_u[e] / sum_{u holds e} n_u (FjORD Sec. 3.2); elements held
         by nobody keep their value. BatchNorm statistics are static (recomputed)."""
@@ -114,3 +115,15 @@ class FjORD(HeteroFL):
             weight.add_(masks[rate], alpha=float(u.num_samples))
         step = torch.where(weight > 0, total / weight.clamp(min=1e-300), torch.zeros_like(total))
         return params + step, buffers
+
+
+@register
+class FjORD(HeteroFL):
+    """Nested ordered-dropout sub-models: p ~ U{rates <= p_max} per batch, self-distillation
+    from p_max, example-weighted averages over the clients holding each element."""
+
+    name = "fjord"
+    summary = "FjORD: ordered dropout, a width per batch up to the device's p_max, self-distillation"
+    Options = FjORDOptions
+    Client = FjORDClient
+    Aggregation = FjORDAggregation

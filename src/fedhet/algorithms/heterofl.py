@@ -24,8 +24,11 @@ from typing import ClassVar
 import torch
 
 from fedhet.algorithms.base import Algorithm, register
+from fedhet.algorithms.parts import Aggregation
 from fedhet.algorithms.sub_models import (
     KNOWLEDGE,
+    KnowledgePlanner,
+    LateSubModelsReporting,
     PlansFromKnowledge,
     fitting_level,
     knowledge_state,
@@ -82,49 +85,9 @@ class HeteroFLOptions:
             raise ConfigError(f"algorithm.fixed_rate = {rate!r}: must be in (0, 1]")
 
 
-@register
-class HeteroFL(PlansFromKnowledge, Algorithm):
-    """Client u, whose full local work would take T_u (the system model's ``full_time``),
-    trains every layer for all its local steps on a sub-model of rate r (hidden outputs
-    divided by r). With ``width_rule = "cost"`` r is the largest rate with c(r) T_u <=
-    deadline, c(r) the rate's cost share (``sub_model_cost``), and a client for which not even
-    the smallest fits is not asked; with ``"fixed"`` a client with T_u > deadline trains
-    ``fixed_rate`` whatever it costs. Aggregation ``held``: w_{t+1}[e] = w_t[e] + mean over
-    the clients holding e of Delta_u[e], elements nobody held keep their value; ``padded``:
-    w_{t+1}[e] = (1/U) sum_u w_u[e] with w_u[e] = 0 outside u's sub-model. BatchNorm is static
-    (HeteroFL Sec. 3.1): clients normalise with their batches' statistics and send none; the
-    server ignores running statistics in aggregation and recomputes them on the full model
-    from training data before each evaluation (``bn_examples``;
-    :mod:`fedhet.models.batchnorm`). A sub-model's BatchNorm entries outside it are zero, so
-    its dropped channels stay zero."""
-
-    name = "heterofl"
-    supports_channels_last = False  # width masks index the contiguous weight order
-    summary = "HeteroFL: slow clients train width-reduced sub-models"
-    sends_only_work_that_fits: ClassVar[bool] = True  # no level fits: not asked to work
-    Options = HeteroFLOptions
-
-    def __init__(self, options, train):
-        super().__init__(options, train)
-        self.static_batchnorm_examples = int(options.bn_examples)
-
-    def init_state(self, setting) -> dict:
-        """Prices every rate once: {rate: cost share of a full step} (kept in the state, so a
-        resumed run uses the prices it started with)."""
-        return {"rate_cost": self.rate_costs(setting.layout, setting.layer_multiply_adds),
-                **knowledge_state(setting)}  # fmt: skip
-
-    def rate_costs(self, layout, layer_multiply_adds) -> dict[str, float]:
-        """Each rate's cost as a share of the full model's training step: r^2, or the share
-        of the step's FLOPs (``multiply-adds``; r^2 when the model's counts are unknown)."""
-        costs = {}
-        for rate in self.options.rates:
-            r = float(rate)
-            if self.options.sub_model_cost == "multiply-adds" and layer_multiply_adds and r < 1:
-                costs[str(r)] = sub_model_step_share(layout, layer_multiply_adds, r)
-            else:
-                costs[str(r)] = r * r
-        return costs
+class HeteroFLPlanner(KnowledgePlanner):
+    """HeteroFL's planner: each client's width rate sized to fit the deadline from the
+    planner's estimate of its time; the task carries the width."""
 
     def rate_for(
         self, full_time: float, deadline: float | None, rate_cost: dict | None = None
@@ -160,6 +123,29 @@ class HeteroFL(PlansFromKnowledge, Algorithm):
         )
         return replace(task, work_share=float(cost(rate)))
 
+
+class HeteroFLAggregation(Aggregation):
+    """HeteroFL's aggregation: each parameter element averaged over the clients whose
+    sub-model holds it."""
+
+    def init_state(self, setting) -> dict:
+        """Prices every rate once: {rate: cost share of a full step} (kept in the state, so a
+        resumed run uses the prices it started with)."""
+        return {"rate_cost": self.rate_costs(setting.layout, setting.layer_multiply_adds),
+                **knowledge_state(setting)}  # fmt: skip
+
+    def rate_costs(self, layout, layer_multiply_adds) -> dict[str, float]:
+        """Each rate's cost as a share of the full model's training step: r^2, or the share
+        of the step's FLOPs (``multiply-adds``; r^2 when the model's counts are unknown)."""
+        costs = {}
+        for rate in self.options.rates:
+            r = float(rate)
+            if self.options.sub_model_cost == "multiply-adds" and layer_multiply_adds and r < 1:
+                costs[str(r)] = sub_model_step_share(layout, layer_multiply_adds, r)
+            else:
+                costs[str(r)] = r * r
+        return costs
+
     def aggregate(self, params, buffers, updates, state, context, layout):
         """``held``: element-wise mean of the deltas over the clients whose sub-model holds
         the element (HeteroFL Sec. 3.1); with every client at rate 1 this is FedAvg's uniform
@@ -184,6 +170,47 @@ class HeteroFL(PlansFromKnowledge, Algorithm):
 
 
 @register
+class HeteroFL(PlansFromKnowledge, Algorithm):
+    """Client u, whose full local work would take T_u (the system model's ``full_time``),
+    trains every layer for all its local steps on a sub-model of rate r (hidden outputs
+    divided by r). With ``width_rule = "cost"`` r is the largest rate with c(r) T_u <=
+    deadline, c(r) the rate's cost share (``sub_model_cost``), and a client for which not even
+    the smallest fits is not asked; with ``"fixed"`` a client with T_u > deadline trains
+    ``fixed_rate`` whatever it costs. Aggregation ``held``: w_{t+1}[e] = w_t[e] + mean over
+    the clients holding e of Delta_u[e], elements nobody held keep their value; ``padded``:
+    w_{t+1}[e] = (1/U) sum_u w_u[e] with w_u[e] = 0 outside u's sub-model. BatchNorm is static
+    (HeteroFL Sec. 3.1): clients normalise with their batches' statistics and send none; the
+    server ignores running statistics in aggregation and recomputes them on the full model
+    from training data before each evaluation (``bn_examples``;
+    :mod:`fedhet.models.batchnorm`). A sub-model's BatchNorm entries outside it are zero, so
+    its dropped channels stay zero."""
+
+    name = "heterofl"
+    supports_channels_last = False  # width masks index the contiguous weight order
+    summary = "HeteroFL: slow clients train width-reduced sub-models"
+    sends_only_work_that_fits: ClassVar[bool] = True  # no level fits: not asked to work
+    Options = HeteroFLOptions
+
+    def __init__(self, options, train):
+        super().__init__(options, train)
+        self.static_batchnorm_examples = int(options.bn_examples)
+
+    Planner = HeteroFLPlanner
+    Reporting = LateSubModelsReporting
+    Aggregation = HeteroFLAggregation
+
+
+class FedRolexPlanner(HeteroFLPlanner):
+    """FedRolex's planner: HeteroFL's widths, with the kept channels rolling by one each round."""
+
+    def client_task(self, context, client: int, state: dict) -> ClientTask | None:
+        task = super().client_task(context, client, state)
+        if task is None or task.coverage.width >= 1.0:
+            return task
+        return replace(task, coverage=replace(task.coverage, offset=int(context.plan.round)))
+
+
+@register
 class FedRolex(HeteroFL):
     """FedRolex (Alam, Liu, Yan, Zhang, "FedRolex: Model-Heterogeneous Federated Learning with
     Rolling Sub-Model Extraction", NeurIPS 2022, arXiv:2212.01548): HeteroFL's widths and
@@ -196,9 +223,4 @@ class FedRolex(HeteroFL):
 
     name = "fedrolex"
     summary = "FedRolex: HeteroFL's widths with a sub-model window rolling one unit per round"
-
-    def client_task(self, context, client: int, state: dict) -> ClientTask | None:
-        task = super().client_task(context, client, state)
-        if task is None or task.coverage.width >= 1.0:
-            return task
-        return replace(task, coverage=replace(task.coverage, offset=int(context.plan.round)))
+    Planner = FedRolexPlanner

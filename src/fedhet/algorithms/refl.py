@@ -34,7 +34,7 @@ from typing import ClassVar
 
 import torch
 
-from fedhet.algorithms.asyncfl import AsyncFL
+from fedhet.algorithms.asyncfl import AsyncFL, AsyncFLAggregation, AsyncFLReporting
 from fedhet.algorithms.base import register
 from fedhet.checks import in_range
 from fedhet.errors import ConfigError
@@ -75,20 +75,8 @@ def stale_weights(fresh_sum: torch.Tensor | None, fresh: int, stale: list, beta:
     return [(1.0 - beta) / (tau + 1.0) + beta * (1.0 - math.exp(-r) / kappa) for (_, tau), r in pairs]
 
 
-@register
-class REFL(AsyncFL):
-    """REFL's staleness-aware aggregation (Sec. 4.2): a client that misses the deadline keeps
-    training and its update joins the round it arrives in, weighted (1 - beta) / (tau + 1)
-    + beta (1 - exp(-Lambda / Lambda_max) / kappa) beside fresh updates of weight 1, Lambda
-    the relative change it makes to the fresh average. Its tasks are AsyncFL's: every
-    present client not busy with a late update trains its full local work."""
-
-    name = "refl"
-    summary = (
-        "REFL: stragglers' late updates weighted by staleness and deviation (Abdelmoniem et al. EuroSys 2023)"
-    )
-    Options = REFLOptions
-    hyperparameters: ClassVar[dict[str, dict]] = {"beta": {"low": 0.0, "high": 1.0}}
+class REFLAggregation(AsyncFLAggregation):
+    """REFL's aggregation: fresh and late updates with staleness-aware weights."""
 
     def init_state(self, setting) -> dict:
         return {"pending": [], "log": []}
@@ -135,6 +123,28 @@ class REFL(AsyncFL):
                 new_buffers.add_(delta_buffers, alpha=weight / total)
         return new_params, new_buffers
 
+
+class REFLReporting(AsyncFLReporting):
+    """REFL's report: the late updates and their weights."""
+
     def reports(self, state: dict) -> dict[str, dict]:
         in_flight = [{"client": p["client"], "made": p["made"], "due": p["due"]} for p in state["pending"]]
         return {"refl": {"rounds": state["log"], "in_flight": in_flight}}
+
+
+@register
+class REFL(AsyncFL):
+    """REFL's staleness-aware aggregation (Sec. 4.2): a client that misses the deadline keeps
+    training and its update joins the round it arrives in, weighted (1 - beta) / (tau + 1)
+    + beta (1 - exp(-Lambda / Lambda_max) / kappa) beside fresh updates of weight 1, Lambda
+    the relative change it makes to the fresh average. Its tasks are AsyncFL's: every
+    present client not busy with a late update trains its full local work."""
+
+    name = "refl"
+    summary = (
+        "REFL: stragglers' late updates weighted by staleness and deviation (Abdelmoniem et al. EuroSys 2023)"
+    )
+    Options = REFLOptions
+    hyperparameters: ClassVar[dict[str, dict]] = {"beta": {"low": 0.0, "high": 1.0}}
+    Aggregation = REFLAggregation
+    Reporting = REFLReporting

@@ -13,6 +13,7 @@ from fedhet.algorithms.aggregation import (
     layerwise_sum,
 )
 from fedhet.algorithms.base import Algorithm, register
+from fedhet.algorithms.parts import Aggregation
 from fedhet.algorithms.streaming import LayerwiseSumAggregator
 from fedhet.errors import ConfigError
 
@@ -48,16 +49,8 @@ def salf_layer_factor(
     return torch.where(counts > 0, 1.0 / (counts.clamp(min=1.0) * correction), torch.zeros_like(counts))
 
 
-@register
-class SALF(Algorithm):
-    """Stragglers send the layers they reached; the server aggregates layer by layer:
-    w^l_{t+1} = w^l_t + mean_{u in U_l} Delta^l_u / (1 - p_l), w^l_t kept if U_l is empty.
-    p_l = P[no client reaches l] comes from the system model in use."""
-
-    name = "salf"
-    summary = "Stragglers-aware layer-wise FL (SALF eq. (9)), p_l from the system model"
-    Options = SALFOptions
-    partial_work = "layers"
+class SALFAggregation(Aggregation):
+    """SALF's layer-wise aggregation (SALF eq. (9)), streamed: per-layer sums and counts."""
 
     def streaming_aggregator(self, params, buffers, tasks, state, context, layout):
         """Streams eq. (9) (and the authors' sum / U): per-layer sums and counts are
@@ -92,3 +85,16 @@ class SALF(Algorithm):
         for update in updates:  # the same sums as streaming, over the list
             aggregator.add(update)
         return aggregator.result()
+
+
+@register
+class SALF(Algorithm):
+    """Stragglers send the layers they reached; the server aggregates layer by layer:
+    w^l_{t+1} = w^l_t + mean_{u in U_l} Delta^l_u / (1 - p_l), w^l_t kept if U_l is empty.
+    p_l = P[no client reaches l] comes from the system model in use."""
+
+    name = "salf"
+    summary = "Stragglers-aware layer-wise FL (SALF eq. (9)), p_l from the system model"
+    Options = SALFOptions
+    partial_work = "layers"
+    Aggregation = SALFAggregation

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from fedhet.algorithms.base import register
-from fedhet.algorithms.fedavg import FedAvg, FedAvgOptions
+from fedhet.algorithms.fedavg import FedAvg, FedAvgAggregation, FedAvgOptions
 from fedhet.algorithms.server_optimizers import AdaptiveOptions as StepOptions
 from fedhet.algorithms.server_optimizers import (
     MomentumOptions,
@@ -74,20 +74,28 @@ class AdaptiveOptions(FedAvgOptions):
             raise ConfigError(f"algorithm.tau = {self.tau}: must be > 0")
 
 
-class ServerOptimizedFedAvg(FedAvg):
-    """FedAvg's average as the pseudo-gradient of a server step: a preset of FedAvg and the
-    ``[server]`` optimizer :meth:`make_optimizer` builds from the rule's options (the run
-    applies it, as it would a ``[server] optimizer``)."""
+class PresetServerStep(FedAvgAggregation):
+    """FedAvg's aggregation proposing Delta_t as it is, with the preset server step its rule
+    names (:meth:`ServerOptimizedFedAvg.make_optimizer`): the run applies that step."""
 
     @property
     def proposal_lr(self) -> float:
         return 1.0  # Delta_t as it is: server_lr is the optimizer's rate
 
-    def make_optimizer(self, options) -> ServerOptimizer:
-        raise NotImplementedError
-
     def preset_server_optimizer(self) -> ServerOptimizer:
-        return self.make_optimizer(self.options)
+        return self.rule.make_optimizer(self.options)
+
+
+class ServerOptimizedFedAvg(FedAvg):
+    """FedAvg's average as the pseudo-gradient of a server step: a preset of FedAvg and the
+    ``[server]`` optimizer :meth:`make_optimizer` builds from the rule's options (the run
+    applies it, as it would a ``[server] optimizer``)."""
+
+    Aggregation = PresetServerStep
+
+    def make_optimizer(self, options) -> ServerOptimizer:
+        """The server optimizer this rule is a preset for, from its options."""
+        raise NotImplementedError
 
 
 @register

@@ -31,6 +31,7 @@ from fedhet.algorithms.fedau import FedAUEstimator
 from fedhet.algorithms.fedavg import FedAvgOptions
 from fedhet.algorithms.memory import DTYPES, STORAGES, ClientMemory, persisted, restored
 from fedhet.algorithms.memory import FOLDER as MEMORY_FOLDER
+from fedhet.algorithms.parts import Aggregation, Reporting
 from fedhet.errors import ConfigError
 from fedhet.messages import ClientUpdate
 
@@ -93,14 +94,10 @@ class FedStaleOptions(UnbiasedOptions):
             raise ConfigError(f"algorithm.beta = {self.beta}: must be in [0, 1]")
 
 
-class MemoryAlgorithm(Algorithm):
-    """Shared machinery: the memory h, client weights q, p_i (known or FedAU), reports.
+class MemoryAggregation(Aggregation):
+    """The memory rules' aggregation: the memory h, client weights q, p_i (known or
+    FedAU), and the round's direction D, which each rule's part defines (:meth:`direction`)."""
 
-    Subclasses implement :meth:`direction` (the aggregate D of one round)."""
-
-    Options = MemoryOptions
-    hyperparameters: ClassVar[dict[str, dict]] = {"server_lr": SERVER_LR_RANGE}
-    partial_work = "none"  # unfinished by the deadline: counts as absent, so not asked
     refresh_before_direction = False  # MIFA refreshes h with this round's updates first
 
     def init_state(self, setting: RunSetting) -> dict:
@@ -191,6 +188,10 @@ class MemoryAlgorithm(Algorithm):
             state["memory"].set(u.client, u.delta)
             state["has_memory"][u.client] = True
 
+
+class MemoryAlgorithmReporting(Reporting):
+    """The memory rules' report: participation estimates and memory use."""
+
     def reports(self, state: dict) -> dict[str, dict]:
         memory = state["memory"]
         out = {
@@ -224,6 +225,18 @@ class MemoryAlgorithm(Algorithm):
         return out
 
 
+class MemoryAlgorithm(Algorithm):
+    """Shared machinery: the memory h, client weights q, p_i (known or FedAU), reports.
+
+    Subclasses implement :meth:`direction` (the aggregate D of one round)."""
+
+    Options = MemoryOptions
+    hyperparameters: ClassVar[dict[str, dict]] = {"server_lr": SERVER_LR_RANGE}
+    partial_work = "none"  # unfinished by the deadline: counts as absent, so not asked
+    Aggregation = MemoryAggregation
+    Reporting = MemoryAlgorithmReporting
+
+
 def _step(client_weight: np.ndarray, inverse_prob: np.ndarray, client: int) -> float:
     """q_i / p_i, the weight of a fresh update."""
     return float(client_weight[client] * inverse_prob[client])
@@ -234,6 +247,48 @@ def _stale_sum(memory: ClientMemory, client_weight: np.ndarray) -> torch.Tensor:
     return memory.stale_sum()
 
 
+class UFedAvgAggregation(MemoryAggregation):
+    """U-FedAvg's direction D over the memory."""
+
+    def direction(self, memory, updates, client_weight, inverse_prob):
+        out = torch.zeros(memory.num_params)
+        for u in updates:
+            out.add_(u.delta, alpha=_step(client_weight, inverse_prob, u.client))  # eq. (5)
+        return out
+
+
+class FedVARPAggregation(MemoryAggregation):
+    """FedVARP's direction D over the memory."""
+
+    def direction(self, memory, updates, client_weight, inverse_prob):
+        out = _stale_sum(memory, client_weight)
+        for u in updates:
+            fresh = u.delta - memory.row(u.client)
+            out.add_(fresh, alpha=_step(client_weight, inverse_prob, u.client))  # eq. (7)
+        return out
+
+
+class FedStaleAggregation(MemoryAggregation):
+    """FedStale's direction D over the memory."""
+
+    def direction(self, memory, updates, client_weight, inverse_prob):
+        beta = self.options.beta
+        out = beta * _stale_sum(memory, client_weight)
+        for u in updates:
+            fresh = u.delta - beta * memory.row(u.client)
+            out.add_(fresh, alpha=_step(client_weight, inverse_prob, u.client))  # eq. (9)
+        return out
+
+
+class MIFAAggregation(MemoryAggregation):
+    """MIFA's direction D over the memory."""
+
+    refresh_before_direction = True
+
+    def direction(self, memory, updates, client_weight, inverse_prob):
+        return _stale_sum(memory, client_weight)
+
+
 @register
 class UFedAvg(MemoryAlgorithm):
     """Unbiased FedAvg (FedStale eq. (5)): D = sum_{i in S_t} q_i Delta_i / p_i."""
@@ -241,12 +296,7 @@ class UFedAvg(MemoryAlgorithm):
     name = "u-fedavg"
     summary = "FedAvg reweighted by 1/p_i, unbiased under heterogeneous participation (FedStale eq. 5)"
     Options = UnbiasedOptions
-
-    def direction(self, memory, updates, client_weight, inverse_prob):
-        out = torch.zeros(memory.num_params)
-        for u in updates:
-            out.add_(u.delta, alpha=_step(client_weight, inverse_prob, u.client))  # eq. (5)
-        return out
+    Aggregation = UFedAvgAggregation
 
 
 @register
@@ -256,13 +306,7 @@ class FedVARP(MemoryAlgorithm):
     name = "fedvarp"
     summary = "stale updates of absent clients as control variates (FedStale eq. 7)"
     Options = UnbiasedOptions
-
-    def direction(self, memory, updates, client_weight, inverse_prob):
-        out = _stale_sum(memory, client_weight)
-        for u in updates:
-            fresh = u.delta - memory.row(u.client)
-            out.add_(fresh, alpha=_step(client_weight, inverse_prob, u.client))  # eq. (7)
-        return out
+    Aggregation = FedVARPAggregation
 
 
 @register
@@ -280,14 +324,7 @@ class FedStale(MemoryAlgorithm):
         **MemoryAlgorithm.hyperparameters,
         "beta": {"low": 0.0, "high": 1.0},
     }
-
-    def direction(self, memory, updates, client_weight, inverse_prob):
-        beta = self.options.beta
-        out = beta * _stale_sum(memory, client_weight)
-        for u in updates:
-            fresh = u.delta - beta * memory.row(u.client)
-            out.add_(fresh, alpha=_step(client_weight, inverse_prob, u.client))  # eq. (9)
-        return out
+    Aggregation = FedStaleAggregation
 
 
 @register
@@ -299,7 +336,4 @@ class MIFA(MemoryAlgorithm):
     summary = "average of every client's latest update, fresh or stale (biased baseline)"
     Options = MemoryOptions
     partial_work = "none"  # unfinished by the deadline: counts as absent, so not asked
-    refresh_before_direction = True
-
-    def direction(self, memory, updates, client_weight, inverse_prob):
-        return _stale_sum(memory, client_weight)
+    Aggregation = MIFAAggregation

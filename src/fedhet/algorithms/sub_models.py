@@ -26,6 +26,8 @@ from dataclasses import replace
 
 import numpy as np
 
+from fedhet.algorithms.parts import Planner, Reporting
+
 KNOWLEDGE = ("history", "profile", "oracle")
 PROFILE_DRAWS = 32  # draws of a random system model averaged into a client's expected time
 FLOAT_BYTES = 4
@@ -115,18 +117,27 @@ def fitting_level(context, client: int, choose: Callable, cost: Callable, state:
 
 
 class PlansFromKnowledge:
-    """For a sub-model rule: the plan carries the server's estimate of each client's time
-    (``algorithm.planner_knowledge``), the state what clients reported, the metrics the
-    clients whose sub-model did not fit."""
+    """For a sub-model rule: what its planner knows of each client's time
+    (``algorithm.planner_knowledge``, recorded in the run's summary)."""
 
     @property
     def planner_knowledge(self) -> str:
         return str(self.options.planner_knowledge)  # type: ignore[attr-defined]
 
+
+class KnowledgePlanner(Planner):
+    """The sub-model rules' planner: the plan carries the server's estimate of each client's
+    full-work time (:func:`with_estimates`), from what the rule may know."""
+
     def plan(self, round_index, state, system, deadline):
         plan = super().plan(round_index, state, system, deadline)
-        return with_estimates(plan, state, system, self.planner_knowledge, self.train)
+        return with_estimates(plan, state, system, self.rule.planner_knowledge, self.train)
+
+
+class LateSubModelsReporting(Reporting):
+    """The sub-model rules' metrics: the clients whose sub-model, sized from an estimate, did
+    not fit their drawn time (running total)."""
 
     def round_metrics(self, state: dict) -> dict[str, float]:
         late = float(state.get("late_sub_models", 0))  # a state saved before the count: none yet
-        return {**super().round_metrics(state), "late_sub_models": late}  # type: ignore[misc]
+        return {**super().round_metrics(state), "late_sub_models": late}

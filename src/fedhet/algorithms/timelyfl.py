@@ -38,6 +38,7 @@ import torch
 
 from fedhet.algorithms.aggregation import expand_per_layer, layerwise_mean
 from fedhet.algorithms.base import Algorithm, ClientAssignment, RoundPlan, register, require_time_law
+from fedhet.algorithms.parts import Aggregation, Planner, Reporting
 from fedhet.algorithms.salf import salf_layer_factor
 from fedhet.algorithms.streaming import LayerwiseSumAggregator
 from fedhet.errors import ConfigError
@@ -82,27 +83,9 @@ def expected_finish(system, work: Workload, draws: int) -> np.ndarray:
     return np.mean([system.full_times(work, rng) for _ in range(count)], axis=0)
 
 
-@register
-class TimelyFL(Algorithm):
-    """A deadline from the k-th fastest client's unit time; more epochs for fast clients,
-    the top layers for slow ones; per-layer averages (TimelyFL, arXiv:2304.06947)."""
-
-    name = "timelyfl"
-    summary = (
-        "TimelyFL: adaptive deadline, epochs for fast clients, top layers for slow ones (arXiv:2304.06947)"
-    )
-    Options = TimelyFLOptions
-    partial_work = "none"
-    planner_knowledge = "profile"  # plans from the times the system model declares (expected_finish)
-
-    def init_state(self, setting) -> dict:
-        require_time_law(setting.system, self.name)
-        layout = setting.layout
-        per_layer = [end - start for start, end in layout.param_slices.bounds]
-        # bytes of an update over layers d..L, d = 1..L
-        upload = [FLOAT_BYTES * sum(per_layer[d - 1 :]) for d in range(1, layout.num_layers + 1)]
-        download = FLOAT_BYTES * (layout.num_params + layout.num_buffers)
-        return {"upload_bytes": upload, "download_bytes": float(download), "log": []}
+class TimelyFLPlanner(Planner):
+    """TimelyFL's planner: the round's deadline and each client's share of the model
+    (layers) and steps from its profiled time."""
 
     def goal(self, num_clients: int) -> int:
         return self.options.aggregation_goal or max(1, (num_clients + 1) // 2)
@@ -153,6 +136,19 @@ class TimelyFL(Algorithm):
                   "asked": asked.tolist()}  # fmt: skip
         return RoundPlan(round_index, round_deadline, self.lr_at(round_index), assignments, record)
 
+
+class TimelyFLAggregation(Aggregation):
+    """TimelyFL's aggregation: layer-wise means over the clients that trained each layer."""
+
+    def init_state(self, setting) -> dict:
+        require_time_law(setting.system, self.name)
+        layout = setting.layout
+        per_layer = [end - start for start, end in layout.param_slices.bounds]
+        # bytes of an update over layers d..L, d = 1..L
+        upload = [FLOAT_BYTES * sum(per_layer[d - 1 :]) for d in range(1, layout.num_layers + 1)]
+        download = FLOAT_BYTES * (layout.num_params + layout.num_buffers)
+        return {"upload_bytes": upload, "download_bytes": float(download), "log": []}
+
     def streaming_aggregator(self, params, buffers, tasks, state, context, layout):
         """Each layer's mean update over the clients that trained it; layers nobody trained
         keep their value."""
@@ -179,5 +175,26 @@ class TimelyFL(Algorithm):
             aggregator.add(update)
         return aggregator.result()
 
+
+class TimelyFLReporting(Reporting):
+    """TimelyFL's report: deadlines and the workloads it assigned."""
+
     def reports(self, state: dict) -> dict[str, dict]:
         return {"timelyfl": {"rounds": state["log"]}}
+
+
+@register
+class TimelyFL(Algorithm):
+    """A deadline from the k-th fastest client's unit time; more epochs for fast clients,
+    the top layers for slow ones; per-layer averages (TimelyFL, arXiv:2304.06947)."""
+
+    name = "timelyfl"
+    summary = (
+        "TimelyFL: adaptive deadline, epochs for fast clients, top layers for slow ones (arXiv:2304.06947)"
+    )
+    Options = TimelyFLOptions
+    partial_work = "none"
+    planner_knowledge = "profile"  # plans from the times the system model declares (expected_finish)
+    Planner = TimelyFLPlanner
+    Aggregation = TimelyFLAggregation
+    Reporting = TimelyFLReporting

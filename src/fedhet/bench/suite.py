@@ -345,14 +345,14 @@ def _server_rate(method: Method, common: list[Param]) -> list[Param]:
     with its own rate and refuses a second step, its ``server_lr`` is the shared knob (its
     declared range, the optimizer's)."""
     from fedhet import registry
-    from fedhet.algorithms.base import Algorithm
+    from fedhet.algorithms.base import overrides
 
     cls = registry.resolve("algorithm", method.name, f"method {method.label}").cls
     declared = {p.key: p for p in method.params}
     shared = {p.key: p for p in common}
     if SERVER_LR not in shared:
         return [*common, *declared.values()]
-    if cls.preset_server_optimizer is Algorithm.preset_server_optimizer:
+    if overrides(cls.Aggregation, "preset_server_optimizer") is False:
         declared.pop(OWN_SERVER_LR, None)
         return [*common, *declared.values()]
     rate = declared.pop(OWN_SERVER_LR, None) or Param(OWN_SERVER_LR, **{

@@ -123,7 +123,7 @@ class BatchedPool(InProcessPool):
             for t in tasks
         ]  # fmt: skip
         updates = world.worker.train_group(
-            members, params, buffers, world.algorithm, failed, snapshot=self.on_client_error == "skip"
+            members, params, buffers, world.algorithm.client, failed, snapshot=self.on_client_error == "skip"
         )
         for task in tasks:
             self.states.park(task.client)  # on the host until their next task (a GPU run)

@@ -235,7 +235,7 @@ class Reports(Callback):
         system = guarded(plugin_label("system model", world.config.system.model), "reports", state.round,
                          world.system.reports)  # fmt: skip
         own = guarded(plugin_label("algorithm", world.config.algorithm_name), "reports", state.round,
-                      world.algorithm.reports, state.algorithm)  # fmt: skip
+                      world.algorithm.reporting.reports, state.algorithm)  # fmt: skip
         reports = {**system, **own}
         with self.run_dir.writing(state.round):
             for name, document in reports.items():

@@ -72,7 +72,7 @@ def upload_bytes(world: World, depths: np.ndarray | None) -> np.ndarray:
         depths = np.ones(world.num_clients, dtype=int)
     levels, where = np.unique(depths, return_inverse=True)
     worker, rule = world.worker, world.algorithm
-    sizes = np.array([worker.payload_bytes(int(depth), rule) for depth in levels], dtype=np.float64)
+    sizes = np.array([worker.payload_bytes(int(depth), rule.client) for depth in levels], dtype=np.float64)
     return sizes[where]
 
 
@@ -129,7 +129,10 @@ class RoundDriver:
         )
         row.update(energy=spent.total, energy_total=env.energy.total)
         algorithm = world.algorithm
-        return {**row, **hooks.metrics(hooks.call("round_metrics", algorithm.round_metrics, state.algorithm))}
+        return {
+            **row,
+            **hooks.metrics(hooks.call("round_metrics", algorithm.reporting.round_metrics, state.algorithm)),
+        }
 
     @staticmethod
     def _sample(env: StepEnvironment, state, t: int, hooks: Hooks, model: Hooks):
@@ -138,7 +141,7 @@ class RoundDriver:
         config, world = env.config, env.world
         algorithm, system = world.algorithm, world.server_system
         plan = hooks.plan(
-            hooks.call("plan", algorithm.plan, t, state.algorithm, system, config.round_deadline),
+            hooks.call("plan", algorithm.planner.plan, t, state.algorithm, system, config.round_deadline),
             world.num_clients,
         )
         work = plan.workload()
@@ -161,7 +164,7 @@ class RoundDriver:
         one the rule sent no work because none fits, nothing)."""
         plan, outcomes = context.plan, context.outcomes
         charged = involved(outcomes, requested)
-        busy = hooks.call("busy_clients", world.algorithm.busy_clients, state.algorithm, plan.round)
+        busy = hooks.call("busy_clients", world.algorithm.planner.busy_clients, state.algorithm, plan.round)
         charged[hooks.clients("busy_clients", busy, world.num_clients)] = False
         if world.algorithm.sends_only_work_that_fits:  # a present client without a task did nothing
             charged &= ~outcomes.participates | np.isin(
@@ -185,7 +188,11 @@ class RoundDriver:
         tasks = [
             task
             for c in np.flatnonzero(asked)  # the others get no task (Algorithm.client_task)
-            if (task := hooks.call("client_task", algorithm.client_task, context, int(c), state.algorithm))
+            if (
+                task := hooks.call(
+                    "client_task", algorithm.planner.client_task, context, int(c), state.algorithm
+                )
+            )
         ]
         deadline = context.plan.deadline
         if world.server_system.wall_clock and deadline is not None:  # clients cut their own work
@@ -200,7 +207,8 @@ class RoundDriver:
         skipped as non-finite), or a :class:`NonFinite` fault."""
         config, world = env.config, env.world
         system = world.server_system
-        aggregator = hooks.call("aggregator", world.algorithm.aggregator, state.params, state.buffers, tasks,
+        aggregation = world.algorithm.aggregation
+        aggregator = hooks.call("aggregator", aggregation.aggregator, state.params, state.buffers, tasks,
                                 state.algorithm, context, world.flat.layout)  # fmt: skip
         rule = "aggregate" if isinstance(aggregator, ListAggregator) else "streaming_aggregator"
         delivered: list[UpdateSummary] = []
@@ -249,18 +257,18 @@ class EventDriver:
         hooks = Hooks(config.algorithm_name, version + 1)
         flying, held = {entry["client"] for entry in engine["in_flight"]}, set(engine["held"])
         idle = [c for c in range(world.num_clients) if c not in flying and c not in held]
-        free = hooks.call("concurrency", algorithm.concurrency, world.num_clients) - len(flying)
+        free = hooks.call("concurrency", algorithm.scheduler.concurrency, world.num_clients) - len(flying)
         if free <= 0 or not idle:
             return
         rng = seeding.round_stream(config.run.seed, "dispatch", engine["dispatches"])
         engine["dispatches"] += 1
-        chosen = [int(c) for c in hooks.call("choose", algorithm.choose, idle, free, rng)]
-        planned = hooks.call("plan_starts", algorithm.plan_starts, state.algorithm, chosen, now)
+        chosen = [int(c) for c in hooks.call("choose", algorithm.scheduler.choose, idle, free, rng)]
+        planned = hooks.call("plan_starts", algorithm.scheduler.plan_starts, state.algorithm, chosen, now)
         steps = np.full(world.num_clients, config.train.local_steps)
         steps[chosen] = [int(q) for q in planned]
         tasks = [
             dataclasses.replace(
-                hooks.call("start_task", algorithm.start_task, c, engine["starts"][c], version),
+                hooks.call("start_task", algorithm.scheduler.start_task, c, engine["starts"][c], version),
                 local_steps=int(steps[c]),
             )
             for c in chosen
@@ -320,7 +328,7 @@ class EventDriver:
         beyond the time budget."""
         engine, algorithm = state.engine, cast("AsyncAlgorithm", env.world.algorithm)
         hooks = Hooks(env.config.algorithm_name, t + 1)
-        hooks.call("buffer_size", algorithm.buffer_size)  # read by take; a broken one is named here
+        hooks.call("buffer_size", algorithm.scheduler.buffer_size)  # read by take; a broken one is named here
         engine.setdefault("now", state.sim_time)
         if entries := self._take(engine, hooks, algorithm, state, t):
             return entries  # a second step due at the same instant
@@ -328,7 +336,7 @@ class EventDriver:
         while True:
             if engine.get("energy_out"):
                 return None
-            due = hooks.call("due", algorithm.due, state.algorithm)
+            due = hooks.call("due", algorithm.scheduler.due, state.algorithm)
             arrival = min(engine["in_flight"], key=lambda e: (e["time"], e["client"]), default=None)
             if arrival is None and due is None:
                 raise FedhetError(f"{algorithm.name}: no client could be started (all absent or failed)")
@@ -341,7 +349,9 @@ class EventDriver:
             if arrival is not None:
                 engine["in_flight"].remove(arrival)
                 engine["buffer"].append({"update": arrival["update"], "version": arrival["version"]})
-                if not hooks.call("arrive", algorithm.arrive, state.algorithm, arrival["client"], at):
+                if not hooks.call(
+                    "arrive", algorithm.scheduler.arrive, state.algorithm, arrival["client"], at
+                ):
                     engine["held"].append(arrival["client"])
             if entries := self._take(engine, hooks, algorithm, state, t):
                 return entries
@@ -355,7 +365,7 @@ class EventDriver:
         the buffer; their held clients are free again."""
         buffer = engine["buffer"]
         buffered = [(e["update"].client, t - e["version"]) for e in buffer]
-        chosen = hooks.call("take", algorithm.take, state.algorithm, buffered, engine["now"])
+        chosen = hooks.call("take", algorithm.scheduler.take, state.algorithm, buffered, engine["now"])
         positions = sorted({int(i) for i in chosen})
         if any(not 0 <= i < len(buffer) for i in positions):
             raise FedhetError(f"{algorithm.name}: take named positions outside the buffer of {len(buffer)}")
@@ -383,14 +393,14 @@ class EventDriver:
             sent = engine.get("sent", {})
             arrivals = [(update, staleness, *sent[str(t - staleness)]) for update, staleness in entries]
             rule = "apply_models"
-            applied = hooks.call(rule, algorithm.apply_models, state.params, state.buffers, arrivals,
-                                 state.algorithm, t)  # fmt: skip
+            applied = hooks.call(rule, algorithm.aggregation.apply_models, state.params, state.buffers,
+                                 arrivals, state.algorithm, t)  # fmt: skip
             waiting = {str(e["version"]) for e in engine["in_flight"] + engine["buffer"]}
             engine["sent"] = {v: model for v, model in sent.items() if v in waiting}
         else:
             rule = "apply_buffer"
-            applied = hooks.call(rule, algorithm.apply_buffer, state.params, state.buffers, entries,
-                                 state.algorithm, t)  # fmt: skip
+            applied = hooks.call(rule, algorithm.aggregation.apply_buffer, state.params, state.buffers,
+                                 entries, state.algorithm, t)  # fmt: skip
         params, buffers = hooks.model(rule, applied, state.params, state.buffers)
         params = server_step(world, state, params)
         if what := params_fault(params, buffers):
@@ -403,11 +413,14 @@ class EventDriver:
         state.sim_time = clock.advance(duration)
         updates = [u for u, _ in entries]
         faults = len(take_faults(env.pool))
-        lr = hooks.call("lr_at", algorithm.lr_at, t)
+        lr = hooks.call("lr_at", algorithm.scheduler.lr_at, t)
         names = world.dataset.task.metric_names()
         row = metrics_row(t + 1, state.sim_time, duration, None, lr, updates, np.array([]), 0, faults, names)
         row.update(energy=engine.pop("joules", 0.0), energy_total=env.energy.total)
-        return {**row, **hooks.metrics(hooks.call("round_metrics", algorithm.round_metrics, state.algorithm))}
+        return {
+            **row,
+            **hooks.metrics(hooks.call("round_metrics", algorithm.reporting.round_metrics, state.algorithm)),
+        }
 
 
 DRIVERS: dict[str, type[RoundDriver] | type[EventDriver]] = {"round": RoundDriver, "event": EventDriver}

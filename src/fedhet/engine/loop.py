@@ -176,7 +176,9 @@ class RunLoop:
         self.energy = EnergyAccount(state.energy, world.num_clients, config.run.energy_budget)
         notify(callbacks, "on_start", state)
         label = plugin_label("algorithm", config.algorithm_name)
-        for note in guarded(label, "warnings", state.round, world.algorithm.warnings, state.algorithm):
+        for note in guarded(
+            label, "warnings", state.round, world.algorithm.reporting.warnings, state.algorithm
+        ):
             log.warning("%s: %s", config.run.name, note)
         self.caveats = run_caveats(config, world, state.algorithm)
         for caveat in self.caveats:
@@ -297,7 +299,7 @@ class RunLoop:
         """The summary, written when the run ended; the last hooks."""
         config, state, run_dir = self.config, self.state, self.run_dir
         label = plugin_label("algorithm", config.algorithm_name)
-        notes = guarded(label, "warnings", state.round, world.algorithm.warnings, state.algorithm)
+        notes = guarded(label, "warnings", state.round, world.algorithm.reporting.warnings, state.algorithm)
         summary = run_summary(config, world, state, notes)
         summary["engine"] = self.engine  # the engine that ran, whatever the configuration says
         summary["pool"] = getattr(self.pool, "name", type(self.pool).__name__)
@@ -380,7 +382,8 @@ class RunLoop:
         setting = world.setting(state.params, state.buffers)
         setting.work_dir = self.run_dir.path
         label = plugin_label("algorithm", self.config.algorithm_name)
-        probes = guarded(label, "probe_tasks", 0, world.algorithm.probe_tasks, setting)
+        planner = world.algorithm.planner  # event rules have none: no probes
+        probes = guarded(label, "probe_tasks", 0, planner.probe_tasks, setting) if planner else []
         if probes:
             setting.probes = list(self.pool.run(probes, state.params, state.buffers))
         state.algorithm = guarded(label, "init_state", 0, world.algorithm.init_state, setting)

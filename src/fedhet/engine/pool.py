@@ -139,7 +139,7 @@ class WorkerSide:
             world.client_data(task.client),
             state,
             rng,
-            world.algorithm,
+            world.algorithm.client,
         )
 
 

@@ -78,11 +78,11 @@ def first_round(config, world, algorithm_state: dict):
     algorithm, system = world.algorithm, world.server_system
     if system.wall_clock or getattr(algorithm, "driver", "round") != "round":
         return None
-    if overrides(type(algorithm), "client_task"):
+    if overrides(type(algorithm.planner), "client_task"):
         return None  # the rule decides who delivers what (sub-models, late updates): not priceable here
     hooks = Hooks(config.algorithm_name, 0)
-    plan = hooks.plan(hooks.call("plan", algorithm.plan, 0, algorithm_state, system, config.round_deadline),
-                      world.num_clients)  # fmt: skip
+    planned = hooks.call("plan", algorithm.planner.plan, 0, algorithm_state, system, config.round_deadline)
+    plan = hooks.plan(planned, world.num_clients)
     work = plan.workload()
     asked = np.array([a.asked for a in plan.assignments], dtype=bool)
     from fedhet.engine.drivers import download_bytes, upload_bytes
@@ -115,7 +115,7 @@ def run_caveats(config, world, algorithm_state: dict) -> list[str]:
     priced with the first round's plan, most clients never
     able to deliver an update (fixed stragglers under a rule that keeps only finished work)."""
     algorithm = world.algorithm
-    found = list(Hooks(config.algorithm_name, 0).call("caveats", algorithm.caveats))
+    found = list(Hooks(config.algorithm_name, 0).call("caveats", algorithm.reporting.caveats))
     found += inert_mechanism_lines(config, world)
     first = first_round(config, world, algorithm_state)
     if first is None:

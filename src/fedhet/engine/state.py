@@ -19,8 +19,8 @@ from fedhet.checks import counted
 from fedhet.client import ClientStates
 from fedhet.errors import FedhetError
 
-CHECKPOINT_VERSION = 6  # 3: server memories beside the checkpoint; 4: plug-in configuration tree; 5: energy;
-# 6: the event driver's buffer keeps model versions and held clients
+CHECKPOINT_VERSION = 7  # 3: server memories beside the checkpoint; 4: plug-in configuration tree; 5: energy;
+# 6: the event driver's buffer keeps model versions and held clients; 7: the server state by part
 
 
 @dataclass

@@ -41,14 +41,14 @@ def describe_plan(config: Config, depth_fraction: float | None = None, out: str 
             f"deadline {deadline:.6g}, run.time_budget = {deadline * rounds:.6g} for {rounds} rounds"
         )
     setting = world.setting()
-    probes = world.algorithm.probe_tasks(setting)
+    probes = world.algorithm.planner.probe_tasks(setting)
     if probes:
         pool = InProcessPool(WorkerSide(world, config.run.seed))
         state = RunState(world.initial_params, world.initial_buffers)
         setting.probes = list(pool.run(probes, state.params, state.buffers))
     algorithm_state = world.algorithm.init_state(setting)
-    lines += [f"warning: {note}" for note in world.algorithm.warnings(algorithm_state)]
-    plan = world.algorithm.reports(algorithm_state).get("plan")
+    lines += [f"warning: {note}" for note in world.algorithm.reporting.warnings(algorithm_state)]
+    plan = world.algorithm.reporting.reports(algorithm_state).get("plan")
     if not plan:
         lines.append(_deadline_line(config, world, algorithm_state, batch))
     if plan:
@@ -81,7 +81,7 @@ def _plan_lines(name: str, plan: dict) -> list[str]:
 def _deadline_line(config: Config, world, algorithm_state: dict, batch: np.ndarray) -> str:
     """The deadline the run will use in its first round (as the algorithm plans it), where it
     comes from, and on the exponential model the expected depth it gives."""
-    first = world.algorithm.plan(0, algorithm_state, world.server_system, config.round_deadline)
+    first = world.algorithm.planner.plan(0, algorithm_state, world.server_system, config.round_deadline)
     if first.deadline is None:
         return f"no deadline: {config.algorithm_name} waits for every asked client each round"
     source = (
