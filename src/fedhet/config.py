@@ -306,6 +306,14 @@ class RunConfig(PluginSection):
         (a count or ``"auto"``); 1 for every other pool."""
         return getattr(self.options("pool"), "workers", 1)
 
+    @property
+    def torch_device(self) -> Any:
+        """``run.device`` resolved, the one place it is (:func:`fedhet.device.resolve_device`:
+        ``"auto"`` is a GPU when torch sees one and the clients run in this process)."""
+        from fedhet.device import resolve_device
+
+        return resolve_device(self.device, self.workers)
+
     @classmethod
     def legacy(cls, values: dict) -> dict:
         """``run.workers`` without ``run.pool`` (the process pool's option, once a key of

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import logging
+import pkgutil
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
@@ -47,29 +48,35 @@ KINDS: dict[str, str] = {
     "callback": "fedhet.callbacks",
 }
 
-# kind -> the fedhet modules whose import registers its built-ins
-BUILTIN_MODULES: dict[str, tuple[str, ...]] = {
+# kind -> the fedhet packages whose modules register its built-ins (folders of the
+# architecture): every module of such a package is imported (:func:`import_submodules`), so
+# a new module there registers its plug-ins without being listed anywhere
+BUILTIN_PACKAGES: dict[str, tuple[str, ...]] = {
     "algorithm": ("fedhet.algorithms",),
+    "server_optimizer": ("fedhet.algorithms",),
     "system_model": ("fedhet.system",),
     "participation": ("fedhet.system",),
     "availability": ("fedhet.system",),
     "dropout": ("fedhet.system",),
-    "selection": ("fedhet.system.selection",),
-    "server_optimizer": ("fedhet.algorithms.server_optimizers",),
+    "selection": ("fedhet.system",),
     "dataset": ("fedhet.data",),
-    "partitioner": ("fedhet.data.partition",),
+    "partitioner": ("fedhet.data",),
     "model": ("fedhet.models",),
-    "engine": ("fedhet.engine.launch", "fedhet.engine.flower"),
-    "pool": (
-        "fedhet.engine.pool",
-        "fedhet.engine.processes",
-        "fedhet.engine.batched",
-        "fedhet.engine.flower",
-    ),
-    "local_optimizer": ("fedhet.client.optimizers",),
-    "postprocessor": ("fedhet.client.postprocess",),
-    "callback": ("fedhet.engine.callbacks", "fedhet.tracking"),
+    "engine": ("fedhet.engine",),
+    "pool": ("fedhet.engine",),
+    "local_optimizer": ("fedhet.client",),
+    "postprocessor": ("fedhet.client",),
+    "callback": ("fedhet.engine", "fedhet.tracking"),
 }
+
+
+def import_submodules(name: str) -> None:
+    """Import the module ``name`` and, for a package, every module in it: what registers
+    the built-ins they define."""
+    module = importlib.import_module(name)
+    for info in pkgutil.iter_modules(getattr(module, "__path__", [])):
+        importlib.import_module(f"{name}.{info.name}")
+
 
 # kind -> (module, function) checking a plug-in class against its kind's contract, in one
 # line naming the class; for built-ins (at registration) and plug-ins (when resolved)
@@ -136,6 +143,11 @@ def register(kind: str, name: str | None = None):
     return add
 
 
+# what makes a class a plug-in of any kind (checked by :func:`check_plugin`): the name it is
+# registered under, its options and how it is built; a wrapper plug-in answers these itself
+PLUGIN_CONTRACT = ("name", "Options", "build")
+
+
 def check_plugin(kind: str, name: str, cls: object) -> None:
     """A plug-in is a class with an ``Options`` dataclass and a ``build`` callable."""
     label = KIND_LABELS[kind]
@@ -154,8 +166,8 @@ def _load_builtins(kind: str) -> None:
     if kind in _LOADED:
         return
     _LOADED.add(kind)
-    for module in BUILTIN_MODULES[kind]:
-        importlib.import_module(module)
+    for package in BUILTIN_PACKAGES[kind]:
+        import_submodules(package)
 
 
 def builtins(kind: str) -> dict[str, Entry]:

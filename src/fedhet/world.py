@@ -20,7 +20,7 @@ from fedhet.config import Config
 from fedhet.data import Dataset, open_dataset
 from fedhet.data.partition import swap_labels
 from fedhet.data.sources import split_validation, subsample
-from fedhet.device import make_deterministic, resolve_device
+from fedhet.device import make_deterministic
 from fedhet.errors import ConfigError
 from fedhet.models import FlatModel, ModelContext
 from fedhet.models.cost import multiply_adds, training_step_flops
@@ -236,7 +236,7 @@ def build_world(config: Config, client_side: bool = False, dataset: Dataset | No
     check_targets(config, dataset.task)
     parts, train_labels = build_partition(config, dataset)
     parts, holdout = client_holdout(config, parts)
-    device = resolve_device(config.run.device, config.run.workers)
+    device = config.run.torch_device
     make_deterministic(device)
     torch.manual_seed(seeding.torch_seed(config.run.seed, "init"))
     model = config.model.entry("name").cls.build(

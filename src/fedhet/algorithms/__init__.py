@@ -1,31 +1,6 @@
 """Rules, registered by name, each a few parts: planner (or event scheduler), client part,
 aggregation, reporting (:mod:`fedhet.algorithms.parts`)."""
 
-from fedhet.algorithms import (  # noqa: F401  (registration)
-    adelfl,
-    amsfl,
-    asyncfl,
-    ca2fl,
-    depthfl,
-    drop,
-    fedasync,
-    fedavg,
-    fedbalancer,
-    fedbuff,
-    fedcompass,
-    feddyn,
-    fednova,
-    fedprox,
-    fiarse,
-    fjord,
-    heterofl,
-    refl,
-    salf,
-    scaffold,
-    server_opt,
-    stale,
-    timelyfl,
-)
 from fedhet.algorithms.base import (
     ALGORITHMS,
     Algorithm,
@@ -44,6 +19,7 @@ from fedhet.algorithms.parts import (
     Planner,
     Reporting,
 )
+from fedhet.registry import import_submodules
 
 __all__ = [
     "ALGORITHMS",
@@ -61,3 +37,6 @@ __all__ = [
     "RoundPlan",
     "RunSetting",
 ]
+
+# every rule's module registers it: a new module here needs no line of its own
+import_submodules(__name__)

@@ -19,7 +19,7 @@ from typing import Any
 
 from fedhet.config import Config
 from fedhet.data.task import Score
-from fedhet.device import device_name, resolve_device, serving_on
+from fedhet.device import device_name, serving_on
 from fedhet.engine.callbacks import (
     Checkpoint,
     ClientTable,
@@ -124,9 +124,7 @@ class RunLoop:
 
     def _run(self, resume: bool, stop_after: int | None) -> RunResult:
         config, run_dir = self.config, self.run_dir
-        device = resolve_device(
-            config.run.device, config.run.workers
-        )  # a checkpoint's tensors come back there
+        device = config.run.torch_device  # a checkpoint's tensors come back there
         saved = run_dir.load_checkpoint(device) if resume and run_dir.checkpoint_path.exists() else None
         if saved is not None:
             check_checkpoint(saved, str(run_dir.checkpoint_path))

@@ -258,13 +258,12 @@ class AutoPool:
 
     @classmethod
     def build(cls, options, ctx: PoolContext):
-        from fedhet.device import resolve_device
         from fedhet.registry import builtins
 
         run = ctx.config.run
         if ctx.link is not None:  # the engine handed its pool a link: the pool that declares it
             return engine_pool(ctx.engine).build(NoOptions(), ctx)
-        if resolve_device(run.device, run.workers).type == "cuda":
+        if run.torch_device.type == "cuda":
             batched = builtins("pool")["batched"].cls
             return batched.build(batched.Options(), ctx)
         return builtins("pool")["in-process"].cls.build(NoOptions(), ctx)

@@ -22,7 +22,7 @@ import numpy as np
 
 from fedhet.checks import in_range, number_list, one_of
 from fedhet.errors import ConfigError
-from fedhet.registry import register
+from fedhet.registry import PLUGIN_CONTRACT, register
 from fedhet.system.base import NoOptions, SystemContext, SystemModel
 from fedhet.system.numerics import random_subset_product
 from fedhet.system.types import Marginals, Outcomes
@@ -170,13 +170,10 @@ class PresenceWrapper(SystemModel):
 
 
 WRAPPED, WRAPPER = "__wrapped__", "__wrapper__"
-# what a presence wrapper answers itself; every other public attribute of SystemModel (a
-# declared capability: time_law, wall_clock, independent_clients, step_time, ... and any
-# added later) is the wrapped model's, forwarded below
-_ANSWERED_BY_WRAPPER = {
-    "sample", "marginals", "no_reach_given_presence", "always_present", "deterministic", "observe",
-    "state_dict", "load_state_dict", "reports", "build", "Options", "name",
-}  # fmt: skip
+# A presence wrapper answers what it defines itself (sample, marginals, presence, its
+# state, ...) and what makes it a plug-in (PLUGIN_CONTRACT); every other public attribute of
+# SystemModel (a declared capability: time_law, wall_clock, independent_clients, step_time,
+# ... and any added later) is the wrapped model's, forwarded below.
 
 
 def _forward(name: str, value):
@@ -192,7 +189,7 @@ def _forward(name: str, value):
 
 
 for _name, _value in vars(SystemModel).items():
-    if not _name.startswith("_") and _name not in _ANSWERED_BY_WRAPPER and _name not in vars(PresenceWrapper):
+    if not _name.startswith("_") and _name not in PLUGIN_CONTRACT and _name not in vars(PresenceWrapper):
         setattr(PresenceWrapper, _name, _forward(_name, _value))
 
 
