@@ -658,6 +658,8 @@ class Config:
             del out["system"]["comm_times"]
         if out["model"].get("classifier") == "one":
             del out["model"]["classifier"]
+        if out["server"].get("optimizer") == "sgd" and "server_lr" in out["algorithm"]:
+            out["server"]["lr"] = out["algorithm"].pop("server_lr")  # the one key (one_server_rate)
         if out["server"] == {"optimizer": "sgd", "lr": 1.0}:
             del out["server"]
         if out["selection"] == {"rule": "all"}:
@@ -719,9 +721,45 @@ def from_dict(raw: dict) -> Config:
     name = algorithm.pop("name", default_name)
     if not isinstance(name, str):
         raise ConfigError(f"algorithm.name = {name!r}: expected a string")
+    if isinstance(raw.get("server", {}), dict):
+        server = dict(raw.get("server", {}))
+        one_server_rate(name, algorithm, server)
+        parts["server"] = parse_plugin_section(ServerConfig, server)
     config = Config(algorithm=AlgorithmConfig(name, None, algorithm), **parts)
     validate(config)
     return config
+
+
+def one_server_rate(name: str, algorithm: dict, server: dict) -> None:
+    """``server.lr``, the one server learning rate eta_s, taken (in place, in the raw
+    ``[algorithm]`` and ``[server]`` tables) by the step that applies it: the rule's own
+    step where it has one (FedAvg's w_t + eta_s sum_u a_u Delta_u, FedStale's, SCAFFOLD's;
+    a preset's optimizer: FedAdam's) and the ``[server]`` step is plain SGD; else the
+    ``[server]`` step. The older ``algorithm.server_lr`` is still read as ``server.lr``,
+    with one line saying so; beside another ``[server]`` optimizer it stays the rule's own
+    step, which :func:`fedhet.world.server_optimizer` refuses unless it is 1."""
+    from fedhet.registry import option_fields, resolve
+
+    if server.get("optimizer", "sgd") != "sgd":
+        return  # the [server] step takes server.lr; a rule's own beside it is refused (world.py)
+    if "server_lr" in algorithm:
+        own = algorithm["server_lr"]
+        if "lr" in server and server["lr"] != own:
+            raise ConfigError(
+                f"algorithm.server_lr = {own!r} and server.lr = {server['lr']!r}: one server learning rate; "
+                "write server.lr only"
+            )
+        log.warning(
+            "algorithm.server_lr = %r is read as server.lr = %r (the one server learning rate)", own, own
+        )
+        server["lr"] = algorithm.pop("server_lr")
+    if "lr" in server:
+        try:
+            takes_it = "server_lr" in option_fields(resolve("algorithm", name, "algorithm.name").cls)
+        except ConfigError:
+            return  # an unknown rule: named by validation
+        if takes_it:
+            algorithm["server_lr"] = server.pop("lr")
 
 
 def build_options(name: str, values: dict) -> Any:

@@ -165,7 +165,7 @@ class ClientUpdate:
     ``loss``; ``model_round`` is the round of the model the work started from; ``payload``
     carries algorithm data (e.g. SCAFFOLD's change of c_i, a probe's gradient statistics);
     ``wire`` names the payload tensors that are part of the update itself (the algorithm's
-    :meth:`~fedhet.algorithms.base.Algorithm.upload_payload`): the postprocessors process
+    :meth:`~fedhet.algorithms.parts.ClientPart.upload_payload`): the postprocessors process
     them with the delta and the upload's byte count includes them.
     """
 

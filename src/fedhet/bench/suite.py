@@ -329,8 +329,10 @@ def _search(methods: list[Method], shared: dict, own: dict, where: str) -> list[
         for param in [*_server_rate(method, common), *suite_own]:
             keys[param.key] = param
         fixed = {f"algorithm.{k}" for k in method.options}
+        if "server_lr" in method.options:  # the method's own server rate, fixed: server.lr is not searched
+            fixed.add(SERVER_LR)
         method.params = [p for k, p in keys.items() if k not in fixed]
-        shared_keys = {p.key for p in common} | {OWN_SERVER_LR}
+        shared_keys = {p.key for p in common} | {OWN_SERVER_LR, SERVER_LR}
         method.own = [p.key for p in method.params if p.key not in shared_keys]
     return common
 
@@ -339,24 +341,25 @@ OWN_SERVER_LR = "algorithm.server_lr"
 
 
 def _server_rate(method: Method, common: list[Param]) -> list[Param]:
-    """The shared keys and the method's declared ones with one server learning rate: the
-    shared ``server.lr`` (the ``[server]`` step of every rule) in place of a rule's own
-    ``server_lr``; for a rule that is a server optimizer's preset (FedAdam), which steps
-    with its own rate and refuses a second step, its ``server_lr`` is the shared knob (its
-    declared range, the optimizer's)."""
+    """The shared keys and the method's declared ones with one server learning rate,
+    ``server.lr`` (the step that applies it takes it: :func:`fedhet.config.one_server_rate`):
+    a rule's declared ``server_lr`` range is searched as ``server.lr`` where the suite shares
+    none; where it does, the shared range holds, except for a server optimizer's preset
+    (FedAdam), whose declared range is its optimizer's."""
     from fedhet import registry
     from fedhet.algorithms.base import overrides
 
     cls = registry.resolve("algorithm", method.name, f"method {method.label}").cls
     declared = {p.key: p for p in method.params}
+    own = declared.pop(OWN_SERVER_LR, None)
     shared = {p.key: p for p in common}
+    range_of = ("low", "high", "log", "integer", "choices")
     if SERVER_LR not in shared:
+        extra = [Param(SERVER_LR, **{k: getattr(own, k) for k in range_of})] if own else []
+        return [*common, *extra, *declared.values()]
+    if own is None or overrides(cls.Aggregation, "preset_server_optimizer") is False:
         return [*common, *declared.values()]
-    if overrides(cls.Aggregation, "preset_server_optimizer") is False:
-        declared.pop(OWN_SERVER_LR, None)
-        return [*common, *declared.values()]
-    rate = declared.pop(OWN_SERVER_LR, None) or Param(OWN_SERVER_LR, **{
-        k: getattr(shared[SERVER_LR], k) for k in ("low", "high", "log", "integer", "choices")})  # fmt: skip
+    rate = Param(SERVER_LR, **{k: getattr(own, k) for k in range_of})
     return [rate if p.key == SERVER_LR else p for p in common] + list(declared.values())
 
 

@@ -12,9 +12,9 @@ region on its own batch, in one of two ways, with the same hooks:
 - **row by row** on the working model (:class:`~fedhet.models.FlatModel`), autograd asked
   for the reached parameters only: a group of one (the in-process pool, bit for bit the
   single-client computation), a model ``vmap`` cannot batch, or a rule whose local loss
-  differs per client (:attr:`Algorithm.local_loss_per_client`).
+  differs per client (:attr:`ClientPart.local_loss_per_client`).
 
-The loss is the rule's :meth:`~fedhet.algorithms.Algorithm.local_loss` where it has one,
+The loss is the rule's :meth:`~fedhet.algorithms.parts.ClientPart.local_loss` where it has one,
 else the task's. Called once for a stacked group, the hook sees the group's shared task
 fields (round, learning rate, batch size, coverage, scalar payload); a hook that reads a
 client's own state, its stream or a per-client payload tensor is found out on its first

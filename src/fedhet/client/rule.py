@@ -1,4 +1,4 @@
-"""The client-side hooks of an algorithm, as the local trainer sees them."""
+"""A rule's client part, as the local trainer sees it (the trainer's argument type)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from fedhet.messages import ClientTask, ClientUpdate
 
 
 class ClientRule(Protocol):
-    """The client-side hooks of an algorithm (see :class:`fedhet.algorithms.Algorithm`).
+    """A rule's client part (:class:`fedhet.algorithms.parts.ClientPart` satisfies it).
     ``corrects_gradients`` is False when :meth:`gradient_correction` always returns None;
     ``tracks_gradient_differences`` asks for :meth:`observe_gradients` at every step."""
 

@@ -5,7 +5,7 @@
 - a :class:`~fedhet.client.budget.SimulatedBudget` or
   :class:`~fedhet.client.budget.WallClockBudget` (how much work: given by the system side);
 - the algorithm's gradient transform (FedProx's proximal term, SCAFFOLD's control variates,
-  FedDyn's linear term: :meth:`Algorithm.gradient_correction`), added to each step's gradient;
+  FedDyn's linear term: :meth:`ClientPart.gradient_correction`), added to each step's gradient;
 - a :class:`~fedhet.client.optimizers.LocalOptimizer` (SGD, Adam, ...; its state in the
   client's state);
 - a chain of :class:`~fedhet.client.postprocess.Postprocessor` applied to the update.
@@ -125,7 +125,7 @@ class LocalTrainer:
     def payload_bytes(self, depth: int = 1, rule: ClientRule | None = None) -> int:
         """Bytes a full-width update covering layers ``depth..L`` has on the wire: its
         float32 parameters, the payload vectors the ``rule`` sends with it
-        (:meth:`~fedhet.algorithms.base.Algorithm.upload_payload`), both after the
+        (:meth:`~fedhet.algorithms.parts.ClientPart.upload_payload`), both after the
         postprocessors, and its float32 buffers."""
         flat = self.flat
         params = flat.param_slices.from_depth(depth)
