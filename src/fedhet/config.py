@@ -658,13 +658,21 @@ class Config:
             del out["system"]["comm_times"]
         if out["model"].get("classifier") == "one":
             del out["model"]["classifier"]
-        if out["server"].get("optimizer") == "sgd" and "server_lr" in out["algorithm"]:
-            out["server"]["lr"] = out["algorithm"].pop("server_lr")  # the one key (one_server_rate)
+        if self._preset_takes_server_rate() and "server_lr" in out["algorithm"]:
+            out["server"]["lr"] = out["algorithm"].pop("server_lr")  # its one key (one_server_rate)
         if out["server"] == {"optimizer": "sgd", "lr": 1.0}:
             del out["server"]
         if out["selection"] == {"rule": "all"}:
             del out["selection"]
         return out
+
+    def _preset_takes_server_rate(self) -> bool:
+        """Whether the rule is a server optimizer's preset stepping with ``server.lr``."""
+        from fedhet.algorithms.base import overrides
+        from fedhet.registry import resolve
+
+        rule = resolve("algorithm", self.algorithm.name, "algorithm.name").cls
+        return self.server.optimizer == "sgd" and overrides(rule.Aggregation, "preset_server_optimizer")
 
     def to_toml(self) -> str:
         import tomli_w
@@ -731,35 +739,39 @@ def from_dict(raw: dict) -> Config:
 
 
 def one_server_rate(name: str, algorithm: dict, server: dict) -> None:
-    """``server.lr``, the one server learning rate eta_s, taken (in place, in the raw
-    ``[algorithm]`` and ``[server]`` tables) by the step that applies it: the rule's own
-    step where it has one (FedAvg's w_t + eta_s sum_u a_u Delta_u, FedStale's, SCAFFOLD's;
-    a preset's optimizer: FedAdam's) and the ``[server]`` step is plain SGD; else the
-    ``[server]`` step. The older ``algorithm.server_lr`` is still read as ``server.lr``,
-    with one line saying so; beside another ``[server]`` optimizer it stays the rule's own
-    step, which :func:`fedhet.world.server_optimizer` refuses unless it is 1."""
-    from fedhet.registry import option_fields, resolve
+    """``server.lr``, the one server learning rate eta_s (in place, in the raw
+    ``[algorithm]`` and ``[server]`` tables): the ``[server]`` step's rate, and for a rule
+    that is a server optimizer's preset (FedAdam: FedAvg with the adam step) its optimizer's
+    rate. The older ``algorithm.server_lr``, a rule's own eta_s (FedAvg's w_t + eta_s sum_u
+    a_u Delta_u), is still read as it always was, with one line saying that ``server.lr`` is
+    the key (the same update, up to rounding); beside a ``server.lr`` other than 1 it is
+    refused (:func:`fedhet.world.server_optimizer`: two rates would multiply)."""
+    from fedhet.algorithms.base import overrides
+    from fedhet.registry import resolve
 
-    if server.get("optimizer", "sgd") != "sgd":
-        return  # the [server] step takes server.lr; a rule's own beside it is refused (world.py)
-    if "server_lr" in algorithm:
-        own = algorithm["server_lr"]
-        if "lr" in server and server["lr"] != own:
+    try:
+        cls = resolve("algorithm", name, "algorithm.name").cls
+    except ConfigError:
+        return  # an unknown rule: named by validation
+    preset = overrides(cls.Aggregation, "preset_server_optimizer")
+    if preset and "lr" in server and server.get("optimizer", "sgd") == "sgd":
+        if "server_lr" in algorithm and algorithm["server_lr"] != server["lr"]:
             raise ConfigError(
-                f"algorithm.server_lr = {own!r} and server.lr = {server['lr']!r}: one server learning rate; "
-                "write server.lr only"
+                f"algorithm.server_lr = {algorithm['server_lr']!r} and server.lr = {server['lr']!r}: one "
+                f"server learning rate ({name} steps with it); write server.lr only"
             )
-        log.warning(
-            "algorithm.server_lr = %r is read as server.lr = %r (the one server learning rate)", own, own
-        )
-        server["lr"] = algorithm.pop("server_lr")
-    if "lr" in server:
-        try:
-            takes_it = "server_lr" in option_fields(resolve("algorithm", name, "algorithm.name").cls)
-        except ConfigError:
-            return  # an unknown rule: named by validation
-        if takes_it:
-            algorithm["server_lr"] = server.pop("lr")
+        algorithm["server_lr"] = server.pop("lr")  # the preset's optimizer steps with it
+    elif "server_lr" in algorithm:
+        _note_older_server_rate(algorithm["server_lr"])
+
+
+@functools.cache
+def _note_older_server_rate(value: Any) -> None:
+    log.warning(
+        "algorithm.server_lr = %r: the older key of the one server learning rate, server.lr "
+        "(the same update, up to rounding); read as before",
+        value,
+    )
 
 
 def build_options(name: str, values: dict) -> Any:

@@ -329,7 +329,7 @@ def _search(methods: list[Method], shared: dict, own: dict, where: str) -> list[
         for param in [*_server_rate(method, common), *suite_own]:
             keys[param.key] = param
         fixed = {f"algorithm.{k}" for k in method.options}
-        if "server_lr" in method.options:  # the method's own server rate, fixed: server.lr is not searched
+        if "server_lr" in method.options and _is_preset(method):  # its fixed rate is server.lr
             fixed.add(SERVER_LR)
         method.params = [p for k, p in keys.items() if k not in fixed]
         shared_keys = {p.key for p in common} | {OWN_SERVER_LR, SERVER_LR}
@@ -340,24 +340,29 @@ def _search(methods: list[Method], shared: dict, own: dict, where: str) -> list[
 OWN_SERVER_LR = "algorithm.server_lr"
 
 
-def _server_rate(method: Method, common: list[Param]) -> list[Param]:
-    """The shared keys and the method's declared ones with one server learning rate,
-    ``server.lr`` (the step that applies it takes it: :func:`fedhet.config.one_server_rate`):
-    a rule's declared ``server_lr`` range is searched as ``server.lr`` where the suite shares
-    none; where it does, the shared range holds, except for a server optimizer's preset
-    (FedAdam), whose declared range is its optimizer's."""
+def _is_preset(method: Method) -> bool:
+    """Whether the method's rule is a server optimizer's preset (FedAdam)."""
     from fedhet import registry
     from fedhet.algorithms.base import overrides
 
     cls = registry.resolve("algorithm", method.name, f"method {method.label}").cls
+    return overrides(cls.Aggregation, "preset_server_optimizer")
+
+
+def _server_rate(method: Method, common: list[Param]) -> list[Param]:
+    """The shared keys and the method's declared ones with one server learning rate: the
+    shared ``server.lr`` (the ``[server]`` step of every rule) in place of a rule's own
+    ``server_lr``; for a server optimizer's preset (FedAdam), which steps with its own rate,
+    ``server.lr`` is that rate (:func:`fedhet.config.one_server_rate`), searched in its
+    declared range (the optimizer's). A suite that shares no server rate searches a rule's
+    own ``server_lr`` as declared."""
     declared = {p.key: p for p in method.params}
     own = declared.pop(OWN_SERVER_LR, None)
     shared = {p.key: p for p in common}
     range_of = ("low", "high", "log", "integer", "choices")
-    if SERVER_LR not in shared:
-        extra = [Param(SERVER_LR, **{k: getattr(own, k) for k in range_of})] if own else []
-        return [*common, *extra, *declared.values()]
-    if own is None or overrides(cls.Aggregation, "preset_server_optimizer") is False:
+    if SERVER_LR not in shared:  # the rule's own rate, as its key (the same arithmetic as ever)
+        return [*common, *([own] if own else []), *declared.values()]
+    if own is None or not _is_preset(method):
         return [*common, *declared.values()]
     rate = Param(SERVER_LR, **{k: getattr(own, k) for k in range_of})
     return [rate if p.key == SERVER_LR else p for p in common] + list(declared.values())
