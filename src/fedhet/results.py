@@ -19,38 +19,9 @@ import torch
 
 from fedhet.checks import counted
 from fedhet.errors import FedhetError
+from fedhet.run_schema import ROUND_COLUMNS, client_metric_columns, metric_columns  # noqa: F401
 
-METRIC_COLUMNS = (
-    "round",
-    "sim_time",
-    "round_time",
-    "deadline",
-    "participants",
-    "skipped",
-    "mean_depth",
-    "mean_steps",
-    "lr",
-    "train_loss",
-    "energy",  # the clients' joules this round (fedhet.system.energy)
-    "energy_total",  # and since the run started
-    "faults",
-)
-
-
-def metric_columns(rows: list[dict]) -> tuple[str, ...]:
-    """metrics.csv's columns: the standard ones with the task's test columns (``test_loss``,
-    ``test_accuracy``; a regression's ``test_rmse``) before ``faults`` (always the last of
-    them), then every column an
-    algorithm or a callback added, in the order they first appear."""
-    tests: dict[str, None] = {}
-    extra: dict[str, None] = {}
-    for row in rows:
-        for key in row:
-            if key.startswith("test_"):
-                tests.setdefault(key, None)
-            elif key not in METRIC_COLUMNS:
-                extra.setdefault(key, None)
-    return METRIC_COLUMNS[:-1] + tuple(tests) + METRIC_COLUMNS[-1:] + tuple(extra)
+METRIC_COLUMNS = tuple(n.name for n in ROUND_COLUMNS)  # metrics.csv's standard columns
 
 
 def _cell(value: Any) -> str:
@@ -427,9 +398,7 @@ class RunDirectory:
         """Rewrite client_metrics.csv: round, client, examples and the task's metrics, as
         the rows hold them (a classification's loss and accuracy, a regression's loss and
         rmse)."""
-        keys = ("round", "client", "examples")
-        metrics = tuple(dict.fromkeys(k for row in rows for k in row if k not in keys))
-        self._write_table(self.client_metrics_path, (*keys, *metrics), rows)
+        self._write_table(self.client_metrics_path, client_metric_columns(rows), rows)
 
     def write_clients(self, rows: list[dict]) -> None:
         """Rewrite clients.csv: one row per client (its columns, in the first row's order)."""

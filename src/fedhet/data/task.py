@@ -224,14 +224,9 @@ def objective_direction(objective: str, task: Task | None = None) -> str:
     says for its metrics (its score's direction, a loss down); without a task, or for a
     metric it does not name, accuracies up and losses, errors, times and round counts down
     (``final_test_<m>``, ``best_test_<m>``, ``sim_time``, ``rounds``, ``time_to:X``)."""
-    metric = objective.removeprefix("final_test_").removeprefix("best_test_")
-    higher = None if task is None or metric == objective else task.higher_is_better_for(metric)
-    if higher is None:
-        higher = metric in HIGHER_IS_BETTER
-    return "maximize" if higher else "minimize"
+    from fedhet.run_schema import higher_is_better
 
-
-HIGHER_IS_BETTER = ("accuracy",)  # the built-in tasks' metrics that grow as a model improves
+    return "maximize" if higher_is_better(objective, task) else "minimize"
 
 
 def check_objective(key: str, objective: str, plain: tuple[str, ...] = ("sim_time", "rounds")) -> None:

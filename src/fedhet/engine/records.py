@@ -7,9 +7,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from fedhet.build import fedhet_build
-from fedhet.data.task import HIGHER_IS_BETTER, Score
+from fedhet.data.task import Score
 from fedhet.engine.evaluation import target_times
 from fedhet.messages import ClientUpdate, UpdateSummary
+from fedhet.run_schema import higher_is_better
 
 
 def metrics_row(
@@ -101,8 +102,7 @@ def _task_metrics(task, evaluated: list[dict]) -> dict:
     out: dict = {}
     for name in task.metric_names():
         values = [r[f"test_{name}"] for r in evaluated if r.get(f"test_{name}") is not None]
-        higher = task.higher_is_better_for(name)  # the task says; else the built-in names
-        higher = name in HIGHER_IS_BETTER if higher is None else higher
+        higher = higher_is_better(f"final_test_{name}", task)  # the task says; else the built-in tasks
         out[f"final_test_{name}"] = values[-1] if values else None
         out[f"best_test_{name}"] = Score(name, higher).best(values)
     return out

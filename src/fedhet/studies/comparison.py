@@ -23,15 +23,24 @@ class Comparison:
 
 def comparison_experiment(raw: dict, where: str | Path, config: Config) -> Experiment:
     """The ``[compare]`` of the parsed configuration ``raw`` as an experiment: one cell per
-    algorithm on the same setting, a table of final accuracy with one column per algorithm."""
+    algorithm on the same setting, a table of the task's final score with one column per
+    algorithm."""
     return Experiment(
         name=config.run.name,
         jobs=1,
         cells=compare_cells(raw, where),
         rows=[],
         columns=["algorithm.name"],
-        value="final_test_accuracy",
+        value=f"final_test_{_score(config)}",
     )
+
+
+def _score(config: Config) -> str:
+    """The score of the setting's task (accuracy when its dataset does not open here)."""
+    from fedhet.studies.trials import first_task
+
+    task = first_task([config])
+    return task.score if task is not None else "accuracy"
 
 
 def run_comparison(raw: dict, where: str | Path, config: Config, out: Path, launch: CellLaunch) -> Comparison:

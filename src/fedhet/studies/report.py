@@ -180,8 +180,11 @@ def _band_figure(runs: list[RunDirectory]) -> bytes | None:
 
 
 def _runs_table(runs: list[RunDirectory], summaries: dict) -> str:
-    columns = ["run", "algorithm", "rounds", "sim_time", "energy", "final_test_accuracy",
-               "best_test_accuracy", "stopped_by"]  # fmt: skip
+    from fedhet.data.task import Score
+
+    scores = dict.fromkeys(Score.from_summary(s or {}).metric for s in summaries.values())
+    columns = ["run", "algorithm", "rounds", "sim_time", "energy",
+               *(f"{end}_test_{m}" for m in scores for end in ("final", "best")), "stopped_by"]  # fmt: skip
     head = "".join(f"<th>{c}</th>" for c in columns)
     rows = []
     for run in runs:

@@ -18,6 +18,7 @@ from fedhet.config import (
     read_toml,
 )
 from fedhet.errors import ConfigError
+from fedhet.run_schema import report_values
 from fedhet.studies.expansion import Cell, _cell, _flatten, _label, _lookup
 from fedhet.studies.stats import INTERVALS
 
@@ -39,17 +40,7 @@ class Experiment:
     correction: str = "holm"  # multiple comparisons against the reference: "holm" or "none"
 
 
-REPORT_VALUES = (
-    "final_test_accuracy",
-    "best_test_accuracy",
-    "final_test_loss",
-    "best_round",
-    "rounds",
-    "sim_time",
-    "mean_round_time",
-    "energy",
-    "wall_time",
-)
+REPORT_VALUES = report_values()  # the plain summary numbers (fedhet.run_schema); a task's are checked
 
 
 def load_experiment(path: str | Path, overrides: list[str] | None = None) -> Experiment:
@@ -115,7 +106,12 @@ def _report_value(report: dict, cells: list, path) -> str:
     regression's rmse); refused in one line otherwise."""
     import re
 
-    value = report.get("value", "final_test_accuracy")
+    if "value" not in report:  # the cells' task's score
+        from fedhet.studies.trials import first_task
+
+        task = first_task([c.config for c in cells])
+        return f"final_test_{task.score if task is not None else 'accuracy'}"
+    value = report["value"]
     if value in REPORT_VALUES:
         return value
     if not isinstance(value, str) or not re.fullmatch(r"(final|best)_test_[a-z][a-z0-9_]*", value):

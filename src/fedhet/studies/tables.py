@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fedhet.run_schema import CELL_NUMBERS, CELL_TEXT, TASK_NUMBER, cell_columns
 from fedhet.studies.expansion import _flatten, _lookup, short_value
 from fedhet.studies.spec import Experiment
 from fedhet.studies.stats import difference_p_value, estimate, holm
@@ -157,10 +158,6 @@ def _format_numbers(pairs: list[tuple], digits: int, interval: str) -> str:
     return " ".join(str(v) for _, v in pairs if v is not None)
 
 
-CELL_COLUMNS = ("seed", "final_test_accuracy", "best_test_accuracy", "final_test_loss", "rounds", "sim_time",
-                "stopped_by", "caveats", "fedhet")  # fmt: skip
-
-
 def cells_csv(experiment: Experiment, summaries: dict[str, dict]) -> str:
     """One CSV row per finished cell: its name, the grid and case values that made it (a
     long list by :func:`short_value`), and its summary's numbers, with the fedhet build that
@@ -174,15 +171,16 @@ def cells_csv(experiment: Experiment, summaries: dict[str, dict]) -> str:
         keys += [k for k in _flatten(cell.overrides) if k not in keys and k != "run.seed"]
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["cell", *keys, *CELL_COLUMNS])
+    columns = cell_columns([s for s in summaries.values() if s and not s.get("failed")])
+    writer.writerow(["cell", *keys, *columns])
     for cell in experiment.cells:
         summary = summaries.get(cell.name)
         if summary is None or summary.get("failed"):
             continue
         values = _flatten(cell.overrides)
         given = [short_value(values[k]) if k in values else "" for k in keys]
-        numbers = ["" if summary.get(k) is None else summary.get(k) for k in CELL_COLUMNS]
-        numbers[CELL_COLUMNS.index("caveats")] = len(summary.get("caveats") or [])  # how many
+        numbers = ["" if summary.get(k) is None else summary.get(k) for k in columns]
+        numbers[columns.index("caveats")] = len(summary.get("caveats") or [])  # how many
         writer.writerow([cell.name, *given, *numbers])
     return out.getvalue()
 
@@ -197,7 +195,8 @@ def summaries_from_cells(text: str) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for row in csv.DictReader(io.StringIO(text)):
         summary: dict = {}
-        for key in CELL_COLUMNS:
+        numbers = {"seed", *CELL_NUMBERS, *CELL_TEXT}
+        for key in [k for k in row if k in numbers or TASK_NUMBER.fullmatch(k)]:
             value = row.get(key, "")
             if key in ("stopped_by", "fedhet"):
                 summary[key] = value or None

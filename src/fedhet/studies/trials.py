@@ -294,6 +294,19 @@ def counted(study) -> int:
     return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
 
 
+def first_task(configs: list[Config]):
+    """The task of the first of ``configs`` whose dataset opens (None when none does): what
+    a grid's table shows by default (its score)."""
+    from fedhet.world import open_configured_dataset
+
+    for config in configs:
+        try:
+            return open_configured_dataset(config).task
+        except FedhetError:
+            continue
+    return None
+
+
 def check_objective_metric(objective: str, configs: list[tuple[str, Config]]):
     """Before anything runs: a ``final_test_<metric>`` / ``best_test_<metric>`` objective
     names a metric every run's task reports (a regression reports no accuracy); one line

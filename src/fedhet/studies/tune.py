@@ -68,9 +68,6 @@ from fedhet.studies.trials import (  # noqa: F401  (objective_value, TrialPrunin
 
 log = logging.getLogger("fedhet")
 
-# examples; any final_test_<metric> / best_test_<metric> of the task is an objective
-SUMMARY_VALUES = ("final_test_accuracy", "best_test_accuracy", "final_test_loss", "sim_time", "rounds")
-
 
 def check_space(space: SearchSpace, studies: list[tuple[str | None, dict]]) -> None:
     """Every key of the space, at both ends of its range (every choice), accepted by each
