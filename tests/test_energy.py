@@ -189,3 +189,33 @@ def test_a_client_no_sub_model_fits_is_not_asked_to_work(tmp_path):
     assert [float(r["joules"]) for r in table[:2]] == [0.0, 0.0]
     expected = hand_energy([2.3, 1.4], [0.3, 0.4], 3.0)
     assert [r["energy"] for r in result.metrics] == pytest.approx([expected.sum()] * 3)
+
+
+def test_a_sub_model_sized_from_an_estimate_its_time_does_not_meet_is_charged_to_the_deadline():
+    """HeteroFL's planner sizes client 3 from its estimate (1.4 s of full work: the whole
+    model fits 3 s); drawn at 4.4 s this round, it trains until the deadline and delivers
+    nothing: charged 3 s of work (as drop-stragglers' late clients), not nothing. Clients 0
+    and 1, whom no width fits, were told not to work: nothing."""
+    from types import SimpleNamespace
+
+    from fedhet.algorithms.types import RoundContext
+    from fedhet.engine.drivers import RoundDriver
+    from fedhet.engine.plugin_errors import Hooks
+    from fedhet.world import build_world
+
+    config = make_config({**PER_STEP, "algorithm.name": "heterofl", "algorithm.rates": [1.0, 0.9]})
+    world = build_world(config)
+    rule = world.algorithm
+    state = rule.init_state(world.setting())
+    plan = rule.planner.plan(0, state, world.server_system, 3.0)
+    assert plan.record["estimated_full_time"] == pytest.approx([4.1, 4.2, 2.3, 1.4])
+    full = np.array([4.1, 4.2, 2.3, 4.4])  # client 3 slower than its estimate this round
+    outcomes = Outcomes(np.ones(4, bool), np.ones(4, int), full, np.minimum(full, 3.0),
+                        comm_time=np.array([0.1, 0.2, 0.3, 0.4]))  # fmt: skip
+    context = RoundContext(plan, outcomes, None, 4, world.flat.num_layers, client_sizes=world.client_sizes)
+    tasks = [t for c in range(4) if (t := rule.planner.client_task(context, c, state)) is not None]
+    assert [t.client for t in tasks] == [2] and state["late_sub_models"] == 1
+    run_state = SimpleNamespace(algorithm=state)
+    spent = RoundDriver._energy(world, run_state, context, np.ones(4, bool), tasks, 3.0, Hooks("heterofl", 1))
+    assert spent.joules[:2] == pytest.approx([0.0, 0.0])  # no width fits: not asked to work
+    assert spent.joules[3] == pytest.approx(hand_energy([3.0], [0.4], 3.0)[0])  # worked until the deadline

@@ -102,12 +102,14 @@ def _try(name: str, step: Callable[[], str], report: Callable[[str], None]) -> b
 
 
 def _rounds(config, scratch: Path) -> str:
+    from fedhet.data.task import Score
     from fedhet.engine.launch import run
 
     result = run(config, scratch / "whole")
-    accuracy = result.summary.get("final_test_accuracy")
-    shown = "none" if accuracy is None else f"{accuracy:.3f}"
-    return f"{len(result.metrics)} rounds, final test accuracy {shown}"
+    metric = Score.from_summary(result.summary).metric  # the task's score (a regression's rmse)
+    value = result.summary.get(f"final_test_{metric}")
+    shown = "none" if value is None else f"{value:.3f}"
+    return f"{len(result.metrics)} rounds, final test {metric} {shown}"
 
 
 def _resume(config, scratch: Path) -> str:

@@ -103,11 +103,6 @@ class Algorithm:
     # Whether the rule works on weights stored channels-last (run.memory_format); rules that
     # index parameter elements by their contiguous position (width masks) say False.
     supports_channels_last: ClassVar[bool] = True
-    # Whether the rule sizes each client's work to fit before sending it (the sub-model
-    # rules): a present client it sends no task was told not to work and spends no energy.
-    # False: a client without a task worked on what the rule then discards (drop-stragglers'
-    # late clients), charged up to the deadline or its failure (fedhet.system.energy).
-    sends_only_work_that_fits: ClassVar[bool] = False
     # The options worth tuning, with default ranges (``fedhet bench`` tunes them beside the
     # learning rate): option name -> { low, high[, log][, int] } or { choices = [...] }.
     hyperparameters: ClassVar[dict[str, dict]] = {}

@@ -188,7 +188,6 @@ class DepthFL(PlansFromKnowledge, Algorithm):
 
     name = "depthfl"
     summary = "DepthFL: depth-scaled local models with a classifier per block, self-distillation"
-    sends_only_work_that_fits: ClassVar[bool] = True  # no level fits: not asked to work
     Options = DepthFLOptions
     hyperparameters: ClassVar[dict[str, dict]] = {
         "consistency_weight": {"low": 0.1, "high": 3.0, "log": True}

@@ -188,7 +188,6 @@ class FIARSE(PlansFromKnowledge, Algorithm):
 
     name = "fiarse"
     summary = "FIARSE: sub-models of the largest-magnitude parameters, TCB-GD (Wu et al. NeurIPS 2024)"
-    sends_only_work_that_fits: ClassVar[bool] = True  # no level fits: not asked to work
     Options = FIARSEOptions
     hyperparameters: ClassVar[dict[str, dict]] = {"server_lr": {"low": 0.5, "high": 1.5}}
     Planner = FIARSEPlanner

@@ -19,7 +19,6 @@ Two choices the papers leave to the reader are options:
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import ClassVar
 
 import torch
 
@@ -188,7 +187,6 @@ class HeteroFL(PlansFromKnowledge, Algorithm):
     name = "heterofl"
     supports_channels_last = False  # width masks index the contiguous weight order
     summary = "HeteroFL: slow clients train width-reduced sub-models"
-    sends_only_work_that_fits: ClassVar[bool] = True  # no level fits: not asked to work
     Options = HeteroFLOptions
 
     def __init__(self, options, train):

@@ -88,7 +88,7 @@ class Planner(ServerPart):
     ``context.plan``."""
 
     hooks = (*ServerPart.hooks, "probe_tasks", "plan", "client_task", "make_task", "task_payload",
-             "lr_at", "busy_clients")  # fmt: skip
+             "lr_at", "busy_clients", "idle_clients")  # fmt: skip
 
     def lr_at(self, round_index: int) -> float:
         """The clients' learning rate in round ``round_index`` (``[train]``'s schedule)."""
@@ -157,6 +157,14 @@ class Planner(ServerPart):
         """The clients still at work on a task of an earlier round (AsyncFL's and REFL's
         stragglers): sent no new task, and charged no energy in the rounds their work spans
         (:mod:`fedhet.system.energy`). None by default."""
+        return set()
+
+    def idle_clients(self, state: dict, round_index: int) -> set[int]:
+        """The present clients the rule told not to work in round ``round_index`` (no
+        sub-model fits them): charged no energy. A present client without a task that is
+        not among them did work the rule then discards (drop-stragglers' late clients, a
+        sub-model that missed the deadline) and is charged up to the deadline or its
+        failure. None by default."""
         return set()
 
 

@@ -103,8 +103,13 @@ def fitting_level(context, client: int, choose: Callable, cost: Callable, state:
     level = choose(estimate, plan.deadline)
     if estimates is not None and state is not None:  # measured on its steps, reported
         state.setdefault("reported_time", [None] * len(outcomes.full_time))[client] = full_time
-    if level is None:
-        return None  # no level fits: not asked to work
+    if level is None:  # no level fits: not asked to work (charged nothing: KnowledgePlanner.idle_clients)
+        if state is not None:
+            idle = state.get("idle_clients")
+            if not idle or idle[0] != plan.round:
+                idle = state["idle_clients"] = [plan.round, []]
+            idle[1].append(int(client))
+        return None
     seconds, limit = cost(level) * full_time, (plan.deadline or 0.0) * (1 + 1e-12)
     # work sized to fit the estimate that its drawn time does not fit (a level given whatever
     # it costs, HeteroFL's fixed rate, is trained whatever it takes, as before)
@@ -132,6 +137,12 @@ class KnowledgePlanner(Planner):
     def plan(self, round_index, state, system, deadline):
         plan = super().plan(round_index, state, system, deadline)
         return with_estimates(plan, state, system, self.rule.planner_knowledge, self.train)
+
+    def idle_clients(self, state: dict, round_index: int) -> set[int]:
+        """The present clients no level fits by the planner's estimate: told not to work.
+        A client sent a level its drawn time does not meet worked until the deadline."""
+        idle = state.get("idle_clients")
+        return set(idle[1]) if idle and idle[0] == round_index else set()
 
 
 class LateSubModelsReporting(Reporting):

@@ -74,7 +74,6 @@ SUITE_KEYS = {
     "max_failures", "threads", "sampler_seed", "tuning_repeats",
 }  # fmt: skip
 SCENARIO_KEYS = {"description", "options", "skip"}
-OBJECTIVES = ("final_test_accuracy", "best_test_accuracy", "final_test_loss", "final_test_rmse")  # examples
 
 
 @dataclass

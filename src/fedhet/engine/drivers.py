@@ -166,10 +166,8 @@ class RoundDriver:
         charged = involved(outcomes, requested)
         busy = hooks.call("busy_clients", world.algorithm.planner.busy_clients, state.algorithm, plan.round)
         charged[hooks.clients("busy_clients", busy, world.num_clients)] = False
-        if world.algorithm.sends_only_work_that_fits:  # a present client without a task did nothing
-            charged &= ~outcomes.participates | np.isin(
-                np.arange(world.num_clients), [t.client for t in tasks]
-            )
+        idle = hooks.call("idle_clients", world.algorithm.planner.idle_clients, state.algorithm, plan.round)
+        charged[hooks.clients("idle_clients", idle, world.num_clients)] = False  # told not to work
         late = np.zeros(world.num_clients, dtype=bool)
         share = np.ones(world.num_clients)
         if not world.server_system.wall_clock:  # there, clients cut their own work

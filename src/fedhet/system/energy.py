@@ -23,7 +23,8 @@ no waiting, and nothing in the rounds that follow while it is still at work (the
 ``busy_clients``). A client sent a sub-model (HeteroFL's, FedRolex's and FjORD's widths,
 FIARSE's rates, DepthFL's depths) works the sub-model's share s_u of its full time T_u, the
 share the rule sized it by: ``f_u = s_u T_u`` and ``t^comm_u = s_u c_u``, then waits; one the
-rule sends no work because no sub-model fits spends nothing. Under an asynchronous rule (the
+rule sends no work because no sub-model fits spends nothing (the planner's ``idle_clients``);
+one whose sub-model does not fit its drawn time works until the deadline, charged as above. Under an asynchronous rule (the
 event driver) each start costs its training and communication, with no waiting, charged when
 the client starts.
 
