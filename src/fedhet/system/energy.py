@@ -24,9 +24,9 @@ no waiting, and nothing in the rounds that follow while it is still at work (the
 FIARSE's rates, DepthFL's depths) works the sub-model's share s_u of its full time T_u, the
 share the rule sized it by: ``f_u = s_u T_u`` and ``t^comm_u = s_u c_u``, then waits; one the
 rule sends no work because no sub-model fits spends nothing (the planner's ``idle_clients``);
-one whose sub-model does not fit its drawn time works until the deadline, charged as above. Under an asynchronous rule (the
-event driver) each start costs its training and communication, with no waiting, charged when
-the client starts.
+one whose sub-model does not fit its drawn time works until the deadline, charged as above.
+Under an asynchronous rule (the event driver) each start costs its training and
+communication, with no waiting, charged when the client starts.
 
 Seconds are the simulated clock's, so joules are watts times simulated seconds: with a
 system model whose time scale is arbitrary (``time_per_sample_layer = 1``) the joules are on
