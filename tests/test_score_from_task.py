@@ -15,8 +15,9 @@ from conftest import SMOKE_SUITE
 
 from fedhet.data.dataset import Dataset, DatasetSource
 from fedhet.data.sources import load_digits
-from fedhet.data.task import Classification, objective_direction
+from fedhet.data.task import Classification
 from fedhet.errors import ConfigError
+from fedhet.run_schema import objective_direction
 
 
 class MacroF1(Classification):

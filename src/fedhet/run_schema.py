@@ -17,6 +17,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from fedhet.data.task import Classification, Regression
+
 
 @dataclass(frozen=True)
 class Number:
@@ -105,8 +107,6 @@ def task_numbers(task: Any) -> tuple[Number, ...]:
 def builtin_directions() -> dict[str, bool]:
     """Each metric of the built-in tasks, and whether it grows as a model improves: what a
     number is judged by when its run's task is not known."""
-    from fedhet.data.task import Classification, Regression
-
     out: dict[str, bool] = {}
     for task in (Classification(), Regression()):
         for metric in task.metric_names():
@@ -126,6 +126,13 @@ def higher_is_better(name: str, task: Any = None) -> bool:
     metric = found.group(2)
     higher = task.higher_is_better_for(metric) if task is not None else None
     return builtin_directions().get(metric, False) if higher is None else bool(higher)
+
+
+def objective_direction(objective: str, task: Any = None) -> str:
+    """The natural direction of a summary number used as an objective (``final_test_<m>``,
+    ``best_test_<m>``, ``sim_time``, ``rounds``, ``time_to:X``): ``"maximize"`` where a
+    higher value is a better run (:func:`higher_is_better`), else ``"minimize"``."""
+    return "maximize" if higher_is_better(objective, task) else "minimize"
 
 
 def report_values() -> tuple[str, ...]:

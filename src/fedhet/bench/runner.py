@@ -215,8 +215,8 @@ class Bench:
     def _check_engines(self) -> None:
         """Every scenario's engine takes the bench's placement (``--jobs``, ``--ray``)."""
         from fedhet.config import from_dict
-        from fedhet.data.task import objective_direction
         from fedhet.engine.launch import check_placement
+        from fedhet.run_schema import objective_direction
         from fedhet.studies.trials import check_objective_metric
 
         configs = [

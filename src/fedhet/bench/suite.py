@@ -59,8 +59,9 @@ from pathlib import Path
 from typing import Any
 
 from fedhet.config import GRID_SECTIONS, SECTIONS, apply_overrides, check_name, from_dict, read_toml
-from fedhet.data.task import check_objective, objective_direction
+from fedhet.data.task import check_objective
 from fedhet.errors import ConfigError
+from fedhet.run_schema import objective_direction
 from fedhet.search_space import Param, declared_params, parse_param
 
 SERVER_LR = "server.lr"

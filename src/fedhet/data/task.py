@@ -219,16 +219,6 @@ class Score:
         return {"metric": self.metric, "higher_is_better": self.higher_is_better}
 
 
-def objective_direction(objective: str, task: Task | None = None) -> str:
-    """The natural direction of a summary number used as an objective: the run's ``task``
-    says for its metrics (its score's direction, a loss down); without a task, or for a
-    metric it does not name, accuracies up and losses, errors, times and round counts down
-    (``final_test_<m>``, ``best_test_<m>``, ``sim_time``, ``rounds``, ``time_to:X``)."""
-    from fedhet.run_schema import higher_is_better
-
-    return "maximize" if higher_is_better(objective, task) else "minimize"
-
-
 def check_objective(key: str, objective: str, plain: tuple[str, ...] = ("sim_time", "rounds")) -> None:
     """A summary number to judge runs by: ``final_test_<metric>`` or ``best_test_<metric>``
     of the task's metrics (accuracy, loss, a regression's rmse, ...), or one of ``plain``;

@@ -312,7 +312,7 @@ def check_objective_metric(objective: str, configs: list[tuple[str, Config]]):
     names a metric every run's task reports (a regression reports no accuracy); one line
     naming the task's metrics otherwise. A dataset that does not load is left to its runs.
     Returns the first run's task (None when none loaded): it says the objective's direction
-    (:func:`fedhet.data.task.objective_direction`)."""
+    (:func:`fedhet.run_schema.objective_direction`)."""
     if not objective.startswith(("final_test_", "best_test_")):
         return None
     from fedhet.world import open_configured_dataset

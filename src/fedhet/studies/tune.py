@@ -48,8 +48,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fedhet.config import apply_overrides, from_dict, read_toml
-from fedhet.data.task import check_objective, objective_direction
+from fedhet.data.task import check_objective
 from fedhet.errors import ConfigError, FedhetError
+from fedhet.run_schema import objective_direction
 from fedhet.search_space import parse_param
 from fedhet.studies.trials import (  # noqa: F401  (objective_value, TrialPruning: this module's API too)
     PRUNED_FILE,
