@@ -14,7 +14,8 @@ from fedhet.errors import ConfigError
 @dataclass
 class FedAvgOptions:
     """``weights``: ``uniform`` (1/U, the papers' eq. (3)) or ``samples`` (n_u / n), over the
-    clients that delivered; ``server_lr``: eta_s in w_t + eta_s sum_u a_u Delta_u."""
+    clients that delivered; ``server_lr``: eta_s in w_t + eta_s sum_u a_u Delta_u (an older
+    key: the run's one server learning rate is now server.lr)."""
 
     weights: str = "uniform"
     server_lr: float = 1.0
