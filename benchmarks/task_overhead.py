@@ -43,7 +43,7 @@ def run(count):
     for c in range(count):
         task = ClientTask(0, c % 20, 0.1, 16, 1, Coverage(1 + c % 3))
         world.worker.execute(task, params, buffers, world.client_data(task.client), {},
-                             np.random.default_rng(c), world.algorithm)
+                             np.random.default_rng(c), world.algorithm.client)
 run(200)
 began = time.perf_counter()
 run(tasks)

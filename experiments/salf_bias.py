@@ -90,20 +90,20 @@ def client_weights(system_section: dict, rule: str, clients: int, layers: int, d
     out = np.zeros((draws, layers, clients))
     state: dict = {}
     for t in range(1, draws + 1):
-        plan = algorithm.plan(t, state, system, config.round_deadline)
+        plan = algorithm.planner.plan(t, state, system, config.round_deadline)
         work = plan.workload()
         outcomes = system.sample(work, seeding.round_stream(seed, "system", t))
         context = RoundContext(plan, outcomes, system.marginals(work), clients, layers)
         updates = []
         for u in range(clients):
-            task = algorithm.client_task(context, u, state) if outcomes.participates[u] else None
+            task = algorithm.planner.client_task(context, u, state) if outcomes.participates[u] else None
             if task is None:
                 continue
             depth = task.coverage.depth
             delta = torch.zeros((layers + 1 - depth) * clients)
             delta[u::clients] = 1.0  # client u's own element of every layer it reached
             updates.append(ClientUpdate(u, task.coverage, 1, 1, 0.0, delta))
-        new, _ = algorithm.aggregate(params, buffers, updates, state, context, layout)
+        new, _ = algorithm.aggregation.aggregate(params, buffers, updates, state, context, layout)
         out[t - 1] = clients * new.view(layers, clients).double().numpy()
     return out
 

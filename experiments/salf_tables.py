@@ -176,7 +176,7 @@ def heterofl_widths(draws: int = 2000) -> None:
             tally: dict = defaultdict(int)
             stragglers = 0
             for t in range(1, draws + 1):
-                work = plan_algorithm.plan(t, {}, system, 1.0).workload()
+                work = plan_algorithm.planner.plan(t, {}, system, 1.0).workload()
                 outcomes = system.sample(work, seeding.round_stream(1, "system", t))
                 for full_time in outcomes.full_time:
                     if full_time > 1.0 + 1e-12:
