@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from fedhet.config import from_dict
+from fedhet.engine.batched import GROUP_OF_ONE
 from fedhet.engine.loop import RunLoop
 from fedhet.errors import ConfigError
 
@@ -105,7 +106,8 @@ def test_the_batched_pool_gives_the_one_at_a_time_run(tmp_path, case):
         folder = write_idx_dataset(tmp_path / "idx", n_train=160, n_test=40)
         kwargs = {**kwargs, "data": {"dataset": "mnist", "data_dir": str(folder), "num_clients": 8}}
     _one, many = _same_run(tmp_path, algorithm, **kwargs)
-    assert many.pool.tasks_batched > 0 and many.pool.tasks_alone == 0
+    alone_for_their_shape = many.pool.alone_reasons[GROUP_OF_ONE]  # the only tasks alone: groups of one
+    assert many.pool.tasks_batched > 0 and many.pool.tasks_alone == alone_for_their_shape
     stacked = many.world.worker.gradients.unsupported is None  # vmap cannot batch channels-last inputs
     forced = kwargs.get("stacked") == "always" and "memory_format" not in kwargs
     assert stacked == (forced or "model" not in kwargs)
@@ -151,7 +153,8 @@ def test_amsfl_tracks_gradient_differences_in_groups_as_one_at_a_time(tmp_path):
         loop = RunLoop(config, tmp_path / pool)
         runs[pool] = (loop, loop.run())
     one, many = runs["in-process"], runs["batched"]
-    assert many[0].pool.tasks_alone == 0 and many[0].pool.tasks_batched > 0
+    alone_for_their_shape = many[0].pool.alone_reasons[GROUP_OF_ONE]  # groups of one
+    assert many[0].pool.tasks_alone == alone_for_their_shape and many[0].pool.tasks_batched > 0
     for a, b in zip(one[1].metrics, many[1].metrics, strict=True):
         assert a["train_loss"] == pytest.approx(b["train_loss"], abs=1e-5)
     torch.testing.assert_close(many[0].state.params, one[0].state.params, atol=1e-5, rtol=1e-4)
@@ -252,3 +255,12 @@ def test_a_run_resumes_after_switching_between_the_batched_and_in_process_pools(
     for a, b in zip(whole_result.metrics, result.metrics, strict=True):
         assert a["train_loss"] == pytest.approx(b["train_loss"], abs=1e-5)
     torch.testing.assert_close(resumed.state.params, whole.state.params, atol=1e-5, rtol=1e-4)
+
+
+def test_a_group_of_one_is_counted_as_a_task_trained_alone(tmp_path):
+    """With one client per batch every group is a group of one: the summary counts each task
+    alone, for that reason, and none grouped."""
+    config = _config("batched", {"name": "fedavg"}, clients_per_batch=1)
+    summary = RunLoop(config, tmp_path / "ones").run().summary
+    assert summary["tasks_grouped"] == 0 and summary["tasks_alone"] > 0
+    assert summary["tasks_one_at_a_time"] == {GROUP_OF_ONE: summary["tasks_alone"]}

@@ -260,6 +260,7 @@ def test_the_batched_pool_says_how_many_tasks_trained_one_at_a_time_and_why(tmp_
     ADEL-FL estimating its constants (a gradient probe per client, each alone) records, per
     reason, how many tasks trained one client at a time, and says so once per reason."""
     from fedhet.config import from_dict
+    from fedhet.engine.batched import GROUP_OF_ONE
     from fedhet.engine.launch import run
 
     stragglers = {"model": "straggler-ratio", "straggler_ratio": 0.5, "deadline": 1.0}
@@ -276,7 +277,7 @@ def test_the_batched_pool_says_how_many_tasks_trained_one_at_a_time_and_why(tmp_
 
     with caplog.at_level(logging.WARNING, logger="fedhet"):
         # sized from this round's times (the oracle), as when this test was written: every width
-        # group holds several clients (a group of one is counted as grouped, not row by row)
+        # group holds several clients (a group of one would be counted alone)
         fjord = run(document({"name": "fjord", "planner_knowledge": "oracle"}), tmp_path / "fjord").summary
     reason = "fjord's local loss reads one client's own data"
     assert fjord["tasks_one_at_a_time"] == {reason: fjord["tasks_grouped"]}
@@ -284,4 +285,5 @@ def test_the_batched_pool_says_how_many_tasks_trained_one_at_a_time_and_why(tmp_
     adel_fl = {"name": "adel-fl", "estimate_constants": True}
     adel = run(document(adel_fl, {"model": "exponential"}, time_budget=6.0), tmp_path / "adel").summary
     probes = adel["tasks_one_at_a_time"].get("probes (gradients at the sent model) run alone", 0)
-    assert probes == adel["tasks_alone"] == 6
+    groups_of_one = adel["tasks_one_at_a_time"].get(GROUP_OF_ONE, 0)  # counted alone too
+    assert probes == adel["tasks_alone"] - groups_of_one == 6

@@ -115,7 +115,9 @@ class ClientData:
 
     def batch(self, rng: np.random.Generator, size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``size`` examples drawn without replacement (all of them when fewer)."""
-        chosen = self.draw(rng, size)
+        chosen = torch.from_numpy(self.draw(rng, size))  # a tensor index: no per-element conversion
+        if chosen.device != self.x.device:
+            chosen = chosen.to(self.x.device)
         return self.x[chosen], self.y[chosen]
 
 

@@ -45,6 +45,10 @@ class BatchedOptions:
         one_of("run.stacked", self.stacked, ("auto", "always", "never"))
 
 
+# why a task the batched pool grouped trained alone all the same
+GROUP_OF_ONE = "groups of one (no other task of the round shared its shape)"
+
+
 class BatchedPool(InProcessPool):
     """The in-process pool, training each group of batchable tasks at once."""
 
@@ -65,7 +69,7 @@ class BatchedPool(InProcessPool):
     def attach(self, world) -> None:
         super().attach(world)
         world.worker.gradients.policy = self.stacked
-        self.tasks_batched = 0  # tasks trained in groups (of one too), and alone, so far
+        self.tasks_batched = 0  # tasks trained in groups of two or more, and alone, so far
         self.tasks_alone = 0
         self.alone_reasons: Counter[str] = Counter()  # tasks alone, by why
 
@@ -97,9 +101,13 @@ class BatchedPool(InProcessPool):
                     trainer.alone_reason(task, self.side.world.client_data(task.client)) or ""
                 ] += 1
                 continue
-            self.tasks_batched += len(members)
             for first in range(0, len(members), limit):
                 chunk = members[first : first + limit]
+                if len(chunk) == 1:  # a group of one trains as a task alone does
+                    self.tasks_alone += 1
+                    self.alone_reasons[GROUP_OF_ONE] += 1
+                else:
+                    self.tasks_batched += len(chunk)
                 for i, update in zip(
                     chunk, self._group([tasks[i] for i in chunk], params, buffers), strict=True
                 ):

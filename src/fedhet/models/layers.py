@@ -13,6 +13,7 @@ running statistics) live in a second flat vector with the same per-layer slices.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -41,12 +42,13 @@ class LayeredModel(nn.Module):
         """
         if self.channels_last and x.dim() == 4:
             x = x.contiguous(memory_format=torch.channels_last)
+        blocks = self.blocks._modules.values()  # iterated: slicing a ModuleList builds a new one
         if depth > 1:
             with torch.no_grad():
-                for block in self.blocks[: depth - 1]:
+                for block in itertools.islice(blocks, depth - 1):
                     x = block(x)
             x = x.detach()
-        for block in self.blocks[depth - 1 :]:
+        for block in itertools.islice(blocks, depth - 1, None):
             x = block(x)
         return x
 
