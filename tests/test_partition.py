@@ -162,3 +162,32 @@ def test_quantity_skew_is_a_data_partition_of_a_configuration(tmp_path):
     assert sizes.sum() == len(world.dataset.y_train) and sizes.max() > 4 * sizes.min()
     with pytest.raises(ConfigError, match="data.size_distribution"):
         from_dict({"data": {"partition": "quantity-skew", "size_distribution": "zipf"}})
+
+
+def test_a_label_swap_that_makes_no_client_differ_says_so_once(caplog):
+    """One client, or every client swapping the same pair: the swap is label noise, not
+    heterogeneity between clients, and one warning line says so; clients that swap different
+    pairs (or only the second half) differ, and nothing is said."""
+    import logging
+
+    from conftest import make_config
+
+    from fedhet import world as world_module
+    from fedhet.world import build_world
+
+    def warned(**data) -> bool:
+        world_module._SAID.discard("swap-alike")
+        caplog.clear()
+        keys = {
+            "data.partition": "label-swap",
+            "data.swap_fraction": 0.5,
+            **{f"data.{k}": v for k, v in data.items()},
+        }
+        with caplog.at_level(logging.WARNING, logger="fedhet"):
+            build_world(make_config(keys))
+        return "no client differs from another" in caplog.text
+
+    assert warned(num_clients=1)
+    assert warned(num_clients=4, swap_pairs=[[0, 1]])
+    assert not warned(num_clients=4)  # (0, 1) on even clients, (8, 9) on odd ones
+    assert not warned(num_clients=4, swap_pairs=[[0, 1]], swap_clients="second-half")

@@ -95,3 +95,30 @@ def test_the_html_reports_runs_table_shows_each_runs_score(tmp_path):
                                   "final_test_rmse": 0.5, "best_test_rmse": 0.4}}  # fmt: skip
     html = _runs_table([RunDirectory(tmp_path / "r")], summaries)
     assert "final_test_rmse" in html and "0.5" in html and "accuracy" not in html
+
+
+def test_a_band_over_two_seeds_stays_within_the_metrics_range():
+    """Two seeds far apart give a t-interval wider than the metric: the report's band is
+    clipped to it (an accuracy in [0, 1], an RMSE not below 0)."""
+    import numpy as np
+
+    from fedhet.studies.report import seed_band
+
+    mean, lower, upper = seed_band(np.array([[0.2, 0.9], [0.5, 0.51]]), "accuracy")
+    assert lower[0] == 0.0 and upper[0] == 1.0 and 0.0 < lower[1] < mean[1] < upper[1] < 1.0
+    _, lower, _ = seed_band(np.array([[0.1, 3.0]]), "rmse")
+    assert lower[0] == 0.0
+
+
+def test_a_plug_ins_one_line_summary_is_its_first_sentence_in_plain_text():
+    """``fedhet list``'s lines: a docstring's first sentence, whole (abbreviations such as
+    "Sec." and "i.i.d." end none), without reStructuredText markup."""
+    from fedhet.registry import first_sentence
+
+    doc = """AMSFL Sec. 3.4: client ``i`` needs c_i seconds, i.i.d. over rounds; see
+    :class:`~fedhet.system.base.SystemModel`. A second sentence.
+
+    A second paragraph."""
+    assert first_sentence(doc) == (
+        "AMSFL Sec. 3.4: client i needs c_i seconds, i.i.d. over rounds; see SystemModel."
+    )

@@ -30,7 +30,7 @@ def _isolated_python(tmp_path):
 def test_a_scaffolded_rule_installs_and_passes_its_tests(tmp_path, capsys):
     assert main(["new", "rule", "my-rule", "--out", str(tmp_path)]) == 0
     package = tmp_path / "my-rule"
-    assert "python -m pip install -e . && python -m pytest" in capsys.readouterr().out
+    assert "python -m pip install -e '.[test]' && python -m pytest" in capsys.readouterr().out
     python = _isolated_python(tmp_path)
     install = [python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e", "."]
     subprocess.run(install, cwd=package, check=True, capture_output=True, timeout=300)
@@ -48,3 +48,29 @@ def test_a_bad_name_or_an_existing_folder_is_one_line(tmp_path, capsys):
     (tmp_path / "taken").mkdir()
     assert main(["new", "rule", "taken", "--out", str(tmp_path)]) == 2
     assert "already exists" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [
+        ("class", "is a Python keyword"),
+        ("fedhet", "a module 'fedhet' is already importable here"),
+        ("torch", "a module 'torch' is already importable here"),
+        ("json", "a module 'json' is already importable here"),
+        ("salf", "fedhet has a built-in rule of that name"),
+        ("a" * 41, "41 characters; a rule name has at most 40"),
+    ],
+)
+def test_a_name_the_package_could_not_use_is_one_line(tmp_path, capsys, name, says):
+    """A keyword, a module that import would find first, a built-in rule's name, an
+    over-long name: refused before anything is written."""
+    assert main(["new", "rule", name, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1 and "Traceback" not in err
+    assert not any(tmp_path.iterdir())
+
+
+def test_an_out_that_is_a_file_is_one_line(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    assert main(["new", "rule", "good-rule", "--out", str(tmp_path / "file")]) == 2
+    assert "--out" in capsys.readouterr().err

@@ -337,7 +337,7 @@ def cmd_new(args: argparse.Namespace) -> int:
 
     folder = new_rule(args.name, Path(args.out))
     print(f"{folder}: the {args.name} rule's package; next:")
-    print(f"  cd {folder} && python -m pip install -e . && python -m pytest")
+    print(f"  cd {folder} && python -m pip install -e '.[test]' && python -m pytest")
     return 0
 
 

@@ -23,6 +23,7 @@ import dataclasses
 import importlib
 import logging
 import pkgutil
+import re
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
@@ -121,8 +122,37 @@ class Entry:
 
     @property
     def summary(self) -> str:
-        text = getattr(self.cls, "summary", "") or (self.cls.__doc__ or "").strip()
-        return text.splitlines()[0] if text else ""
+        """One line: the class's ``summary``, else its docstring's first sentence, whole, as
+        plain text (no reStructuredText markup)."""
+        declared = getattr(self.cls, "summary", "")
+        return plain_text(declared) if declared else first_sentence(self.cls.__doc__ or "")
+
+
+# "Sec. IV", "eq. (9)", "et al. 2020": a full stop that ends no sentence
+_ABBREVIATIONS = re.compile(
+    r"(?:\b(?:Sec|Secs|eq|Eq|eqs|al|Fig|Alg|e\.g|i\.e|i\.i\.d|vs|cf|No|resp)|\b[A-Z])\.$"
+)
+
+
+def plain_text(text: str) -> str:
+    """``text`` on one line without reStructuredText markup (````x````, ``:class:`~a.B```)."""
+    text = " ".join(text.split())
+    text = re.sub(r":[a-z]+:`(~?)([^`<]+?)(?:\s*<[^>]*>)?`", _role_text, text)
+    return text.replace("``", "")
+
+
+def _role_text(match: re.Match) -> str:
+    """A role's text: ``:class:`~a.B``` is ``B``, ``:class:`a.B``` is ``a.B``."""
+    return match.group(2).split(".")[-1] if match.group(1) else match.group(2)
+
+
+def first_sentence(doc: str) -> str:
+    """The first sentence of a docstring's first paragraph, whole, as plain text."""
+    paragraph = plain_text(doc.strip().split("\n\n")[0])
+    for match in re.finditer(r"[.!?](?=\s+[A-Za-z(\"])", paragraph):
+        if not _ABBREVIATIONS.search(paragraph[: match.end()]):
+            return paragraph[: match.end()]
+    return paragraph
 
 
 _BUILTINS: dict[str, dict[str, Entry]] = {kind: {} for kind in KINDS}

@@ -13,6 +13,7 @@ the direction the task declares for each.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -113,6 +114,16 @@ def builtin_directions() -> dict[str, bool]:
             higher = task.higher_is_better_for(metric)
             out.setdefault(metric, bool(higher))
     return out
+
+
+def value_range(metric: str, task: Any = None) -> tuple[float, float]:
+    """The values a task metric can take: the run's ``task`` says; without one, the first
+    built-in task that reports it (accuracy in [0, 1], a loss or RMSE not below 0)."""
+    tasks = [task] if task is not None else [Classification(), Regression()]
+    for candidate in tasks:
+        if metric in candidate.metric_names():
+            return candidate.value_range(metric)
+    return (-math.inf, math.inf)
 
 
 def higher_is_better(name: str, task: Any = None) -> bool:

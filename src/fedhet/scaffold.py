@@ -10,6 +10,7 @@ on it as created; from there the author edits ``aggregate`` and the hooks."""
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 from string import Template
 
@@ -27,6 +28,9 @@ version = "0.1.0"
 description = "The $name aggregation rule for fedhet"
 requires-python = ">=3.11"
 dependencies = ["fedhet"]
+
+[project.optional-dependencies]
+test = ["pytest>=8"]  # python -m pip install -e ".[test]"
 
 # Installed (pip install -e .), the rule answers to [algorithm] name = "$name".
 [project.entry-points."fedhet.algorithms"]
@@ -129,20 +133,44 @@ def test_the_rule_passes_fedhet_check():
     assert main(["check", "$package.rule:$cls", "--rounds", "5"]) == 0
 
 
+def _round(rule_path: str):
+    """A real round of a tiny run: the world, the rule, and the first round's context (plan,
+    drawn outcomes, marginals) as the engine builds them."""
+    import numpy as np
+
+    from fedhet.algorithms.types import RoundContext
+    from fedhet.config import from_dict
+    from fedhet.world import build_world
+
+    world = build_world(from_dict({
+        "run": {"name": "t", "seed": 1, "threads": 1, "device": "cpu"},
+        "data": {"dataset": "digits", "num_clients": 2},
+        "model": {"name": "mlp", "hidden": [8]},
+        "system": {"model": "straggler-ratio", "straggler_ratio": 0.5, "deadline": 1.0},
+        "algorithm": {"name": rule_path},
+    }))
+    rule, system = world.algorithm, world.server_system
+    state = rule.init_state(world.setting())
+    plan = rule.planner.plan(0, state, system, 1.0)
+    outcomes = system.sample(plan.workload(), np.random.default_rng(0))
+    context = RoundContext(plan, outcomes, system.marginals(plan.workload()), world.num_clients,
+                           world.flat.num_layers, client_sizes=world.client_sizes)
+    return world, rule, state, context
+
+
 def test_aggregate_weights_updates_by_the_steps_they_finished():
-    from fedhet.algorithms.base import AlgorithmContext
     from fedhet.messages import ClientUpdate, Coverage
 
-    from $package.rule import $cls
-
-    rule = $cls.build($cls.Options(), AlgorithmContext(train=None))
+    world, rule, state, context = _round("$package.rule:$cls")
+    size = world.initial_params.numel()
     updates = [
         ClientUpdate(client=u, coverage=Coverage(), steps=steps, num_samples=8, loss=0.0,
-                     delta=torch.tensor([value]))
+                     delta=torch.full((size,), value), delta_buffers=torch.zeros(0))
         for u, (steps, value) in enumerate([(1, 3.0), (3, -1.0)])
     ]
-    params, _ = rule.aggregation.aggregate(torch.zeros(1), torch.zeros(0), updates, {}, None, None)
-    assert torch.allclose(params, torch.tensor([0.0]))  # (1 x 3 + 3 x -1) / 4
+    params, _ = rule.aggregation.aggregate(world.initial_params, world.initial_buffers, updates, state,
+                                           context, world.flat.layout)
+    assert torch.allclose(params, world.initial_params)  # (1 x 3 + 3 x -1) / 4 = 0
 '''
 
 SUITE = """# $name against SALF, drop-stragglers and FedAvg on scikit-learn's digits, two straggler
@@ -202,7 +230,7 @@ README = """# $name
 A fedhet aggregation rule, as a plug-in package (made by `fedhet new rule $name`).
 
 ```bash
-python -m pip install -e .            # registers [algorithm] name = "$name"
+python -m pip install -e ".[test]"    # registers [algorithm] name = "$name" (and pytest)
 python -m pytest                      # fedhet check on the rule, and its aggregation
 fedhet bench suites/$name.toml        # against SALF, drop-stragglers and FedAvg
 ```
@@ -212,11 +240,39 @@ the hooks there.
 """
 
 
+MAX_NAME = 40  # characters: a package, a class and a suite file are named after it
+
+
+def check_rule_name(name: str) -> None:
+    """Refuse, in one line, a name the package could not use: not lower case letters, digits,
+    ``-`` or ``_``; longer than :data:`MAX_NAME`; a Python keyword; the name of an importable
+    module (fedhet, torch, numpy, a standard module: importing the rule would find that one)
+    or of a built-in rule (two rules of one name)."""
+    import importlib.util
+    import keyword
+
+    from fedhet.registry import builtins
+
+    label = f"fedhet new rule {name!r}"
+    if not NAME.fullmatch(name):
+        raise ConfigError(f"{label}: a rule name is lower case letters, digits, - or _")
+    if len(name) > MAX_NAME:
+        raise ConfigError(f"{label}: {len(name)} characters; a rule name has at most {MAX_NAME}")
+    package = name.replace("-", "_")
+    if keyword.iskeyword(package) or keyword.issoftkeyword(package):
+        raise ConfigError(f"{label}: {package!r} is a Python keyword; choose another name")
+    if package in sys.stdlib_module_names or importlib.util.find_spec(package) is not None:
+        raise ConfigError(f"{label}: a module {package!r} is already importable here; choose another name")
+    if name in builtins("algorithm"):
+        raise ConfigError(f"{label}: fedhet has a built-in rule of that name; choose another name")
+
+
 def new_rule(name: str, out: Path) -> Path:
     """Write the package for rule ``name`` (lower case, digits, ``-`` or ``_``) into
     ``out / name`` and return that folder; an existing folder is refused."""
-    if not NAME.fullmatch(name):
-        raise ConfigError(f"fedhet new rule {name!r}: a rule name is lower case letters, digits, - or _")
+    check_rule_name(name)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: is a file, not a folder")
     folder = out / name
     if folder.exists():
         raise ConfigError(f"{folder}: already exists; choose another name or --out")

@@ -131,6 +131,21 @@ def _check_whole_user_batches(config: Config, dataset: Dataset) -> None:
     )  # fmt: skip
 
 
+def _warn_if_swaps_alike(data: Any, clients: list[int]) -> None:
+    """A label swap on every client with one and the same pair makes no client differ from
+    another (it is label noise, not heterogeneity; with one client, trivially): said once."""
+    pairs = {tuple(data.swap_pairs[c % len(data.swap_pairs)]) for c in clients}
+    if data.swap_fraction == 0 or len(clients) < data.num_clients or len(pairs) > 1 or "swap-alike" in _SAID:
+        return
+    _SAID.add("swap-alike")
+    log.warning(
+        "data.swap_fraction = %g relabels the same pair %s on every one of the %d clients: no client differs "
+        "from another (label noise, not heterogeneity); use data.swap_clients = 'second-half' or more "
+        "data.swap_pairs",
+        data.swap_fraction, next(iter(pairs)), data.num_clients,
+    )  # fmt: skip
+
+
 def build_partition(config: Config, dataset: Dataset) -> tuple[list[np.ndarray], torch.Tensor]:
     """Client index arrays and the (possibly label-swapped) training labels."""
     d = config.data
@@ -163,6 +178,7 @@ def build_partition(config: Config, dataset: Dataset) -> tuple[list[np.ndarray],
                 "data.partition = 'label-swap' with data.swap_fraction = 0 swaps no label: the split "
                 "is iid (FedStale's sigma_g^2 = 0); set data.swap_fraction to swap"
             )
+        _warn_if_swaps_alike(d, list(clients))
         swapped = swap_labels(labels, parts, d.swap_fraction, d.swap_pairs, list(clients), rng)
         if d.swap_fraction > 0 and not np.any(swapped != labels):
             raise ConfigError(

@@ -1,5 +1,6 @@
-"""CA2FL (Wang, Cheng, Zhu, Zhou, "Tackling the Data Heterogeneity in Asynchronous Federated
-Learning with Cached Update Calibration", ICLR 2024): FedBuff's buffered asynchronous
+"""CA2FL (Yujia Wang, Yuanpu Cao, Jingcheng Wu, Ruoyu Chen, Jinghui Chen, "Tackling the
+Data Heterogeneity in Asynchronous Federated Learning with Cached Update Calibration", ICLR
+2024): FedBuff's buffered asynchronous
 aggregation with each client's latest update cached on the server, and every server step
 calibrated by the cache. Runs on the event-driven driver, as FedBuff.
 """

@@ -80,6 +80,11 @@ class Task:
         """The names :meth:`metrics` returns, in order."""
         raise NotImplementedError
 
+    def value_range(self, metric: str) -> tuple[float, float]:
+        """The values ``metric`` can take (a band or interval drawn over seeds is clipped to
+        them): a loss is never negative; unbounded otherwise."""
+        return (0.0, math.inf) if metric == "loss" else (-math.inf, math.inf)
+
 
 class Classification(Task):
     """Cross-entropy training; loss and accuracy (the share of argmax hits)."""
@@ -119,6 +124,9 @@ class Classification(Task):
 
     def metric_names(self) -> tuple[str, ...]:
         return ("loss", "accuracy")
+
+    def value_range(self, metric: str) -> tuple[float, float]:
+        return (0.0, 1.0) if metric == "accuracy" else super().value_range(metric)
 
 
 class Regression(Task):
@@ -162,6 +170,9 @@ class Regression(Task):
 
     def metric_names(self) -> tuple[str, ...]:
         return ("loss", "rmse")
+
+    def value_range(self, metric: str) -> tuple[float, float]:
+        return (0.0, math.inf) if metric == "rmse" else super().value_range(metric)
 
 
 def default_task() -> Task:

@@ -142,10 +142,24 @@ def _seed_groups(runs: list[RunDirectory]) -> dict[str, list[RunDirectory]]:
     }
 
 
+def seed_band(values, metric: str):
+    """Per round (a row of ``values``, one column per seed): the mean and its 95%
+    t-interval, clipped to the values ``metric`` can take (an accuracy stays in [0, 1])."""
+    import numpy as np
+    from scipy import stats
+
+    from fedhet.run_schema import value_range
+
+    seeds = values.shape[1]
+    mean = values.mean(1)
+    half = stats.t.ppf(0.975, seeds - 1) * values.std(1, ddof=1) / np.sqrt(seeds)
+    low, high = value_range(metric)
+    return mean, np.clip(mean - half, low, high), np.clip(mean + half, low, high)
+
+
 def _band_figure(runs: list[RunDirectory]) -> bytes | None:
     """Per group of seeds: the mean test score per round and its 95% t-interval as a band."""
     import numpy as np
-    from scipy import stats
 
     from fedhet.studies.plots import _pyplot, score_column
 
@@ -166,11 +180,9 @@ def _band_figure(runs: list[RunDirectory]) -> bytes | None:
         rounds = sorted(r for r, values in by_round.items() if len(values) == len(group))
         if not rounds:
             continue
-        values = np.array([by_round[r] for r in rounds])
-        mean = values.mean(1)
-        half = stats.t.ppf(0.975, len(group) - 1) * values.std(1, ddof=1) / np.sqrt(len(group))
+        mean, lower, upper = seed_band(np.array([by_round[r] for r in rounds]), column.removeprefix("test_"))
         (line,) = ax.plot(rounds, mean, label=label)
-        ax.fill_between(rounds, mean - half, mean + half, alpha=0.2, color=line.get_color())
+        ax.fill_between(rounds, lower, upper, alpha=0.2, color=line.get_color())
     ax.set_xlabel("round")
     ax.set_ylabel("test RMSE" if column == "test_rmse" else "test accuracy")
     ax.grid(alpha=0.3)
