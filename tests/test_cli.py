@@ -190,3 +190,14 @@ def test_compare_on_a_running_run_says_it_is_running(tmp_path, capsys):
     )
     run_dir.release()
     assert done.returncode == 2 and "still running (2 rounds so far)" in done.stderr
+
+
+def test_the_configuration_reference_prints_without_a_site_build(capsys):
+    """``fedhet list --reference`` prints every key the site's reference page holds."""
+    from fedhet.cli import main
+    from fedhet.reference import reference_markdown
+
+    assert main(["list", "--reference"]) == 0
+    output = capsys.readouterr().out
+    assert output.strip() == reference_markdown().strip()
+    assert "straggler_ratio" in output and "## [run]" in output

@@ -53,3 +53,9 @@ def test_two_different_rates_for_a_preset_are_refused_in_one_line():
         ConfigError, match=r"algorithm.server_lr = 0.05 and server.lr = 0.02: one server learning"
     ):
         make_config({"algorithm.name": "fedadam", "algorithm.server_lr": 0.05, "server.lr": 0.02})
+
+
+def test_a_server_lr_of_the_wrong_type_is_one_config_error():
+    """The older key's note reads any value; validation then names it (no traceback)."""
+    with pytest.raises(ConfigError, match="algorithm.server_lr"):
+        make_config({"algorithm.name": "fedavg", "algorithm.server_lr": []})

@@ -346,6 +346,11 @@ def cmd_list(args: argparse.Namespace) -> int:
     plug-in's full description and its options (key, type, default)."""
     from fedhet import registry
 
+    if args.reference:  # what the site build renders, without the build
+        from fedhet.reference import reference_markdown
+
+        print(reference_markdown())
+        return 0
     labels = {label.replace(" ", "-"): kind for kind, label in registry.KIND_LABELS.items()}
     labels.update({kind: kind for kind in registry.KINDS} | {"partition": "partitioner"})
     if args.kind is not None and args.kind not in labels:
@@ -593,6 +598,11 @@ def _add_new_and_list(sub) -> None:
     p = sub.add_parser("list", help="the plug-ins there are (of a kind; one plug-in's options)")
     p.add_argument("kind", nargs="?", help="a plug-in kind: algorithm, system-model, dataset, ...")
     p.add_argument("name", nargs="?", help="a plug-in of that kind: its description and options")
+    p.add_argument(
+        "--reference",
+        action="store_true",
+        help="print the whole configuration reference (every key, type, default, meaning) as Markdown",
+    )
     p.set_defaults(func=cmd_list)
 
 

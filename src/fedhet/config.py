@@ -762,13 +762,13 @@ def one_server_rate(name: str, algorithm: dict, server: dict) -> None:
             )
         algorithm["server_lr"] = server.pop("lr")  # the preset's optimizer steps with it
     elif "server_lr" in algorithm:
-        _note_older_server_rate(algorithm["server_lr"])
+        _note_older_server_rate(repr(algorithm["server_lr"]))  # any value, validated later
 
 
 @functools.cache
-def _note_older_server_rate(value: Any) -> None:
+def _note_older_server_rate(value: str) -> None:
     log.warning(
-        "algorithm.server_lr = %r: the older key of the one server learning rate, server.lr "
+        "algorithm.server_lr = %s: the older key of the one server learning rate, server.lr "
         "(the same update, up to rounding); read as before",
         value,
     )

@@ -157,8 +157,9 @@ def reference_markdown() -> str:
     out = [
         "# Configuration reference",
         "",
-        "Generated from the code when the documentation is built: every key a configuration",
-        "file accepts, section by section. A section's own keys come first; a key that names a",
+        "Generated from the code (by `fedhet list --reference` and the documentation's build):",
+        "every key a configuration file accepts, section by section. A section's own keys come",
+        "first; a key that names a",
         "plug-in (`[system] model`, `[run] pool`, ...) is followed by each built-in choice and",
         "the keys it adds to the same table. `fedhet list KIND NAME` prints one plug-in's entry.",
         "",
