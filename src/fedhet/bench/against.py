@@ -15,6 +15,9 @@ from pathlib import Path
 from fedhet.bench.suite import Suite
 from fedhet.errors import FedhetError
 
+# what a results row of a bench.json holds that --against reads
+ROW_KEYS = ("scenario", "method", "status", "tunings", "code", "settings")
+
 
 def read_rows(path: str | Path) -> list[dict]:
     """The results rows of a field: a bench folder's ``bench.json`` (or its
@@ -25,9 +28,14 @@ def read_rows(path: str | Path) -> list[dict]:
     if path.is_dir():
         if (path / "bench.json").is_file():
             try:
-                return list(json.loads((path / "bench.json").read_text(encoding="utf-8"))["rows"])
+                rows = list(json.loads((path / "bench.json").read_text(encoding="utf-8"))["rows"])
             except (ValueError, KeyError, TypeError) as exc:
                 raise FedhetError(f"--against {path}: bench.json is not a bench's results ({exc})") from None
+            for number, row in enumerate(rows, start=1):
+                missing = [k for k in ROW_KEYS if not isinstance(row, dict) or k not in row]
+                if missing:
+                    raise FedhetError(f"--against {path}: bench.json, row {number}: no {missing[0]!r}")
+            return rows
         path = path / "leaderboard.csv"
     if not path.is_file():
         raise FedhetError(f"--against {path}: no such file (a leaderboard.csv or a bench folder)")

@@ -320,20 +320,47 @@ def read_csv(path: Path) -> list[dict]:
     one line when it is not a leaderboard's table."""
     from fedhet.errors import FedhetError
 
-    with open(path, newline="", encoding="utf-8") as handle:
-        table = list(csv.DictReader(handle))
+    try:
+        with open(path, newline="", encoding="utf-8") as handle:
+            table = list(csv.DictReader(handle))
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise FedhetError(f"{path}: not a leaderboard.csv (not CSV text: {exc})") from None
     metric = next((c[5:] for c in (table[0] if table else {}) if c.startswith("mean_")), None)
-    missing = [c for c in ("scenario", "method", "status", "tuned") if not table or c not in table[0]]
+    needed = ("scenario", "method", "status", "reason", "tuned", f"{metric}_by_seed")
+    missing = [c for c in needed if not table or c not in table[0]]
     if metric is None or missing:
         column = missing[0] if missing else "mean_<score>"
         raise FedhetError(f"{path}: not a leaderboard.csv of this fedhet (no column {column})")
-    return [_row_from_csv(r, metric) for r in table]
+    rows, seen = [], set()
+    for number, r in enumerate(table, start=1):
+        where = f"{path}: row {number} (scenario {r['scenario']}, method {r['method']})"
+        if (r["scenario"], r["method"]) in seen:
+            raise FedhetError(f"{where}: appears twice")
+        seen.add((r["scenario"], r["method"]))
+        try:
+            rows.append(_row_from_csv(r, metric))
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+            raise FedhetError(f"{where}: not a leaderboard row ({exc})") from None
+    return rows
+
+
+def _score(value: str, metric: str, key: str) -> float:
+    """A per-seed score of a leaderboard.csv, checked: a finite number in the metric's range."""
+    from fedhet.run_schema import value_range
+
+    score = float(value)
+    low, high = value_range(metric)
+    if not (math.isfinite(score) and low <= score <= high):
+        raise ValueError(f"{metric}_by_seed {key}: {value} is not a {metric} (in [{low:g}, {high:g}])")
+    return score
 
 
 def _row_from_csv(r: dict, metric: str) -> dict:
     """One leaderboard.csv row as a results row (see :func:`read_csv`)."""
     tuned = json.loads(r["tuned"] or "{}")
     params = tuned if isinstance(tuned, list) else [tuned]
+    if not all(isinstance(p, dict) for p in params):
+        raise ValueError(f"tuned: {r['tuned']!r} is not the tuned values (JSON objects)")
     validation = [float(v) if v else None for v in (r.get("validation_value") or "").split(";")]
     validation += [None] * len(params)
     tunings = [{"repeat": i + 1, "params": p, "validation": validation[i], "seeds": {}}
@@ -342,7 +369,7 @@ def _row_from_csv(r: dict, metric: str) -> dict:
     times = dict(_pairs(r.get("time_by_seed", "")))
     for key, value in _pairs(r[f"{metric}_by_seed"]):
         repeat, _, seed = key.rpartition("/")
-        result = {"score": float(value), "score_metric": metric, "higher_is_better": higher,
+        result = {"score": _score(value, metric, key), "score_metric": metric, "higher_is_better": higher,
                   "time_to_target": float(times[key]) if times.get(key) else None,
                   "caveats": [c for c in r.get("caveats", "").split(" | ") if c],
                   "planner_knowledge": r.get("planner_knowledge", ""),

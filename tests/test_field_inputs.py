@@ -1,0 +1,93 @@
+"""A field given to ``fedhet bench --against`` (a leaderboard.csv or a bench folder) that is
+damaged or hand-edited is refused in one line naming the file, the row and what is wrong:
+not CSV text, a missing column, a score that is not a number, NaN or outside the metric's
+range, tuned values that are not JSON objects, a duplicated row, a bench.json row without a
+field. The published field reads whole."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from fedhet.bench.against import read_rows
+from fedhet.bench.leaderboard import read_csv
+from fedhet.errors import FedhetError
+
+FIELD = Path(__file__).resolve().parents[1] / "docs" / "results" / "data" / "leaderboard.csv"
+
+
+def _table() -> list[dict]:
+    with FIELD.open(newline="", encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))
+
+
+def _write(path: Path, rows: list[dict], columns: list[str] | None = None) -> Path:
+    columns = columns or list(rows[0])
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def _refused(path: Path, *words: str) -> str:
+    with pytest.raises(FedhetError) as err:
+        read_rows(path)
+    message = str(err.value)
+    assert "\n" not in message and str(path) in message
+    for word in words:
+        assert word in message
+    return message
+
+
+def test_the_published_field_reads_whole():
+    rows = read_csv(FIELD)
+    assert len(rows) == len(_table()) and all(r["tunings"] for r in rows if r["status"] == "ok")
+
+
+def _score_edited(value: str) -> list[dict]:
+    rows = _table()
+    first = next(r for r in rows if r["status"] == "ok")
+    key, _, rest = first["accuracy_by_seed"].partition(":")
+    first["accuracy_by_seed"] = f"{key}:{value};{rest.partition(';')[2]}"
+    return rows
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("abc", ("row 1", "could not convert")),
+        ("nan", ("is not a accuracy",)),
+        ("1.7", ("in [0, 1]",)),
+        ("-0.2", ("in [0, 1]",)),
+    ],  # fmt: skip
+)
+def test_a_score_that_is_no_score_is_refused(tmp_path, value, words):
+    _refused(_write(tmp_path / "f.csv", _score_edited(value)), *words)
+
+
+def test_a_missing_column_tuned_values_not_json_and_a_duplicated_row_are_refused(tmp_path):
+    rows = _table()
+    columns = [c for c in rows[0] if c != "tuned"]
+    _refused(_write(tmp_path / "a.csv", rows, columns), "no column tuned")
+    bad = _table()
+    bad[0]["tuned"] = "{not json"
+    _refused(_write(tmp_path / "b.csv", bad), "row 1", "not a leaderboard row")
+    bad[0]["tuned"] = "[1, 2]"
+    _refused(_write(tmp_path / "c.csv", bad), "is not the tuned values")
+    twice = _table()
+    _refused(_write(tmp_path / "d.csv", [*twice, twice[0]]), f"row {len(twice) + 1}", "appears twice")
+
+
+def test_a_field_that_is_not_text_or_a_bench_json_row_without_a_field_is_refused(tmp_path):
+    (tmp_path / "binary.csv").write_bytes(bytes(range(256)) * 4)
+    _refused(tmp_path / "binary.csv", "not CSV text")
+    folder = tmp_path / "bench"
+    folder.mkdir()
+    (folder / "bench.json").write_text(
+        json.dumps({"rows": [{"scenario": "s", "method": "m", "status": "ok"}]})
+    )
+    _refused(folder, "bench.json, row 1", "'tunings'")
