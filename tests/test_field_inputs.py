@@ -91,3 +91,16 @@ def test_a_field_that_is_not_text_or_a_bench_json_row_without_a_field_is_refused
         json.dumps({"rows": [{"scenario": "s", "method": "m", "status": "ok"}]})
     )
     _refused(folder, "bench.json, row 1", "'tunings'")
+
+
+def test_a_rerun_of_a_method_the_field_holds_is_refused_in_one_line(tmp_path):
+    """--against takes the suite's own methods from the field and runs none of them: a
+    --rerun of one of them would be ignored; it is refused before anything runs."""
+    from conftest import BENCH_PLUGIN, SMOKE_BENCH_ARGS, SMOKE_SUITE, fedhet_in_process
+
+    argv = ["bench", str(SMOKE_SUITE), *SMOKE_BENCH_ARGS, "--against", str(tmp_path / "none.csv"),
+            "--rerun", "fedavg", "--out", str(tmp_path / "b"), "--quiet"]  # fmt: skip
+    status, stderr = fedhet_in_process(argv, paths=(BENCH_PLUGIN,))
+    assert status == 2 and stderr.count("\n") == 1 and "Traceback" not in stderr, stderr
+    assert "--rerun fedavg: its rows come from --against" in stderr
+    assert not (tmp_path / "b").exists()

@@ -129,6 +129,15 @@ def run_bench(options: BenchOptions) -> list[Path]:
     if options.against:
         from fedhet.bench.against import field_rows as read_field
 
+        from_field = [
+            label for label in options.rerun if not next(m for m in suite.methods if m.label == label).plugin
+        ]
+        if from_field:
+            raise FedhetError(
+                f"--rerun {from_field[0]}: its rows come from --against {options.against}, which does not "
+                "run it; run the whole bench (without --against) to rerun it"
+            )
+
         field_rows = read_field(options.against, suite)
     storage = check_storage(options.storage)
     folder = Path(options.out) if options.out else Path("runs") / f"bench-{suite.name}"
