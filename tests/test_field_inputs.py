@@ -104,3 +104,43 @@ def test_a_rerun_of_a_method_the_field_holds_is_refused_in_one_line(tmp_path):
     assert status == 2 and stderr.count("\n") == 1 and "Traceback" not in stderr, stderr
     assert "--rerun fedavg: its rows come from --against" in stderr
     assert not (tmp_path / "b").exists()
+
+
+def _suite_with(tmp_path: Path, old: str, new: str) -> Path:
+    from conftest import SMOKE_SUITE
+
+    text = SMOKE_SUITE.read_text()
+    assert old in text
+    path = tmp_path / "suite.toml"
+    path.write_text(text.replace(old, new, 1))
+    return path
+
+
+LR = '"train.lr" = {'
+SUITE_CASES = {
+    "validation split": (LR, '"data.validation_fraction" = { low = 0.1, high = 0.3 }\n' + LR,
+                         "data.validation_fraction is set by the bench itself"),
+    "threads": (LR, '"run.threads" = { choices = [1, 2] }\n' + LR, "run.threads is set by the bench"),
+    "fixed shared knob": ('methods = ["fedavg", "drop", "salf", "fedprox"]',
+                          'methods = ["fedavg", { name = "fedprox", mu = 0.1 }]', "fixes algorithm.mu"),
+    "sampler seed": ("tuning_repeats = 2", "tuning_repeats = 2\nsampler_seed = 4294967295",
+                     "suite.sampler_seed = 4294967295: at most 4294967294"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(SUITE_CASES))
+def test_a_suite_that_would_search_nothing_or_unequal_knobs_is_refused_in_one_line(tmp_path, case):
+    """A searched key the bench sets itself, a method fixing a shared knob, a sampler seed
+    past numpy's range: one ConfigError naming the key, before anything runs."""
+    from fedhet.bench.suite import load_suite
+    from fedhet.errors import ConfigError
+
+    old, new, words = SUITE_CASES[case]
+    path = _suite_with(tmp_path, old, new)
+    if "fixes algorithm.mu" in words:  # the shared knob: mu searched for every method
+        path.write_text(
+            path.read_text().replace("[params]\n", '[params]\n"algorithm.mu" = { low = 0.001, high = 1 }\n')
+        )
+    with pytest.raises(ConfigError) as err:
+        load_suite(path)
+    assert words in str(err.value) and "\n" not in str(err.value)

@@ -316,6 +316,7 @@ def _search(methods: list[Method], shared: dict, own: dict, where: str) -> list[
     own for it; keys its table fixes are not searched. ``method.own`` lists what it searches
     beyond the shared keys."""
     common = [parse_param(k, v, f"{where}: params") for k, v in {**DEFAULT_PARAMS, **shared}.items()]
+    _check_searchable(common, f"{where}: params")
     labels = {m.label for m in methods}
     for label in own:
         if label not in labels:
@@ -325,12 +326,19 @@ def _search(methods: list[Method], shared: dict, own: dict, where: str) -> list[
         if not isinstance(given, dict):
             raise ConfigError(f"{where}: algorithm_params.{method.label}: expected a table of keys")
         suite_own = [parse_param(k, v, f"{where}: algorithm_params.{method.label}") for k, v in given.items()]
+        _check_searchable(suite_own, f"{where}: algorithm_params.{method.label}")
         keys: dict[str, Param] = {}
         for param in [*_server_rate(method, common), *suite_own]:
             keys[param.key] = param
         fixed = {f"algorithm.{k}" for k in method.options}
-        if "server_lr" in method.options and _is_preset(method):  # its fixed rate is server.lr
+        if "server_lr" in method.options:  # its own server rate: the one server learning rate, fixed
             fixed.add(SERVER_LR)
+        clash = sorted(fixed & {p.key for p in common})
+        if clash:
+            raise ConfigError(
+                f"{where}: method {method.label} fixes {clash[0]}, which the suite searches for every method "
+                "alike ([params]): drop it from the method's table or from [params]"
+            )
         method.params = [p for k, p in keys.items() if k not in fixed]
         shared_keys = {p.key for p in common} | {OWN_SERVER_LR, SERVER_LR}
         method.own = [p.key for p in method.params if p.key not in shared_keys]
@@ -338,6 +346,25 @@ def _search(methods: list[Method], shared: dict, own: dict, where: str) -> list[
 
 
 OWN_SERVER_LR = "algorithm.server_lr"
+
+# keys a bench sets in every run itself: a search over them would search nothing
+SET_BY_THE_BENCH = {
+    "run.name": "each run's name",
+    "run.threads": "suite.threads",
+    "run.targets": "suite.target",
+    "run.seed": "the seeds",
+    "data.validation_fraction": "suite.validation_fraction",
+}
+
+
+def _check_searchable(params: list[Param], where: str) -> None:
+    """Refuse, in one line, a searched key the bench sets in every run itself."""
+    for param in params:
+        if param.key in SET_BY_THE_BENCH:
+            raise ConfigError(
+                f"{where}: {param.key} is set by the bench itself ({SET_BY_THE_BENCH[param.key]}): "
+                "searching it would search nothing"
+            )
 
 
 def _is_preset(method: Method) -> bool:
@@ -543,6 +570,9 @@ def _settings(suite: Suite, table: dict, trials: int | None, seeds: int | None, 
     suite.threads = _int(table, "threads", where, 1, 1)
     suite.sampler_seed = _int(table, "sampler_seed", where, 0, 1)
     suite.tuning_repeats = repeats if repeats is not None else _int(table, "tuning_repeats", where, 1, 1)
+    highest = 2**32 - suite.tuning_repeats  # each tuning's sampler is seeded sampler_seed + repeat - 1
+    if suite.sampler_seed > highest:
+        raise ConfigError(f"{where}: suite.sampler_seed = {suite.sampler_seed}: at most {highest}")
 
 
 def _direction(suite: Suite, table: dict) -> None:
