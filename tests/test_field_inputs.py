@@ -144,3 +144,21 @@ def test_a_suite_that_would_search_nothing_or_unequal_knobs_is_refused_in_one_li
     with pytest.raises(ConfigError) as err:
         load_suite(path)
     assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_suite_benched_into_another_suites_folder_is_refused_in_one_line(tmp_path):
+    """A bench folder holds one suite's studies and seeds: another suite's bench there would
+    mix with them; it is refused before anything runs."""
+    from conftest import BENCH_PLUGIN, SMOKE_BENCH_ARGS, SMOKE_SUITE, fedhet_in_process
+
+    folder = tmp_path / "bench"
+    folder.mkdir()
+    (folder / ".bench-suite").write_text("heterogeneity\n")
+    argv = ["bench", str(SMOKE_SUITE), *SMOKE_BENCH_ARGS, "--out", str(folder), "--quiet"]
+    status, stderr = fedhet_in_process(argv, paths=(BENCH_PLUGIN,))
+    assert status == 2 and stderr.count("\n") == 1 and "Traceback" not in stderr, stderr
+    assert "holds the bench of suite 'heterogeneity'; bench suite 'smoke' into another folder" in stderr
+    assert (
+        sorted(p.name for p in folder.iterdir()) == [".bench-suite", ".bench.lock"]
+        or not (folder / "bench.db").exists()
+    )

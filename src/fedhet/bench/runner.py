@@ -32,6 +32,7 @@ from fedhet.studies.executor import Executor, task_error
 log = logging.getLogger("fedhet")
 
 DATABASE = "bench.db"
+SUITE_MARK = ".bench-suite"  # the name of the suite whose bench a folder holds
 
 
 @dataclass
@@ -155,6 +156,29 @@ class Bench:
         return runs
 
     # -- running -------------------------------------------------------------------------
+    def _claim_folder(self) -> None:
+        """A bench folder holds one suite's bench: another suite's is refused in one line (its
+        studies and seeds would mix with this one's); a folder without the mark (written by an
+        older fedhet) is claimed unless its bench.json names none of this suite's scenarios."""
+        import json
+
+        mark = self.out / SUITE_MARK
+        held = mark.read_text(encoding="utf-8").strip() if mark.is_file() else None
+        if held is None and (self.out / "bench.json").is_file():
+            try:
+                rows = json.loads((self.out / "bench.json").read_text(encoding="utf-8")).get("rows", [])
+                scenarios = {row.get("scenario") for row in rows if isinstance(row, dict)}
+            except (ValueError, AttributeError):
+                scenarios = set()
+            if scenarios and not scenarios & {s.name for s in self.suite.scenarios}:
+                held = "another suite"
+        if held is not None and held != self.suite.name:
+            raise FedhetError(
+                f"{self.out}: holds the bench of suite {held!r}; bench suite {self.suite.name!r} into "
+                "another folder (--out)"
+            )
+        mark.write_text(self.suite.name + "\n", encoding="utf-8")
+
     def run(self) -> dict:
         """Run what is left; return the leaderboard's data (see :mod:`fedhet.bench.leaderboard`)."""
         from fedhet.results import RunLock, make_folder
@@ -165,6 +189,7 @@ class Bench:
         lock = RunLock(self.out / ".bench.lock")
         lock.acquire()
         try:
+            self._claim_folder()
             storage_url(self.out / DATABASE, self.given_storage)  # checked; a SQLite file made whole
             todo: list[Tuning] = []
             again: dict[str, str] = {}
