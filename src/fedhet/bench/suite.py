@@ -521,24 +521,27 @@ def _inert_knobs(suite: Suite, scenario: Scenario, method: Method) -> list[str]:
     return sorted(common or ())
 
 
+def _seeds(given: Any, from_command_line: bool, where: Any) -> list[int]:
+    """``suite.seeds`` (or ``--seeds``): a count (seeds 1..n) or a list of distinct seeds."""
+    if isinstance(given, list):
+        if not given or not all(isinstance(s, int) and not isinstance(s, bool) for s in given):
+            raise ConfigError(f"{where}: suite.seeds = {given!r}: a count >= 1 or a non-empty list of seeds")
+        if len(set(given)) != len(given):
+            raise ConfigError(f"{where}: suite.seeds = {given!r}: a seed is listed twice")
+        return list(given)
+    if isinstance(given, int) and not isinstance(given, bool) and given >= 1:
+        return list(range(1, given + 1))
+    what = f"--seeds {given}" if from_command_line else f"{where}: suite.seeds = {given!r}"
+    raise ConfigError(f"{what}: the number of seeds must be >= 1")
+
+
 def _settings(suite: Suite, table: dict, trials: int | None, seeds: int | None, repeats: int | None) -> None:
     """The suite's budget and statistics settings, checked."""
     where = suite.path
     suite.trials = trials if trials is not None else _int(table, "trials", where, 1, suite.trials)
     if suite.trials < 1:
         raise ConfigError(f"--trials {suite.trials}: must be >= 1")
-    given = seeds if seeds is not None else table.get("seeds", 3)
-    if isinstance(given, list):
-        if not given or not all(isinstance(s, int) and not isinstance(s, bool) for s in given):
-            raise ConfigError(f"{where}: suite.seeds = {given!r}: a count >= 1 or a non-empty list of seeds")
-        if len(set(given)) != len(given):
-            raise ConfigError(f"{where}: suite.seeds = {given!r}: a seed is listed twice")
-        suite.seeds = list(given)
-    elif isinstance(given, int) and not isinstance(given, bool) and given >= 1:
-        suite.seeds = list(range(1, given + 1))
-    else:
-        what = f"--seeds {given}" if seeds is not None else f"{where}: suite.seeds = {given!r}"
-        raise ConfigError(f"{what}: the number of seeds must be >= 1")
+    suite.seeds = _seeds(seeds if seeds is not None else table.get("seeds", 3), seeds is not None, where)
     fraction = table.get("validation_fraction", 0.2)
     if not isinstance(fraction, int | float) or not 0 < fraction < 1:
         raise ConfigError(f"{where}: suite.validation_fraction = {fraction!r}: in (0, 1)")
