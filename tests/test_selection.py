@@ -232,3 +232,21 @@ def test_bad_selections_are_refused_in_one_line(selection, algorithm, message):
     with pytest.raises(ConfigError, match=message) as caught:
         _config(selection=selection, algorithm={"name": algorithm})
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("selection", "words"),
+    [
+        ({"rule": "tifl", "tiers": 11, "clients_per_round": 2},
+         "selection.tiers = 11: more tiers than the run's 10"),
+        ({"rule": "oort", "exploration": 0.1, "exploration_min": 0.3},
+         "selection.exploration_min = 0.3: above selection.exploration = 0.1"),
+    ],
+)  # fmt: skip
+def test_selection_options_that_contradict_the_cohort_or_each_other_are_one_line(selection, words):
+    from conftest import make_config
+
+    base = make_config().to_dict()
+    with pytest.raises(ConfigError) as err:
+        from_dict({**base, "selection": selection})
+    assert words in str(err.value) and "\n" not in str(err.value)

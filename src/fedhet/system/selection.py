@@ -304,6 +304,11 @@ class OortOptions(RoundRuleOptions):
             )
         if isinstance(self.pacer_window, bool) or self.pacer_window < 1:
             raise ConfigError(f"selection.pacer_window = {self.pacer_window!r}: must be >= 1")
+        if self.exploration_min > self.exploration:
+            raise ConfigError(
+                f"selection.exploration_min = {self.exploration_min!r}: above selection.exploration = "
+                f"{self.exploration!r}, where epsilon starts (the floor must not be above the start)"
+            )
 
 
 @register("selection", "oort")
@@ -394,6 +399,14 @@ class TiflOptions(RoundRuleOptions):
             value = getattr(self, key)
             if isinstance(value, bool) or value < 1:
                 raise ConfigError(f"selection.{key} = {value!r}: must be >= 1")
+
+    def validate_in(self, config) -> None:
+        super().validate_in(config)
+        if _chosen(config, self) and self.tiers > config.data.num_clients:
+            raise ConfigError(
+                f"selection.tiers = {self.tiers}: more tiers than the run's {config.data.num_clients} "
+                "clients (data.num_clients)"
+            )
 
 
 def _mean_loss(losses: np.ndarray) -> float:
