@@ -134,8 +134,10 @@ class ADELFLPlanner(Planner):
             assignments=[ClientAssignment(int(s), self.train.local_steps) for s in state["batch_sizes"]],
         )
 
-    def init_state(self, setting: RunSetting) -> dict:
-        """Solve Problem 2 once (ADEL-FL Algorithm 1, steps 1-3)."""
+    @staticmethod
+    def _time_law(setting: RunSetting) -> LayerTimeLaw:
+        """The exponential model's law the plan is solved against, with the run it needs:
+        always-present clients and a total time budget (ADEL-FL A4, Problem 2)."""
         system = setting.system
         if not system.always_present:
             raise ConfigError(
@@ -149,6 +151,11 @@ class ADELFLPlanner(Planner):
             )
         if not setting.time_budget:
             raise ConfigError("run.time_budget: adel-fl needs a total time budget T_max (simulated seconds)")
+        return law
+
+    def _bound_constants(self, setting: RunSetting) -> tuple[BoundConstants, dict | None]:
+        """Theorem 1's constants: the options', or G^2 and sigma_u^2 estimated from the
+        probes (``estimate_constants``; what was estimated, else None)."""
         o = self.options
         constants = BoundConstants(
             rho_c=o.rho_c,
@@ -158,9 +165,15 @@ class ADELFLPlanner(Planner):
             heterogeneity_gap=o.heterogeneity_gap,
             initial_distance=o.initial_distance,
         )
-        estimated = None
         if o.estimate_constants:
-            constants, estimated = self._estimate_constants(setting, constants)
+            return self._estimate_constants(setting, constants)
+        return constants, None
+
+    def init_state(self, setting: RunSetting) -> dict:
+        """Solve Problem 2 once (ADEL-FL Algorithm 1, steps 1-3)."""
+        system, law = setting.system, self._time_law(setting)
+        o = self.options
+        constants, estimated = self._bound_constants(setting)
         learning_rates = np.array([self.lr_at(t) for t in range(setting.rounds)])
 
         def planned(rates: np.ndarray) -> tuple[DeadlineProblem, DeadlinePlan]:
