@@ -116,7 +116,23 @@ def test_a_resume_never_drops_rows_on_disk(run, capsys):
     (run / "metrics.csv").write_text("\n".join(extra) + "\n")  # rounds 1..6 on disk, 3 in the checkpoint
     before = (run / "metrics.csv").read_bytes()
     line = _resume(run, capsys)
-    assert "metrics.csv: holds 6 rows that disagree with the checkpoint's 3 rounds; nothing rewritten" in line
+    assert "metrics.csv: holds 6 rows, more than run.rounds = 4; nothing rewritten" in line
+    assert (run / "metrics.csv").read_bytes() == before
+
+
+def test_rows_past_the_checkpoint_that_a_resume_does_not_reproduce_stop_it(run, tmp_path, capsys):
+    """Rows after the checkpoint are checked as the resume runs their rounds again: one of
+    another run stops it in one line, and no row on disk is lost."""
+    RunLoop(from_dict({**BASE, "run": {**BASE["run"], "checkpoint_every": 0}}), tmp_path / "cut").run(
+        stop_after=2
+    )
+    lines = (run / "metrics.csv").read_text().splitlines()
+    shutil.copy(tmp_path / "cut" / "checkpoint.pt", run / "checkpoint.pt")  # round 2's; rows 1-4 on disk
+    lines[3] = lines[3].replace(lines[3].split(",")[1], "123.5", 1)  # round 3 of another run
+    (run / "metrics.csv").write_text("\n".join(lines) + "\n")
+    before = (run / "metrics.csv").read_bytes()
+    line = _resume(run, capsys)
+    assert "metrics.csv: round 3's row on disk (sim_time 123.5) disagrees with the resumed run's" in line
     assert (run / "metrics.csv").read_bytes() == before
 
 
@@ -227,6 +243,7 @@ def _disk_memory_run(tmp_path) -> tuple:
         },  # fmt: skip
         "algorithm": {"name": "fedvarp", "memory_dtype": "float16", "memory_storage": "disk"},
     }
+    document["run"] = {**document["run"], "checkpoint_every": 0}  # a journal record every round
     config = tmp_path / "c.toml"
     config.write_text(tomli_w.dumps(document))
     out = tmp_path / "run"

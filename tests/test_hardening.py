@@ -225,7 +225,7 @@ def test_a_diverging_run_stops_with_its_last_good_checkpoint_and_resumes_skippin
     the round before, marks the summary (strict JSON); resuming with skip-client goes on and
     counts the skipped clients in metrics.csv."""
     diverging = {"train": {"lr": 1e6}, "model": {"hidden": [32, 16]}, "algorithm": {"name": "fedavg"}}
-    config = from_dict(_with(run={"rounds": 6}, **diverging))
+    config = from_dict(_with(run={"rounds": 6, "checkpoint_every": 0}, **diverging))
     result = RunLoop(config, tmp_path / "r").run()
     summary_text = (tmp_path / "r" / "summary.json").read_text()
     summary = json.loads(summary_text, parse_constant=lambda c: pytest.fail(f"non-strict JSON {c}"))
@@ -236,12 +236,41 @@ def test_a_diverging_run_stops_with_its_last_good_checkpoint_and_resumes_skippin
     assert run_dir.load_checkpoint()["round"] == fault["round"] - 1
     assert len(run_dir.read_metrics()) == fault["round"] - 1
 
-    skipping = from_dict(_with(run={"rounds": 6, "on_non_finite": "skip-client"}, **diverging))
+    skipping = from_dict(
+        _with(run={"rounds": 6, "on_non_finite": "skip-client", "checkpoint_every": 0}, **diverging)
+    )
     resumed = RunLoop(skipping, tmp_path / "r").run(resume=True)
     rows = run_dir.read_metrics()
     assert len(rows) == 6 and resumed.summary["finished"]
     assert sum(r["skipped"] for r in rows) >= 1
     assert all(r["skipped"] + r["participants"] <= 4 for r in rows)
+
+
+def test_a_fault_between_checkpoints_keeps_the_last_one_and_the_rows_it_covers(tmp_path):
+    """With checkpoints far apart, a non-finite update stops the run with the last
+    checkpoint before it kept; resuming with skip-client runs the rounds since then again,
+    checks them against the rows on disk, and ends with the metrics of an uninterrupted
+    skipping run."""
+    diverging = {"train": {"lr": 1e3}, "model": {"hidden": [32, 16]}, "algorithm": {"name": "fedavg"}}
+    run = {"rounds": 8, "checkpoint_every": 0.0}
+    reference = RunLoop(
+        from_dict(_with(run={**run, "on_non_finite": "skip-client"}, **diverging)), tmp_path / "ref"
+    )
+    expected = reference.run().metrics
+    first_fault = next(i for i, r in enumerate(expected) if r["skipped"]) + 1
+    assert first_fault < len(expected), "the run should go on after the fault"
+    assert first_fault > 2, "the fault should come after a few clean rounds"
+    stopping = RunLoop(from_dict(_with(run={**run, "checkpoint_every": 3600.0}, **diverging)), tmp_path / "r")
+    stopping.run(stop_after=1)  # a checkpoint at round 1; the next is an hour away
+    result = RunLoop(from_dict(_with(run={**run, "checkpoint_every": 3600.0}, **diverging)), tmp_path / "r")
+    summary = result.run(resume=True).summary
+    assert summary["stopped_by"] == "non_finite" and summary["non_finite"]["round"] == first_fault
+    run_dir = RunDirectory(tmp_path / "r")
+    assert run_dir.load_checkpoint()["round"] == 1
+    assert len(run_dir.read_metrics()) == first_fault - 1  # rows on disk past the checkpoint
+    skipping = from_dict(_with(run={**run, "on_non_finite": "skip-client"}, **diverging))
+    RunLoop(skipping, tmp_path / "r").run(resume=True)
+    assert (tmp_path / "r" / "metrics.csv").read_bytes() == (tmp_path / "ref" / "metrics.csv").read_bytes()
 
 
 def test_nan_is_written_as_nan_not_as_a_blank(tmp_path):
@@ -339,7 +368,7 @@ def test_a_failed_write_mid_run_keeps_the_last_checkpoint_resumable(tmp_path):
     """A file-size limit (the same error path as a full disk) stops the run with one line
     once the checkpoint outgrows it; resuming without the limit ends with exactly the
     metrics of an uninterrupted run."""
-    document = _with(run={"rounds": 40, "eval_every": 5})
+    document = _with(run={"rounds": 40, "eval_every": 5, "checkpoint_every": 0})
     path = tmp_path / "c.toml"
     path.write_text(tomli_w.dumps(document))
     reference = RunLoop(from_dict(document), tmp_path / "ref").run()
@@ -468,11 +497,12 @@ KILL_CASES = {
 def test_kill_9_then_resume_ends_byte_identical(tmp_path, case):
     """A run killed with SIGKILL mid-run and resumed writes exactly the metrics.csv of an
     uninterrupted run (momentum in the client state; FedStale's server memory; FedAsync's
-    models in flight; the server optimizer's moments)."""
+    models in flight; the server optimizer's moments). Checkpoints every 20 ms of wall time:
+    the kill falls some rounds after the last one, which the resume runs again."""
     sections = {k: dict(v) for k, v in KILL_CASES[case].items()}
     system = {"participation": "two-group", "participation_min": 0.3, **sections.pop("system", {})}
     document = _with(
-        run={"rounds": 150, "eval_every": 20},
+        run={"rounds": 150, "eval_every": 20, "checkpoint_every": 0.02},
         train={"lr": 0.05, "momentum": 0.9, "keep_momentum": True},
         system=system,
         **sections,

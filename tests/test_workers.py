@@ -132,7 +132,7 @@ def test_an_evaluation_under_way_when_the_run_stops_is_done_once_on_resume(tmp_p
     """Stop after round 5 while its evaluation runs in a worker: the checkpoint records it,
     the resume evaluates round 5 from the checkpoint's model, every round has exactly one
     evaluation and the file equals an uninterrupted run's."""
-    overrides = CASES["salf-momentum"]
+    overrides = {**CASES["salf-momentum"], "run.checkpoint_every": 0}  # a checkpoint after every round
     whole = fedhet.run(_config(1, **overrides), tmp_path / "whole")
     RunLoop(_config(2, **overrides), tmp_path / "cut").run(stop_after=5)
     import torch
@@ -152,7 +152,7 @@ def test_a_checkpoint_taken_while_a_round_is_evaluated_resumes_with_that_evaluat
 
     import torch
 
-    overrides = CASES["salf-momentum"]
+    overrides = {**CASES["salf-momentum"], "run.checkpoint_every": 0}  # a checkpoint after every round
     whole = fedhet.run(_config(1, **overrides), tmp_path / "whole")
     copies = {}
     loop = RunLoop(_config(2, **overrides), tmp_path / "live")
@@ -213,7 +213,7 @@ def test_rows_held_behind_a_slow_evaluation_resume_from_the_model_it_evaluates(t
     from fedhet.engine.processes import EvaluationHandle
 
     monkeypatch.setattr(EvaluationHandle, "done", lambda self: False)
-    overrides = {**CASES["salf-momentum"], "run.eval_every": 3}
+    overrides = {**CASES["salf-momentum"], "run.eval_every": 3, "run.checkpoint_every": 0}
     whole = fedhet.run(_config(1, **overrides), tmp_path / "whole")
     copies = {}
     loop = RunLoop(_config(2, **overrides), tmp_path / "live")

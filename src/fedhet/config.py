@@ -37,6 +37,7 @@ log = logging.getLogger("fedhet")
 
 MAX_ROUNDS = 10_000_000
 MAX_THREADS = 1024
+CHECKPOINT_EVERY = 2.0  # run.checkpoint_every: seconds of wall time between checkpoints
 MAX_CLIENTS = 1_000_000
 MAX_HIDDEN = 65_536
 MAX_NAME = 100
@@ -292,6 +293,9 @@ class RunConfig(PluginSection):
     # stop after this many rounds in a row without a participant (0 = never,
     # and a first round nobody can deliver in is run instead of refused: deadline sweeps)
     max_empty_rounds: int = resumable(10)
+    # seconds of wall time between checkpoints (0 = after every round); a run always saves
+    # when it stops, and a killed run resumes from its last checkpoint to the same metrics
+    checkpoint_every: float = resumable(CHECKPOINT_EVERY)
     # embedded (one process) | flower (Flower's simulation runtime) | a plug-in
     engine: str = resumable("embedded")
     # where client tasks run: auto | in-process | batched | processes | a plug-in (embedded engine)
@@ -351,6 +355,7 @@ class RunConfig(PluginSection):
             at_least("run.threads", self.threads, 0)
             at_most("run.threads", self.threads, MAX_THREADS)
         at_least("run.max_empty_rounds", self.max_empty_rounds, 0)
+        in_range("run.checkpoint_every", finite("run.checkpoint_every", self.checkpoint_every), 0.0, 86400.0)
         if self.time_budget < 0:
             raise ConfigError(f"run.time_budget = {self.time_budget}: must be >= 0 (0 = none)")
         in_range("run.energy_budget", self.energy_budget, 0.0, 1e30)
@@ -650,6 +655,8 @@ class Config:
             del out["compare"]
         # plug-ins that change nothing at their defaults are left out, so that a run's
         # resolved configuration reads as it did before they existed (resume, bench studies)
+        if out["run"].get("checkpoint_every") == CHECKPOINT_EVERY:
+            del out["run"]["checkpoint_every"]
         if out["system"].get("dropout") == "none":
             del out["system"]["dropout"]
         if out["system"].get("dropout_keeps") == "nothing":

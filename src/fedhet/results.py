@@ -1,5 +1,6 @@
 """The run directory: ``config.toml`` (resolved), ``metrics.csv`` (one row per round),
-``summary.json`` and ``checkpoint.pt`` (written atomically every round, for ``--resume``)."""
+``summary.json`` and ``checkpoint.pt`` (written atomically every ``run.checkpoint_every``
+seconds and when the run stops, for ``--resume``)."""
 
 from __future__ import annotations
 
@@ -55,6 +56,13 @@ RUN_ORDER = ".runs"  # in a folder of runs (a grid, a [compare]): the runs' name
 LOCK_NAME = ".lock"
 REPORTS_MANIFEST = ".reports"
 PLUGIN_ERROR_FILE = "plugin-error.txt"  # a plug-in's traceback when its hook failed (engine.plugin_errors)
+
+
+def _same_time(old: dict, new: dict) -> bool:
+    """Whether a row read from metrics.csv and a row of the run have one simulated time."""
+    return old.get("sim_time") is not None and math.isclose(
+        old["sim_time"], float(new["sim_time"]), rel_tol=1e-9, abs_tol=1e-9
+    )
 
 
 def _reason(exc: OSError) -> str:
@@ -201,6 +209,7 @@ class RunDirectory:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self._columns: tuple[str, ...] = METRIC_COLUMNS  # metrics.csv's header as last written
+        self.checkpoint_round: int | None = None  # the round of the checkpoint on disk, once known
 
     @property
     def checkpoint_path(self) -> Path:
@@ -312,15 +321,18 @@ class RunDirectory:
                 path.unlink()
 
     @contextlib.contextmanager
-    def writing(self, rounds_done: int):
+    def writing(self):
         """Turn an OS error while writing the run's files (full disk, a folder made
-        read-only) into one line; atomic writes leave the last checkpoint whole."""
+        read-only) into one line naming the checkpoint that stays; atomic writes leave it
+        whole."""
         try:
             yield
         except OSError as exc:
+            kept = self.checkpoint_round
+            where = f"the checkpoint of round {kept} is kept" if kept else "no round is checkpointed yet"
             raise FedhetError(
-                f"{self.path}: cannot write ({_reason(exc)}); the checkpoint of round {rounds_done} "
-                "is kept: free space or fix the folder, then --resume"
+                f"{self.path}: cannot write ({_reason(exc)}); {where}: free space or fix the folder, "
+                "then --resume"
             ) from None
 
     def release(self) -> None:
@@ -351,13 +363,15 @@ class RunDirectory:
         self._columns = metric_columns(rows)
         self._write_table(self.metrics_path, self._columns, rows)
 
-    def check_resumed_rows(self, rows: list[dict]) -> None:
-        """Before a resume rewrites metrics.csv from the checkpoint's ``rows``: the file must
-        hold the same rounds (one more is the round a kill interrupted before its checkpoint;
-        fewer are rows still being evaluated). Otherwise one error, and nothing is
+    def check_resumed_rows(self, rows: list[dict], most: int | None = None) -> list[dict]:
+        """Before a resume rewrites metrics.csv from the checkpoint's ``rows``: the file's
+        rows, which must be rounds 1, 2, ... agreeing with the checkpoint's as far as both
+        go (more are rounds run after the last checkpoint, which the resume runs again and
+        checks with :meth:`check_rerun_row`; fewer are rows still being evaluated).
+        No more than ``most`` (the run's rounds). Otherwise one error, and nothing is
         rewritten: no row already on disk is lost."""
         if not self.metrics_path.exists():
-            return
+            return []
         try:
             on_disk = self.read_metrics()
         except FedhetError as exc:
@@ -365,18 +379,30 @@ class RunDirectory:
                 f"{exc}; nothing rewritten: move it away to resume from the checkpoint"
             ) from None
         rounds = [r.get("round") for r in on_disk]
-        expected = [float(i) for i in range(1, len(on_disk) + 1)]
-        agree = rounds == expected and len(on_disk) <= len(rows) + 1
-        for old, new in zip(on_disk, rows, strict=False):
-            same = old.get("sim_time") is not None and math.isclose(
-                old["sim_time"], float(new["sim_time"]), rel_tol=1e-9, abs_tol=1e-9
+        if most is not None and len(on_disk) > most:
+            raise FedhetError(
+                f"{self.metrics_path}: holds {counted(len(on_disk), 'row')}, more than run.rounds = {most}; "
+                "nothing rewritten (raise run.rounds, or move metrics.csv away to resume from the checkpoint)"
             )
-            agree = agree and same
+        agree = rounds == [float(i) for i in range(1, len(on_disk) + 1)]
+        for old, new in zip(on_disk, rows, strict=False):
+            agree = agree and _same_time(old, new)
         if not agree:
             raise FedhetError(
                 f"{self.metrics_path}: holds {counted(len(on_disk), 'row')} that disagree with the "
                 f"checkpoint's {counted(len(rows), 'round')}; nothing rewritten (move metrics.csv away to "
                 "resume from the checkpoint)"
+            )
+        return on_disk
+
+    def check_rerun_row(self, old: dict, new: dict) -> None:
+        """A round a resumed run ran again, whose row ``old`` was already on disk: the same
+        simulated time, or one error (the file is of another run; nothing is rewritten)."""
+        if not _same_time(old, new):
+            raise FedhetError(
+                f"{self.metrics_path}: round {int(new['round'])}'s row on disk (sim_time "
+                f"{old.get('sim_time')}) disagrees with the resumed run's ({new['sim_time']}); nothing "
+                "rewritten (move metrics.csv away to resume from the checkpoint)"
             )
 
     def append_metrics(self, row: dict, rows: list[dict] | None = None) -> None:
@@ -441,13 +467,17 @@ class RunDirectory:
         with tmp.open("wb") as fh:
             fh.write(buffer.getbuffer())
         os.replace(tmp, self.checkpoint_path)
+        self.checkpoint_round = int(state.get("round", 0))
 
     def load_checkpoint(self, device: torch.device | str | None = None) -> dict:
         """The checkpoint, its tensors on ``device`` (the run's: a run checkpointed on a GPU
         resumes on the CPU and the other way round); as saved when None."""
         try:
-            return torch.load(self.checkpoint_path, weights_only=False, map_location=device)
+            saved = torch.load(self.checkpoint_path, weights_only=False, map_location=device)
         except FileNotFoundError:
             raise FedhetError(f"{self.checkpoint_path}: no checkpoint to resume from") from None
         except Exception as exc:  # a torn or foreign file
             raise FedhetError(f"{self.checkpoint_path}: unreadable checkpoint ({exc})") from None
+        if isinstance(saved, dict) and isinstance(saved.get("round"), int):
+            self.checkpoint_round = saved["round"]
+        return saved

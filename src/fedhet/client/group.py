@@ -33,6 +33,7 @@ import torch
 
 from fedhet.client.budget import SimulatedBudget, WallClockBudget
 from fedhet.client.gradients import gradients
+from fedhet.client.grouped import GroupedForward
 from fedhet.client.state import ALGORITHM, ClientData, ClientState, Namespace
 from fedhet.messages import ClientTask, ClientUpdate
 from fedhet.models.layers import FlatModel
@@ -146,6 +147,8 @@ class GroupGradients:
         self.policy = "auto"  # stack groups: "auto" (where it pays), "always" (where vmap can), "never"
         self.unsupported: str | None = None
         self._checked = False
+        self.kernels = GroupedForward(flat)  # a group's forward in batched kernels, where it knows the layers
+        self.example_losses = hasattr(task_loss, "example_losses")
 
     def _buffer_names(self) -> tuple[list[tuple[str, int, torch.Size]], dict[str, torch.Tensor]]:
         """The model's float buffers as regions of the flat buffer vector, and the others
@@ -245,7 +248,10 @@ class GroupGradients:
 
     def stacked(self, rows, buffer_rows, start: int, x, y, depth: int, loss_fn):
         """(gradients over columns ``start:`` of ``rows``, losses) of every row at once;
-        ``buffer_rows`` change in place as the model's buffers would."""
+        ``buffer_rows`` change in place as the model's buffers would. With the task's loss
+        and a model the grouped kernels know, those kernels; else one ``vmap``."""
+        if getattr(loss_fn, "plain", False) and self.kernels.reason() is None and not self.kernels.hooked():
+            return self._grouped(rows, buffer_rows, start, x, y, depth)
         step = torch.func.grad(self._row_loss, argnums=0, has_aux=True)
         buffers = self._buffer_rows(buffer_rows)
         grads, values = torch.func.vmap(step, in_dims=(0, 0, 0, 0, 0, None, None))(
@@ -254,6 +260,30 @@ class GroupGradients:
         self._keep_buffers(buffer_rows, buffers)
         return grads, values.tolist()
 
+    def _grouped(self, rows, buffer_rows, start: int, x, y, depth: int):
+        """:meth:`stacked` through :class:`~fedhet.client.grouped.GroupedForward`: the sum
+        of the rows' task losses differentiated once, each row's gradient its own."""
+        count = len(rows)
+        tensors, leaves = self.kernels.leaves(rows, start)
+        out = self.kernels(tensors, buffer_rows, x, depth)
+        losses = self._row_losses(out, y)
+        grads = torch.autograd.grad(losses.sum(), leaves)
+        with torch.no_grad():
+            return torch.cat([g.reshape(count, -1) for g in grads], 1), losses.detach().tolist()
+
+    def _row_losses(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Each row's mean task loss over its batch: the task's per-example losses where it
+        defines them, else its loss row by row."""
+        count, size = out.shape[:2]
+        if self.example_losses:
+            try:
+                merged = self.task_loss.example_losses(out.reshape(count * size, *out.shape[2:]),
+                                                       y.reshape(count * size, *y.shape[2:]))  # fmt: skip
+                return merged.view(count, size).mean(1)
+            except NotImplementedError:
+                self.example_losses = False
+        return torch.stack([self.task_loss(out[i], y[i]) for i in range(count)])
+
     def shared_loss(self, lead: ClientTask, rule):
         """A stacked group's loss function: the hook sees the group's shared fields only."""
         task, state, stream = _SharedTask(lead), _SharedState(), _SharedStream()
@@ -261,6 +291,7 @@ class GroupGradients:
         def loss_fn(model, x, y, depth):
             return self.loss(model, task, state, stream, x, y, depth, rule)
 
+        loss_fn.plain = rule is None or not rule.customises_loss  # type: ignore[attr-defined]  (the task's loss)
         return loss_fn
 
     # -- row by row ---------------------------------------------------------------------

@@ -18,7 +18,7 @@ The run loop calls, in order, every callback's
 - ``on_round_end(state, row)`` with the complete row once it is on disk (trackers,
   progress);
 - ``on_round_saved(state)`` once after every round, the rows done (the checkpoint is
-  written here);
+  written here when due);
 - ``on_budget_stop(state)`` when the next round would pass the time budget;
 - ``on_end(state, summary)`` when the run stops (finished, or stopped by a fault);
 - ``on_closed(state, summary)`` last, once the summary is on disk (when the run wrote one):
@@ -26,15 +26,18 @@ The run loop calls, in order, every callback's
 
 Built-ins, in the order they run: ``reports`` (the algorithm's and system model's JSON
 documents), ``metrics`` (metrics.csv, client_metrics.csv, config.toml), ``checkpoint``
-(an atomic checkpoint after every round); then ``[run] callbacks = [{ name = "...", ... }]``
-(plug-ins of kind ``callback``, :mod:`fedhet.registry`), the trackers of ``run.track``,
-the callbacks a caller passes (a tune's pruning), and progress. Evaluation is not a
+(an atomic checkpoint every ``run.checkpoint_every`` seconds and when the run stops);
+then ``[run] callbacks = [{ name = "...", ... }]`` (plug-ins of kind ``callback``,
+:mod:`fedhet.registry`), the trackers of ``run.track``, the callbacks a caller passes (a
+tune's pruning), and progress. Evaluation is not a
 callback: it is a service of the run loop (:class:`EvaluationService`), which completes
 each row before any callback sees it.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +46,8 @@ from typing import TYPE_CHECKING, Any
 from fedhet.engine.state import to_checkpoint
 from fedhet.errors import FedhetError
 from fedhet.registry import NoOptions
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from fedhet.engine.pool import EvaluationHandle
@@ -202,7 +207,7 @@ class EvaluationService:
         if last is None or last.get("test_loss") is not None:
             return None
         self.evaluate(state, last)
-        with self.run_dir.writing(state.round):
+        with self.run_dir.writing():
             self.run_dir.write_metrics(state.metrics)
         return last
 
@@ -216,7 +221,7 @@ class EvaluationService:
                 state.params, state.buffers, world.dataset.x_train, world.train_labels, world.client_holdout
             ):
                 state.client_metrics.append({"round": row["round"], **entry})
-            with self.run_dir.writing(state.round):
+            with self.run_dir.writing():
                 self.run_dir.write_client_metrics(state.client_metrics)
 
 
@@ -237,7 +242,7 @@ class Reports(Callback):
         own = guarded(plugin_label("algorithm", world.config.algorithm_name), "reports", state.round,
                       world.algorithm.reporting.reports, state.algorithm)  # fmt: skip
         reports = {**system, **own}
-        with self.run_dir.writing(state.round):
+        with self.run_dir.writing():
             for name, document in reports.items():
                 self.run_dir.write_json(f"{name}.json", document)
 
@@ -263,53 +268,106 @@ class ClientTable(Callback):
         if world.power is None:
             return
         rows = world.power.table(state.energy, world.client_sizes)
-        with self.run_dir.writing(state.round):
+        with self.run_dir.writing():
             self.run_dir.write_clients(rows)
 
 
 class Metrics(Callback):
     """config.toml and metrics.csv (one row per round, appended as rounds finish; a column
-    a callback or the algorithm adds rewrites the file with it)."""
+    a callback or the algorithm adds rewrites the file with it). A resumed run whose file
+    runs ahead of its checkpoint (rounds after the last checkpoint, before a kill) checks
+    each round it runs again against the row on disk instead of writing it twice."""
 
     name = "metrics"
 
-    def __init__(self, run_dir, config_toml: str) -> None:
-        self.run_dir, self.config_toml = run_dir, config_toml
+    def __init__(self, run_dir, config_toml: str, rounds: int | None = None) -> None:
+        self.run_dir, self.config_toml, self.rounds = run_dir, config_toml, rounds
+        self.ahead: dict[int, dict] = {}  # round -> its row on disk, past the checkpoint
 
     def on_start(self, state) -> None:
         if state.round:  # a resume: the file's rows must agree with the checkpoint's
-            self.run_dir.check_resumed_rows(state.metrics)
-        with self.run_dir.writing(state.round):
+            on_disk = self.run_dir.check_resumed_rows(state.metrics, self.rounds)
+            self.ahead = {int(r["round"]): r for r in on_disk[len(state.metrics) :]}
+        with self.run_dir.writing():
             self.run_dir.write_config(self.config_toml)
-            self.run_dir.write_metrics(state.metrics)
+            if not self.ahead:
+                self.run_dir.write_metrics(state.metrics)
             if state.client_metrics:
                 self.run_dir.write_client_metrics(state.client_metrics)
 
     def on_round_end(self, state, row: dict) -> None:
-        with self.run_dir.writing(state.round - 1):
+        old = self.ahead.pop(int(row["round"]), None)
+        if old is not None:
+            self.run_dir.check_rerun_row(old, row)
+            return
+        with self.run_dir.writing():
             self.run_dir.append_metrics(row, state.metrics)
+
+    def on_end(self, state, summary: dict) -> None:
+        if not self.ahead:
+            return
+        # rows on disk past where this run stopped (a resume changed a budget): the file
+        # ends with the run's own rows
+        log.warning("%s: rounds %d-%d of metrics.csv lie past where the resumed run stopped; dropped",
+                    self.run_dir.path, min(self.ahead), max(self.ahead))  # fmt: skip
+        self.ahead = {}
+        with self.run_dir.writing():
+            self.run_dir.write_metrics(state.metrics)
 
 
 class Checkpoint(Callback):
-    """An atomic checkpoint after every round (and at the budget stop): an interrupted run
-    resumes from its last finished round and ends with the metrics of an uninterrupted one."""
+    """An atomic checkpoint every ``run.checkpoint_every`` seconds of wall time (0: after
+    every round) and whenever the run stops (its last round, a budget, a callback): a
+    killed run resumes from its last checkpoint, runs the rounds since again, and ends with
+    the metrics of an uninterrupted one; a run stopped by a fault keeps the last checkpoint
+    before it."""
 
     name = "checkpoint"
 
-    def __init__(self, run_dir, config_dict: dict, pool, algorithm) -> None:
+    def __init__(self, run_dir, config_dict: dict, pool, algorithm, every: float = 0.0):
         self.run_dir, self.config_dict, self.pool, self.algorithm = run_dir, config_dict, pool, algorithm
+        self.every = every
+        self.saved_round, self.saved_at, self.saved_evaluating = 0, time.perf_counter(), False
+
+    def on_start(self, state) -> None:
+        self.saved_round, self.saved_at = state.round, time.perf_counter()
+        self.saved_evaluating = state.evaluating is not None
 
     def save(self, state, rounds_done: int) -> None:
         state.clients = self.pool.states
-        with self.run_dir.writing(rounds_done):
+        with self.run_dir.writing():
             checkpoint = to_checkpoint(state, self.config_dict, self.algorithm, self.run_dir.path)
             self.run_dir.save_checkpoint(checkpoint)
+        self.saved_round, self.saved_at = state.round, time.perf_counter()
+        self.saved_evaluating = state.evaluating is not None
+
+    def unsaved(self, state) -> bool:
+        """Whether the state moved on since the last checkpoint: rounds, or the evaluation
+        that checkpoint held finished."""
+        return self.saved_round != state.round or (self.saved_evaluating and state.evaluating is None)
 
     def on_round_saved(self, state) -> None:
-        self.save(state, state.round - 1)
+        elapsed = time.perf_counter() - self.saved_at
+        due = (
+            not self.saved_round or elapsed >= self.every or state.stopped_by is not None
+        )  # the first at once
+        if due and self.unsaved(state):
+            self.save(state, self.saved_round)
 
     def on_budget_stop(self, state) -> None:
         self.save(state, state.round)
+
+    def on_end(self, state, summary: dict) -> None:
+        faulted = summary.get("stopped_by") in ("non_finite", "plugin_error")
+        if not faulted and self.unsaved(state):
+            # the rounds since the last checkpoint; a stop for want of participants is not
+            # kept in it, so that a resume with a larger run.max_empty_rounds goes on
+            stopped = state.stopped_by
+            state.stopped_by = None if stopped == "no_participants" else stopped
+            try:
+                self.save(state, self.saved_round)
+            finally:
+                state.stopped_by = stopped
 
 
 class Progress(Callback):

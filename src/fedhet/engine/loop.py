@@ -110,8 +110,13 @@ class RunLoop:
         ones, then progress; each knows its run by its :class:`RunContext`."""
         world, config, run_dir = self.world, self.config, self.run_dir
         context = RunContext(config, run_dir.path, self.group, self.engine, Score.of(world.dataset.task))
-        out: list = [Reports(world, run_dir), ClientTable(world, run_dir), Metrics(run_dir, config.to_toml()),
-                     Checkpoint(run_dir, config.to_dict(), self.pool, world.algorithm)]  # fmt: skip
+        saver = Checkpoint(run_dir, config.to_dict(), self.pool, world.algorithm, config.run.checkpoint_every)
+        out: list = [
+            Reports(world, run_dir),
+            ClientTable(world, run_dir),
+            Metrics(run_dir, config.to_toml(), config.run.rounds),
+            saver,
+        ]
         plugins = config.run.callback_plugins + config.run.tracker_plugins
         out += [entry.cls.build(options, context) for entry, options in plugins]
         out += self.extra_callbacks
@@ -228,7 +233,7 @@ class RunLoop:
             except WorkerDied as died:
                 raise FedhetError(
                     f"{died}; the run stops at round {t + 1}, resume with --resume (the checkpoint of "
-                    f"round {state.round} is kept)"
+                    f"round {self.run_dir.checkpoint_round or 0} is kept)"
                 ) from None
             if result is None:  # the next round would exceed the time budget
                 self._budget_stop(callbacks, evaluation)
@@ -326,11 +331,11 @@ class RunLoop:
                 '"skip-client" to skip such updates, or lower train.lr)',
                 config.run.name,
                 fault.describe(),
-                state.round,
+                self.run_dir.checkpoint_round or 0,
             )
         notify(callbacks, "on_end", state, summary)
         if summary["finished"] or fault is not None or state.stopped_by in ("no_participants", "callback"):
-            with run_dir.writing(state.round):
+            with run_dir.writing():
                 run_dir.write_summary(summary)
         notify(callbacks, "on_closed", state, summary)
         return RunResult(run_dir.path, summary, state.metrics)
@@ -342,13 +347,13 @@ class RunLoop:
         state, run_dir = self.state, self.run_dir
         summary.update(stopped_by="plugin_error", finished=False, error=str(failed))
         notify(callbacks, "on_end", state, summary)
-        with run_dir.writing(state.round):
+        with run_dir.writing():
             run_dir.write_summary(summary)
             (run_dir.path / TRACEBACK_FILE).write_text(failed.details or str(failed), encoding="utf-8")
         notify(callbacks, "on_closed", state, summary)
         raise PluginStopped(
-            f"{failed}; the checkpoint of round {state.round} is kept: fix it and run again with --resume "
-            f"(traceback: {run_dir.path / TRACEBACK_FILE})",
+            f"{failed}; the checkpoint of round {self.run_dir.checkpoint_round or 0} is kept: fix it and run "
+            f"again with --resume (traceback: {run_dir.path / TRACEBACK_FILE})",
             failed.details,
             str(failed),
         )
