@@ -5,10 +5,14 @@ learning rate, the task's scalar payload); each client is one row of a parameter
 :class:`GroupGradients` gives every working row its loss and the gradient over the covered
 region on its own batch, in one of two ways, with the same hooks:
 
-- **stacked**: one ``torch.func.vmap`` over the rows of ``torch.func.grad`` of the row's
-  loss, the model called through ``torch.func.functional_call`` (BatchNorm's running
-  statistics are rows too); the layers below the group's depth run without a graph, as one
-  client's would (SALF Sec. III-A);
+- **stacked**: with the task's own loss and a model of layers it knows, the grouped
+  kernels of :mod:`fedhet.client.grouped` (one ``baddbmm`` per dense layer, one grouped
+  convolution, one ``batch_norm`` over the clients' channels; the sum of the rows' losses
+  differentiated once); otherwise one ``torch.func.vmap`` over the rows of
+  ``torch.func.grad`` of the row's loss, the model called through
+  ``torch.func.functional_call`` (BatchNorm's running statistics are rows too); either
+  way the layers below the group's depth run without a graph, as one client's would
+  (SALF Sec. III-A);
 - **row by row** on the working model (:class:`~fedhet.models.FlatModel`), autograd asked
   for the reached parameters only: a group of one (the in-process pool, bit for bit the
   single-client computation), a model ``vmap`` cannot batch, or a rule whose local loss

@@ -32,10 +32,11 @@ from fedhet.registry import register
 class BatchedOptions:
     """``clients_per_batch``: the most clients trained together (0: all of a round's tasks
     that share a batch size and width); lower it when their stacked models and batches do
-    not fit the device's memory. ``stacked``: a group's gradients in one ``vmap`` over its
-    clients ("auto": where it pays, so not for convolutions on the CPU; "always": wherever
-    ``vmap`` can; "never": one client after another, the group sharing the optimizer's and
-    the postprocessors' steps)."""
+    not fit the device's memory. ``stacked``: a group's gradients in one computation over
+    its clients, batched kernels where they know the layers and the rule keeps the task's
+    loss (:mod:`fedhet.client.grouped`), else one ``vmap`` ("auto": where it pays, so not
+    for convolutions on the CPU; "always": wherever it can; "never": one client after
+    another, the group sharing the optimizer's and the postprocessors' steps)."""
 
     clients_per_batch: int = resumable(0)
     stacked: str = resumable("auto")
