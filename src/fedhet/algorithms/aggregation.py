@@ -38,11 +38,11 @@ def layerwise_sum(
         delta = update.delta if which == "params" else update.delta_buffers
         start = slices.start(update.depth)
         if weights is None:
-            total[start:] += delta
+            total[start:].add_(delta)  # in place: `x[s:] += d` also copies the view onto itself
         else:
             per_layer = weights[update.client, update.depth - 1 :].to(torch.float32)
-            total[start:] += delta * torch.repeat_interleave(per_layer, lengths[update.depth - 1 :])
-        counts[update.depth - 1 :] += 1
+            total[start:].add_(delta * torch.repeat_interleave(per_layer, lengths[update.depth - 1 :]))
+        counts[update.depth - 1 :].add_(1)
     return total, counts
 
 
@@ -60,8 +60,8 @@ class LayerwiseSum:
             raise ValueError("layer-wise aggregation takes full-width updates only")
         if update.depth > len(self.slices.bounds):
             return
-        self.total[self.slices.start(update.depth) :] += delta
-        self.counts[update.depth - 1 :] += 1
+        self.total[self.slices.start(update.depth) :].add_(delta)
+        self.counts[update.depth - 1 :].add_(1)
 
 
 def layerwise_mean(values: torch.Tensor, summed: LayerwiseSum | None) -> torch.Tensor:

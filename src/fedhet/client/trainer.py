@@ -533,7 +533,7 @@ class LocalTrainer:
             coverage=replace(task.coverage, depth=view.depth) if group.first else task.coverage,
             steps=len(member.losses),
             num_samples=len(member.data),
-            loss=float(np.mean(member.losses)),
+            loss=float(member.losses[0]) if len(member.losses) == 1 else float(np.mean(member.losses)),
             delta=delta,
             delta_buffers=delta_buffers,
             model_round=task.model_round,
