@@ -254,7 +254,7 @@ class GroupGradients:
         """(gradients over columns ``start:`` of ``rows``, losses) of every row at once;
         ``buffer_rows`` change in place as the model's buffers would. With the task's loss
         and a model the grouped kernels know, those kernels; else one ``vmap``."""
-        if getattr(loss_fn, "plain", False) and self.kernels.reason() is None and not self.kernels.hooked():
+        if getattr(loss_fn, "plain", False) and self.kernels_pay() and not self.kernels.hooked():
             return self._grouped(rows, buffer_rows, start, x, y, depth)
         step = torch.func.grad(self._row_loss, argnums=0, has_aux=True)
         buffers = self._buffer_rows(buffer_rows)
@@ -263,6 +263,15 @@ class GroupGradients:
         )
         self._keep_buffers(buffer_rows, buffers)
         return grads, values.tolist()
+
+    def kernels_pay(self) -> bool:
+        """Whether the grouped kernels compute this model's groups: they know its layers,
+        it is on the CPU (where they were measured against ``vmap``: benchmarks/overhead.py)
+        and it has no convolution (grouped convolutions are slower there than ``vmap``)."""
+        if self.kernels.reason() is not None or self.flat.device.type != "cpu":
+            return False
+        kinds = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
+        return not any(isinstance(m, kinds) for m in self.flat.model.modules())
 
     def _grouped(self, rows, buffer_rows, start: int, x, y, depth: int):
         """:meth:`stacked` through :class:`~fedhet.client.grouped.GroupedForward`: the sum

@@ -12,7 +12,11 @@ row's output depends on another's.
 
 A model with any other layer, or a module with hooks (a sub-model's activation scaler), is
 not run here: :meth:`GroupedForward.reason` says why, and the group is computed with
-``vmap`` or row by row (:mod:`fedhet.client.group`).
+``vmap`` or row by row (:mod:`fedhet.client.group`). Which groups use these kernels is
+:meth:`~fedhet.client.group.GroupGradients.kernels_pay`'s: dense models on the CPU, where
+they were measured faster than ``vmap`` and than one client at a time
+(benchmarks/overhead.py); grouped convolutions measured slower than one client at a time
+on the CPU (1.35-1.9x on cnn2's layers), and no GPU has measured them yet.
 """
 
 from __future__ import annotations
