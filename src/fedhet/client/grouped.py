@@ -16,7 +16,7 @@ not run here: :meth:`GroupedForward.reason` says why, and the group is computed 
 :meth:`~fedhet.client.group.GroupGradients.kernels_pay`'s: dense models on the CPU, where
 they were measured faster than ``vmap`` and than one client at a time
 (benchmarks/overhead.py); grouped convolutions measured slower than one client at a time
-on the CPU (1.35-1.9x on cnn2's layers), and no GPU has measured them yet.
+on the CPU (1.45-1.9x the time on cnn2), and no GPU has measured them yet.
 """
 
 from __future__ import annotations
