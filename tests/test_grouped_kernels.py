@@ -72,3 +72,34 @@ def test_a_layer_the_kernels_do_not_know_or_a_hooked_module_goes_to_vmap():
     assert kernels.hooked()
     handle.remove()
     assert not kernels.hooked()
+
+
+def test_nested_sequences_run_through_the_kernels_and_a_subclassed_layer_does_not():
+    """A block that nests a sequence is computed layer by layer inside it (its Linear with
+    each client's own weights); a subclass of Linear (an adapter may compute otherwise) is
+    refused by name rather than run as a plain Linear."""
+    from torch import nn
+
+    from fedhet.models.layers import LayeredModel
+
+    torch.manual_seed(1)
+    nested = LayeredModel(
+        [nn.Sequential(nn.Sequential(nn.Linear(5, 4), nn.ReLU())), nn.Sequential(nn.Linear(4, 3))]
+    )
+    flat = FlatModel(nested)
+    engine = GroupGradients(flat, Classification())
+    assert engine.kernels.reason() is None
+    rows = flat.params.detach().unsqueeze(0).repeat(3, 1) + 0.1 * torch.randn(3, flat.params.numel())
+    buffer_rows = torch.zeros(3, 0)
+    x, y = torch.randn(3, 7, 5), torch.randint(0, 3, (3, 7))
+    grads, losses = engine._grouped(rows, buffer_rows, 0, x, y, 1)
+    want_losses, want_grads, _ = _one_at_a_time(flat, rows, buffer_rows, x, y, 1)
+    torch.testing.assert_close(grads, want_grads, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(torch.tensor(losses), want_losses, rtol=1e-5, atol=1e-6)
+
+    class Adapted(nn.Linear):
+        def forward(self, x):
+            return super().forward(x) * 2
+
+    adapted = GroupedForward(FlatModel(LayeredModel([nn.Sequential(Adapted(5, 3))])))
+    assert "Adapted" in (adapted.reason() or "")

@@ -304,7 +304,7 @@ class GroupGradients:
         def loss_fn(model, x, y, depth):
             return self.loss(model, task, state, stream, x, y, depth, rule)
 
-        loss_fn.plain = rule is None or not rule.customises_loss  # type: ignore[attr-defined]  (the task's loss)
+        loss_fn.plain = rule is None or not rule.customises_loss  # type: ignore[attr-defined]  # the task's loss
         return loss_fn
 
     # -- row by row ---------------------------------------------------------------------

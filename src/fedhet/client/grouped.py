@@ -59,14 +59,13 @@ class GroupedForward:
         model = self.flat.model
         if type(model) is not LayeredModel:
             return f"{type(model).__name__} is not a plain stack of layers"
-        for module in model.blocks.modules():
-            if isinstance(module, nn.Sequential | nn.ModuleList) or module in self.blocks:
-                if module in self.blocks and not isinstance(module, nn.Sequential):
-                    return f"a layer that is not a sequence ({type(module).__name__})"
-                continue
-            problem = _unsupported(module)
-            if problem is not None:
-                return problem
+        for block in self.blocks:
+            if type(block) is not nn.Sequential:
+                return f"a layer that is not a plain sequence ({type(block).__name__})"
+            for module in block.modules():
+                problem = None if type(module) is nn.Sequential else _unsupported(module)
+                if problem is not None:
+                    return problem
         return None
 
     def hooked(self) -> bool:
@@ -98,9 +97,12 @@ class GroupedForward:
             x = self._block(block, tensors, buffer_rows, x)
         return x
 
-    def _block(self, block: nn.Sequential, rows, buffer_rows, x):
-        for module in block:
-            if isinstance(module, nn.Linear):
+    def _block(self, block: nn.Module, rows, buffer_rows, x):
+        # reason() admitted these exact types only (a subclass may compute otherwise)
+        for module in block.children():
+            if isinstance(module, nn.Sequential):
+                x = self._block(module, rows, buffer_rows, x)
+            elif isinstance(module, nn.Linear):
                 x = self._linear(module, rows, x)
             elif isinstance(module, nn.Conv2d):
                 x = self._conv(module, rows, x)
@@ -118,11 +120,16 @@ class GroupedForward:
             return None
         return piece.view(len(piece), *self.params[(module, name)][2])
 
+    def _weight(self, rows, module: nn.Module) -> torch.Tensor:
+        weight = self._tensor(rows, module, "weight")
+        assert weight is not None, "a known layer's weight is in the flat vector"
+        return weight
+
     def _linear(self, module: nn.Linear, rows, x):
         """out^T = W x^T + b, one ``baddbmm`` for the group: written this way round, the
         weights' gradient comes out in their own (out x in) layout, with no copy."""
         k, b = x.shape[:2]
-        weight = self._tensor(rows, module, "weight")
+        weight = self._weight(rows, module)
         bias = self._tensor(rows, module, "bias")
         inputs = x.reshape(k, -1, module.in_features).transpose(1, 2)
         if bias is None:
@@ -180,21 +187,22 @@ class GroupedForward:
 
 
 def _unsupported(module: nn.Module) -> str | None:
-    """Why the grouped kernels cannot run ``module`` (None: they can)."""
-    kind = type(module).__name__
-    if isinstance(module, nn.Linear):
+    """Why the grouped kernels cannot run ``module`` (None: they can). Types are matched
+    exactly: a subclass may compute otherwise (an adapter on a Linear)."""
+    kind = type(module)
+    if kind is nn.Linear:
         return None
-    if isinstance(module, nn.Conv2d):
+    if isinstance(module, nn.Conv2d) and kind is nn.Conv2d:
         return (
             None if module.padding_mode == "zeros" else f"a Conv2d with padding_mode {module.padding_mode!r}"
         )
-    if isinstance(module, NORMS):
+    if isinstance(module, NORMS) and kind in NORMS:
         if module.momentum is None or not module.track_running_stats:
-            return f"a {kind} with a cumulative or no running average"
+            return f"a {kind.__name__} with a cumulative or no running average"
         return None
-    if type(module) in PER_EXAMPLE or isinstance(module, MaxPool2x2):
+    if kind in PER_EXAMPLE:
         return None
-    return f"a layer the grouped kernels do not know ({kind})"
+    return f"a layer the grouped kernels do not know ({kind.__name__})"
 
 
 def _offsets(model: nn.Module, flat: torch.Tensor) -> dict:
