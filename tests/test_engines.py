@@ -75,7 +75,7 @@ def test_a_grid_cell_on_the_embedded_engine_says_so(tmp_path):
     experiment = load_experiment(_experiment(tmp_path, "embedded", seeds=(1,)), [])
     summaries = run_experiment(experiment, tmp_path / "o")
     (summary,) = summaries.values()
-    assert summary["engine"] == "embedded" and summary["pool"] == "in-process"
+    assert summary["engine"] == "embedded" and summary["pool"] in ("in-process", "batched")  # auto's choice
 
 
 @pytest.mark.slow

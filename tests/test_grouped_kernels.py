@@ -103,3 +103,28 @@ def test_nested_sequences_run_through_the_kernels_and_a_subclassed_layer_does_no
 
     adapted = GroupedForward(FlatModel(LayeredModel([nn.Sequential(Adapted(5, 3))])))
     assert "Adapted" in (adapted.reason() or "")
+
+
+def test_auto_groups_on_the_cpu_exactly_where_the_kernels_compute_the_groups():
+    """``run.pool = "auto"`` picks the batched pool on the CPU for a model that declares
+    ``batches_on_cpu`` and a rule that trains the task's own loss; every model declaring it
+    builds into layers the kernels batch there (no convolution, every layer known)."""
+    from fedhet.config import from_dict
+    from fedhet.engine.pool import groups_pay_on_cpu
+    from fedhet.models.zoo import ModelContext
+    from fedhet.registry import builtins
+
+    def pays(rule: str, model: str) -> bool:
+        return groups_pay_on_cpu(from_dict({"algorithm": {"name": rule}, "model": {"name": model}}))
+
+    assert pays("salf", "mlp") and pays("fedprox", "mlp") and pays("scaffold", "linear")
+    assert not pays("salf", "cnn2")  # convolutions: one client at a time on the CPU
+    assert not pays("fjord", "mlp") and not pays("fedbalancer", "mlp")  # own loss; sample selection
+    declared = [
+        entry.cls for entry in builtins("model").values() if getattr(entry.cls, "batches_on_cpu", False)
+    ]
+    assert declared
+    for cls in declared:
+        flat = FlatModel(cls.build(cls.Options(), ModelContext((1, 8, 8), 10)))
+        engine = GroupGradients(flat, Classification())
+        assert engine.kernels_pay(), cls.name

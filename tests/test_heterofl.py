@@ -43,7 +43,8 @@ def _two_sub_model_updates():
 
 def _straggler_config(rounds: int, **algorithm):
     return from_dict({
-        "run": {"name": "h", "rounds": rounds, "threads": 1},
+        # the in-process pool, where _run_recording_tasks records each task and update
+        "run": {"name": "h", "rounds": rounds, "threads": 1, "pool": "in-process"},
         "data": {"dataset": "digits", "num_clients": 6, "fraction": 0.4},
         "model": {"name": "mlp", "hidden": [16, 8]},
         "system": {"model": "straggler-ratio", "straggler_ratio": 0.5, "deadline": 1.0},

@@ -33,8 +33,11 @@ CASES = {
 
 
 def _config(workers, **overrides):
+    # one worker: the in-process pool, one client at a time as in a worker process (auto
+    # would group an MLP's clients, equal only within float tolerance)
+    pool = {"run.pool": "in-process"} if workers == 1 else {}
     return make_config(
-        {"run.rounds": 8, "run.eval_every": 1, "run.threads": 1, "run.workers": workers, **overrides}
+        {"run.rounds": 8, "run.eval_every": 1, "run.threads": 1, "run.workers": workers, **pool, **overrides}
     )
 
 
@@ -253,6 +256,6 @@ def test_workers_is_the_process_pools_option_and_the_old_spelling_is_read_with_a
         old = _config(5)
     assert old.run.pool == "processes" and old.run.workers == 5
     assert any('read as run.pool = "processes"' in r.getMessage() for r in caplog.records)
-    default = _config(1)
+    default = make_config({"run.workers": 1})
     assert default.run.pool == "auto" and default.run.workers == 1
     assert make_config({"run.pool": "in-process"}).run.workers == 1  # no worker processes

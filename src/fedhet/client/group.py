@@ -277,6 +277,8 @@ class GroupGradients:
         """:meth:`stacked` through :class:`~fedhet.client.grouped.GroupedForward`: the sum
         of the rows' task losses differentiated once, each row's gradient its own."""
         count = len(rows)
+        if isinstance(x, list):  # one working row's batch, as the trainer hands a single client's
+            x, y = torch.stack(x), torch.stack(y)
         tensors, leaves = self.kernels.leaves(rows, start)
         out = self.kernels(tensors, buffer_rows, x, depth)
         losses = self._row_losses(out, y)

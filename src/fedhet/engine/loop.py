@@ -152,11 +152,13 @@ class RunLoop:
 
     def _one_at_a_time(self, total: int) -> dict[str, int]:
         """The batched pool's tasks that trained one client at a time, by reason; one line
-        each (a run asked to batch that mostly did not says so)."""
+        each, a warning where the run asked for the batched pool (one that mostly did not
+        batch says so), else (``auto`` chose it) a note in the log."""
         counts = self.pool.one_at_a_time() if hasattr(self.pool, "one_at_a_time") else {}
+        level = logging.WARNING if self.config.run.pool == "batched" else logging.INFO
         for reason, count in counts.items():
-            log.warning("the batched pool: %d of %d tasks trained one client at a time: %s",
-                        count, total, reason)  # fmt: skip
+            log.log(level, "the batched pool: %d of %d tasks trained one client at a time: %s",
+                    count, total, reason)  # fmt: skip
         return counts
 
     def _build_pool(self) -> ClientPool:

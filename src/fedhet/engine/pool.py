@@ -15,11 +15,11 @@ pool's workers from the configuration and the run's shared dataset
 Pools are plug-ins (kind ``pool``, ``[run] pool = "..."``): ``build(options, ctx)`` (a
 :class:`PoolContext`; it may start its workers now) before the run builds its world,
 :meth:`attach` once the world is built, then the :class:`ClientPool` protocol. Built-ins:
-``auto`` (the default: in-process on the CPU, batched on a GPU, the engine's own pool on
-another engine), ``in-process`` (:class:`InProcessPool`, the embedded engine's), ``processes``
-(:class:`~fedhet.engine.processes.ProcessPool`, its option ``run.workers``: processes on
-this machine)
-and ``flower`` (:class:`~fedhet.engine.flower.FlowerPool`, one Flower message per task; the
+``auto`` (the default: batched on a GPU and, for dense models whose rule trains the task's
+own loss, on the CPU; else in-process; the engine's own pool on another engine),
+``in-process`` (:class:`InProcessPool`, the embedded engine's), ``batched``
+(:mod:`fedhet.engine.batched`), ``processes`` (:class:`~fedhet.engine.processes.ProcessPool`,
+its option ``run.workers``: processes on this machine) and ``flower`` (:class:`~fedhet.engine.flower.FlowerPool`, one Flower message per task; the
 Flower engine's own).
 
 Every pool follows one contract (tests/test_pools.py): updates in task order; a client's
@@ -248,9 +248,10 @@ class InProcessPool:
 class AutoPool:
     """The default pool: the pool of the engine running the loop where that engine hands
     its pool a link (Flower's, over its grid); else in this process, as groups of clients
-    (the batched pool) on a GPU, where one client at a time leaves the device idle, and one
-    client at a time on the CPU. Worker processes are the ``processes`` pool's (its
-    ``run.workers``; ``run.workers`` > 1 without ``run.pool`` is read as it)."""
+    (the batched pool) on a GPU, where one client at a time leaves the device idle, and on
+    the CPU where the groups pay (:func:`groups_pay_on_cpu`); one client at a time
+    otherwise. Worker processes are the ``processes`` pool's (its ``run.workers``;
+    ``run.workers`` > 1 without ``run.pool`` is read as it)."""
 
     name = "auto"
     Options = NoOptions
@@ -263,10 +264,24 @@ class AutoPool:
         run = ctx.config.run
         if ctx.link is not None:  # the engine handed its pool a link: the pool that declares it
             return engine_pool(ctx.engine).build(NoOptions(), ctx)
-        if run.torch_device.type == "cuda":
+        if run.torch_device.type == "cuda" or groups_pay_on_cpu(ctx.config):
             batched = builtins("pool")["batched"].cls
             return batched.build(batched.Options(), ctx)
         return builtins("pool")["in-process"].cls.build(NoOptions(), ctx)
+
+
+def groups_pay_on_cpu(config) -> bool:
+    """Whether a run's clients train faster in groups on the CPU: its model declares only
+    layers the grouped kernels batch there (``batches_on_cpu``) and its rule's client part
+    trains the task's own loss on its data as drawn, so that a group is one kernel per layer
+    (benchmarks/overhead.py: the batched pool in 0.63x the in-process pool's loop time on
+    the leaderboard's shape)."""
+    from fedhet.registry import resolve
+
+    model = config.model.entry("name").cls
+    client = resolve("algorithm", config.algorithm_name, "algorithm.name").cls.Client
+    plain = not (client.customises_loss or client.selects_samples or client.local_loss_per_client)
+    return bool(getattr(model, "batches_on_cpu", False)) and plain
 
 
 def engine_pool(engine: str):

@@ -201,6 +201,9 @@ class ZooModel:
     name = "base"
     Options: type = NoOptions
     make: Callable[[Sequence[int], int], LayeredModel] | None = None  # (input shape, classes) -> model
+    # only layers the grouped kernels batch on the CPU (fedhet.client.grouped: dense and
+    # per-example ones), so that the batched pool pays there (run.pool = "auto" picks it)
+    batches_on_cpu: bool = False
 
     @classmethod
     def build(cls, options, ctx: ModelContext) -> LayeredModel:
@@ -216,6 +219,7 @@ class MLP(ZooModel):
 
     name = "mlp"
     Options = MLPOptions
+    batches_on_cpu = True
 
     @classmethod
     def build(cls, options: MLPOptions, ctx: ModelContext) -> LayeredModel:
@@ -292,6 +296,7 @@ class Linear(ZooModel):
 
     name = "linear"
     Options = LinearOptions
+    batches_on_cpu = True
 
     @classmethod
     def build(cls, options: LinearOptions, ctx: ModelContext) -> LayeredModel:
