@@ -19,8 +19,9 @@ Pools are plug-ins (kind ``pool``, ``[run] pool = "..."``): ``build(options, ctx
 own loss, on the CPU; else in-process; the engine's own pool on another engine),
 ``in-process`` (:class:`InProcessPool`, the embedded engine's), ``batched``
 (:mod:`fedhet.engine.batched`), ``processes`` (:class:`~fedhet.engine.processes.ProcessPool`,
-its option ``run.workers``: processes on this machine) and ``flower`` (:class:`~fedhet.engine.flower.FlowerPool`, one Flower message per task; the
-Flower engine's own).
+its option ``run.workers``: processes on this machine) and ``flower``
+(:class:`~fedhet.engine.flower.FlowerPool`, one Flower message per task; the Flower
+engine's own).
 
 Every pool follows one contract (tests/test_pools.py): updates in task order; a client's
 state merged back after its task (and left as it was when the task is not delivered);
