@@ -166,3 +166,47 @@ def test_a_storage_url_that_does_not_open_is_refused_in_one_line(tmp_path):
     assert status != 0 and stderr.count("\n") == 1, stderr
     assert "--storage 'postgresql://postgres@127.0.0.1" in stderr and "cannot open the database" in stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+def test_a_database_server_stopped_mid_bench_is_one_line_and_the_bench_resumes(tmp_path):
+    """The study database's server stops while the bench tunes: the command ends with one
+    line naming it (no traceback); with the server back, the same command finishes the
+    bench."""
+    initdb, pg_ctl = shutil.which("initdb"), shutil.which("pg_ctl")
+    if not initdb or not pg_ctl:
+        pytest.skip("PostgreSQL's initdb and pg_ctl are not on this machine")
+    pytest.importorskip("psycopg2", reason="the PostgreSQL driver (psycopg2-binary) is not installed")
+    user = _as_postgres_user()
+    folder = Path(tempfile.mkdtemp(prefix="fedhet-pg-"))
+    if user:
+        shutil.chown(folder, "postgres")
+    data, port = folder / "data", _free_port()
+    subprocess.run([*user, initdb, "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8"],
+                   check=True, capture_output=True)  # fmt: skip
+    server = [*user, pg_ctl, "-D", str(data), "-o", f"-p {port} -k {folder} -h 127.0.0.1", "-l",
+              str(folder / "log"), "-w"]  # fmt: skip
+    subprocess.run([*server, "start"], check=True, capture_output=True)
+    url, out = f"postgresql://postgres@127.0.0.1:{port}/postgres", tmp_path / "out"
+    command = [sys.executable, "-m", "fedhet", "bench", str(SMOKE_SUITE), *SMOKE_BENCH_ARGS,
+               "--out", str(out), "--quiet", "--storage", url]  # fmt: skip
+    try:
+        bench = subprocess.Popen(
+            command, env=bench_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not list(out.glob("trials/**/metrics.csv")):
+            time.sleep(0.05)
+        subprocess.run([*server, "-m", "immediate", "stop"], check=True, capture_output=True)
+        _, stderr = bench.communicate(timeout=300)
+        lines = stderr.strip().splitlines()
+        assert bench.returncode == 2, stderr[-3000:]
+        assert len(lines) == 1 and "the study database stopped answering" in lines[0], stderr[-3000:]
+        subprocess.run([*server, "start"], check=True, capture_output=True)
+        done = subprocess.run(command, env=bench_env(), capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert (out / "leaderboard.csv").exists()
+    finally:
+        subprocess.run([*server, "-m", "immediate", "stop"], capture_output=True)
+        shutil.rmtree(folder, ignore_errors=True)

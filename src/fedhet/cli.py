@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from fedhet.console import progress_printer, summary_table
-from fedhet.errors import FedhetError
+from fedhet.errors import FedhetError, database_lost
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -649,10 +649,12 @@ def _positive_int(text: str) -> int:
 
 
 INTERRUPTED = {
-    "run": "finished rounds are saved; continue with the same command and --resume",
+    "run": "finished rounds are saved up to the last checkpoint (run.checkpoint_every); continue with "
+    "the same command and --resume",
     "reproduce": "finished cells are kept; run the same command again to continue "
     "(finished cells are skipped, unfinished ones resume)",
     "bench": "finished trials and seeds are kept; run the same command again to continue",
+    "tune": "finished trials are kept; run the same command again to continue",
 }
 
 
@@ -676,6 +678,13 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into a reader that quit early (e.g. `| head`)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
         return 141
+    except Exception as exc:
+        lost = database_lost(exc)
+        if lost is None or args.debug:
+            raise
+        kept = INTERRUPTED.get(args.command, "nothing finished was lost")
+        print(f"fedhet: error: {lost}; {kept} once it answers again", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

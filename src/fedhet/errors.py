@@ -13,6 +13,24 @@ class DataError(FedhetError):
     """A missing, corrupt or inconsistent data file; the message names the file."""
 
 
+DATABASE_ERRORS = ("OperationalError", "InterfaceError", "DatabaseError", "StorageInternalError")
+DATABASE_MODULES = ("sqlalchemy", "psycopg", "psycopg2", "pymysql", "MySQLdb", "sqlite3", "optuna")
+
+
+def database_lost(exc: BaseException) -> str | None:
+    """One line for a study database that stopped answering while a command used it (a
+    server stopped or a connection cut mid-bench: the driver's, SQLAlchemy's or Optuna's
+    error, anywhere in the exception's chain); None for any other exception."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        kind = type(seen)
+        if kind.__name__ in DATABASE_ERRORS and kind.__module__.split(".")[0] in DATABASE_MODULES:
+            reason = (str(getattr(seen, "orig", None) or seen).strip().splitlines() or [kind.__name__])[0]
+            return f"the study database stopped answering ({reason})"
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 def read_user_text(path, what: str) -> str:
     """The UTF-8 text of a file a configuration names (``what``: its kind and key, e.g.
     "availability trace (system.availability_trace)"); a missing or unreadable file is one

@@ -52,11 +52,30 @@ def start_ray(address: str, jobs: int) -> tuple[Any, bool]:
     if address == "local":
         ray.init(num_cpus=max(1, jobs), **options)
     else:
+        check_listening(address, "--ray")  # ray.init waits minutes for an address nothing serves
         try:
             ray.init(address=address, **options)
         except (ConnectionError, ValueError, RuntimeError) as exc:
             raise FedhetError(f"--ray {address}: cannot connect ({str(exc).splitlines()[0]})") from None
     return ray, True
+
+
+def check_listening(address: str, flag: str, timeout: float = 5.0) -> None:
+    """One line when nothing accepts a connection at ``address``'s host and port (``host:port``
+    or ``ray://host:port``; other forms, such as ``auto``, are left to Ray)."""
+    import socket
+
+    host, sep, port = address.split("://", 1)[-1].rpartition(":")
+    if not sep or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout).close()
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise FedhetError(
+            f"{flag} {address}: nothing answers there ({reason}); start the cluster (ray start --head) "
+            "or give its address"
+        ) from None
 
 
 def _with_budget(core_budget: int | None, function: Callable, args: tuple) -> Any:

@@ -150,6 +150,31 @@ def _sqlite_file(url: str) -> Path | None:
 
 
 OPTUNA_TABLES = {"studies", "trials", "version_info"}  # tables every Optuna storage has
+STORAGE_TIMEOUT = 20.0  # seconds a study database has to answer the first connection
+
+
+def answer_within(seconds: float, call: Callable[[], Any]) -> Any:
+    """``call()``'s result, or ``TimeoutError`` when it has not returned within ``seconds``
+    (a server that accepts a connection and never answers). The call goes on in a daemon
+    thread, which does not keep the process from exiting; its exception is raised here."""
+    import threading
+
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = call()
+        except BaseException as exc:  # noqa: BLE001  (raised again in the caller)
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=target, name="fedhet-storage-check", daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if worker.is_alive():
+        raise TimeoutError(f"no answer within {seconds:g} s")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 def check_storage(url: str, flag: str = "--storage") -> None:
@@ -158,9 +183,8 @@ def check_storage(url: str, flag: str = "--storage") -> None:
     (lost when the command ends, one per process), a SQLite file that cannot be made, a
     database that cannot be opened or holds another program's tables. An empty database
     or one with Optuna's tables passes."""
-    from sqlalchemy import create_engine, inspect
     from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
     where = f"{flag} {url!r}"
     try:
@@ -186,20 +210,38 @@ def check_storage(url: str, flag: str = "--storage") -> None:
             f"{where}: an in-memory database is lost when the command ends; give a file, e.g. sqlite:///study.db"
         )
     _check_sqlite_folder(where, _sqlite_file(url))
-    engine = create_engine(url)
-    try:
-        with engine.connect() as connection:
-            tables = set(inspect(connection).get_table_names())
-    except SQLAlchemyError as exc:
-        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
-        raise FedhetError(f"{where}: cannot open the database ({reason})") from None
-    finally:
-        engine.dispose()
+    tables = _table_names(url, where)
     if tables and not OPTUNA_TABLES <= tables:
         shown = ", ".join(sorted(tables)[:4])
         raise FedhetError(
             f"{where}: holds another program's tables ({shown}), not Optuna's: give another database"
         )
+
+
+def _table_names(url: str, where: str) -> set[str]:
+    """The tables of the database at ``url``; one line when it cannot be opened or its
+    server does not answer within :data:`STORAGE_TIMEOUT`."""
+    from sqlalchemy import create_engine, inspect
+    from sqlalchemy.exc import SQLAlchemyError
+
+    engine = create_engine(url)
+
+    def table_names() -> set[str]:
+        with engine.connect() as connection:
+            return set(inspect(connection).get_table_names())
+
+    try:
+        return answer_within(STORAGE_TIMEOUT, table_names)
+    except TimeoutError:
+        raise FedhetError(
+            f"{where}: the database server did not answer within {STORAGE_TIMEOUT:g} s (is it a database, "
+            "and running?)"
+        ) from None
+    except SQLAlchemyError as exc:
+        reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+        raise FedhetError(f"{where}: cannot open the database ({reason})") from None
+    finally:
+        engine.dispose()
 
 
 def _check_sqlite_folder(where: str, file: Path | None) -> None:
