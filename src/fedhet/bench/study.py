@@ -103,12 +103,40 @@ def code_fingerprint(method: Method) -> str:
     return _class_fingerprint(method.name, method.label)
 
 
+def located_nowhere(config: dict) -> dict:
+    """``config`` with each file or folder of a path key (:func:`fedhet.config.path_keys`)
+    named by what it holds, not where it is: a file by its name and the SHA-256 of its
+    bytes, a folder by its name. A study's identity then does not change when the suite is
+    named by another path, the bench resumed from another folder or the clone moved, and
+    does change when a file it reads is edited."""
+    import hashlib
+
+    from fedhet.config import path_keys
+
+    out = dict(config)
+    for section, names in path_keys().items():
+        table = out.get(section)
+        if not isinstance(table, dict):
+            continue
+        out[section] = dict(table)
+        for key in names & set(table):
+            value = table[key]
+            path = Path(str(value)).expanduser() if isinstance(value, str) and value else None
+            if path is not None and path.is_file():
+                digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+                out[section][key] = f"file {path.name} sha256:{digest}"
+            elif path is not None and path.is_dir():
+                out[section][key] = f"folder {path.name}"
+    return out
+
+
 def settings_of(suite: Suite, tuning: Tuning) -> dict:
-    """What a study's trials depend on: the trial configuration without searched values,
-    the searched ranges, the objective, the trial budget and the sampler (as JSON values)."""
+    """What a study's trials depend on: the trial configuration without searched values
+    (its files named by content, :func:`located_nowhere`), the searched ranges, the
+    objective, the trial budget and the sampler (as JSON values)."""
     seed = suite.sampler_seed + tuning.repeat - 1
     settings = {
-        "config": suite.config(tuning.scenario, tuning.method, {}, "trial"),
+        "config": located_nowhere(suite.config(tuning.scenario, tuning.method, {}, "trial")),
         "params": {p.key: p.describe() for p in suite.params_for(tuning.scenario, tuning.method)},
         "objective": suite.objective,
         "sampler": {"seed": seed, "random_trials": suite.random_trials},
@@ -125,7 +153,7 @@ def settings_fingerprint(suite: Suite, scenario, method: Method) -> str:
     studies = [settings_of(suite, Tuning(scenario, method, r)) for r in range(1, suite.tuning_repeats + 1)]
     for study in studies:
         study["config"]["run"].pop("name", None)
-    seed_runs = suite.config(scenario, method, {}, "seed", seed=suite.seeds[0])
+    seed_runs = located_nowhere(suite.config(scenario, method, {}, "seed", seed=suite.seeds[0]))
     seed_runs["run"].pop("name", None)
     seed_runs["run"].pop("seed", None)
     what = {"studies": studies, "trials": suite.trials, "seeds": suite.seeds, "seed_runs": seed_runs,
