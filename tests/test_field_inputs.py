@@ -162,3 +162,50 @@ def test_a_suite_benched_into_another_suites_folder_is_refused_in_one_line(tmp_p
         sorted(p.name for p in folder.iterdir()) == [".bench-suite", ".bench.lock"]
         or not (folder / "bench.db").exists()
     )
+
+
+def test_a_label_that_crossing_selections_would_double_is_refused_in_one_line(tmp_path):
+    """A method labelled as a crossing of another would be (``salf+uniform``) next to
+    ``[selections.uniform]``: one line naming the label, not two methods merged."""
+    from fedhet.bench.suite import load_suite
+    from fedhet.errors import ConfigError
+
+    path = _suite_with(
+        tmp_path,
+        'methods = ["fedavg", "drop", "salf", "fedprox"]',
+        'methods = ["salf", { name = "salf", label = "salf+uniform", "selection.rule" = "uniform" }]',
+    )
+    path.write_text(path.read_text() + '\n[selections.uniform]\nrule = "uniform"\nclients_per_round = 4\n')
+    with pytest.raises(ConfigError) as err:
+        load_suite(path)
+    assert "method 'salf+uniform' comes twice once [selections] are crossed" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_a_method_tables_relative_file_is_read_against_the_suites_folder(tmp_path, monkeypatch):
+    """A path in a method's own settings is read against the suite file's folder, as one in
+    a scenario is, whatever the current folder."""
+    import shutil
+
+    from conftest import SMOKE_SUITE
+
+    from fedhet.config import read_toml
+
+    folder = tmp_path / "suite"
+    folder.mkdir()
+    shutil.copy(
+        Path(SMOKE_SUITE).parent.parent / "examples" / "devices" / "synthetic-phones.csv",
+        folder / "phones.csv",
+    )
+    text = (
+        Path(SMOKE_SUITE)
+        .read_text()
+        .replace(
+            'methods = ["fedavg", "drop", "salf", "fedprox"]',
+            'methods = ["fedavg", { name = "salf", "system.device_profiles" = "phones.csv" }]',
+        )
+    )
+    (folder / "s.toml").write_text(text)
+    monkeypatch.chdir(tmp_path)
+    method = read_toml(folder / "s.toml")["suite"]["methods"][1]  # read as the bench reads a suite
+    assert Path(method["system.device_profiles"]).resolve() == (folder / "phones.csv").resolve()

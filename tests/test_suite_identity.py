@@ -41,3 +41,42 @@ def test_a_suite_named_from_anywhere_has_one_identity_and_its_files_count_by_con
     edited = copy / "examples" / "devices" / "synthetic-trace.txt"
     edited.write_text(edited.read_text() + "\n")
     assert _identity(copy / "suites" / "selection.toml", tmp_path)[0] != relative
+
+
+def _fingerprint(root: Path) -> str:
+    """The code fingerprint of the plug-in ``plug.rule:Scaled`` under ``root``, in a fresh
+    process (a bench reads it once per process)."""
+    import subprocess
+    import sys
+
+    script = (
+        "from fedhet.bench.study import code_fingerprint\n"
+        "from fedhet.bench.suite import Method\n"
+        "print(code_fingerprint(Method('scaled', 'plug.rule:Scaled', {}, [])))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_an_edit_to_a_helper_module_of_a_plugin_changes_its_code_fingerprint(tmp_path):
+    """A plug-in rule's class imports a helper module of its package: editing the helper
+    (not the class's module) changes the fingerprint, so the bench runs the method again."""
+    package = tmp_path / "plug"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "helpers.py").write_text("FACTOR = 1.0\n")
+    (package / "rule.py").write_text(
+        "from fedhet.algorithms.fedavg import FedAvg\n"
+        "from plug.helpers import FACTOR\n\n\n"
+        "class Scaled(FedAvg):\n"
+        '    """FedAvg under another name (its helper holds a constant)."""\n\n'
+        '    name = "scaled"\n'
+    )
+    before = _fingerprint(tmp_path)
+    assert before == _fingerprint(tmp_path)  # nothing changed: the same
+    (package / "helpers.py").write_text("FACTOR = 2.0\n")
+    assert _fingerprint(tmp_path) != before

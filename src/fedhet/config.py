@@ -936,7 +936,8 @@ def path_keys() -> dict[str, frozenset[str]]:
 def resolve_paths(raw: dict, path: Path) -> dict:
     """``raw`` (a configuration, experiment or suite file read from ``path``) with every
     relative file or folder of a path key read against ``path``'s folder: in sections, in
-    ``[[cases]]``, ``[grid]`` and a suite's ``[scenarios.<name>]`` (dotted keys). A value
+    ``[[cases]]``, ``[grid]``, a suite's ``[scenarios.<name>]`` and its method tables
+    (dotted keys). A value
     found only against the current folder, as fedhet read it before, is kept with a warning;
     one found against both, where they differ, is the file's, with a warning naming both."""
     keys, folder = path_keys(), path.parent
@@ -959,6 +960,11 @@ def resolve_paths(raw: dict, path: Path) -> dict:
             name: _resolved_settings(table, dotted, folder, f"{path}: scenarios.{name}.")
             for name, table in out["scenarios"].items()
         }
+    suite = out.get("suite")
+    if isinstance(suite, dict) and isinstance(suite.get("methods"), list):  # a method's own settings
+        methods = [_resolved_settings(m, dotted, folder, f"{path}: suite.methods[{i}].")
+                   for i, m in enumerate(suite["methods"], 1)]  # fmt: skip
+        out["suite"] = {**suite, "methods": methods}
     return out
 
 

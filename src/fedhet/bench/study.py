@@ -86,7 +86,8 @@ def _class_fingerprint(name: str, label: str) -> str:
 
     cls = resolve("algorithm", name, f"method {label}").cls
     digest = hashlib.sha256(source_fingerprint().encode())
-    for module in dict.fromkeys(klass.__module__ for klass in cls.__mro__ if klass is not object):
+    own = [klass.__module__ for klass in cls.__mro__ if klass is not object]
+    for module in dict.fromkeys([*own, *_helper_modules(cls.__module__)]):
         try:
             digest.update(inspect.getsource(sys.modules[module]).encode())
         except (OSError, TypeError, KeyError):  # no source to read (a compiled module)
@@ -94,9 +95,36 @@ def _class_fingerprint(name: str, label: str) -> str:
     return digest.hexdigest()[:16]
 
 
+def _helper_modules(module_name: str) -> list[str]:
+    """The loaded modules of the package (or, for a module of its own, the folder) that a
+    plug-in's class comes from: the helpers its module imports count in its fingerprint.
+    fedhet's own modules are in :func:`fedhet.build.source_fingerprint` already; a module
+    alone in site-packages brings no neighbours."""
+    import sys
+
+    module = sys.modules.get(module_name)
+    top = module_name.split(".")[0]
+    if module is None or top == "fedhet" or not getattr(module, "__file__", None):
+        return []
+    package = sys.modules.get(top)
+    root_file = getattr(package, "__file__", None) if module_name != top else module.__file__
+    if not root_file:
+        return []
+    root = Path(root_file).resolve().parent
+    if module_name == top and root.name in ("site-packages", "dist-packages"):
+        return []
+    found = []
+    for name, loaded in list(sys.modules.items()):
+        file = getattr(loaded, "__file__", None)
+        if file and not name.startswith("fedhet") and Path(file).resolve().is_relative_to(root):
+            found.append(name)
+    return sorted(found)
+
+
 def code_fingerprint(method: Method) -> str:
     """A short hash of the code a method runs: the source of every module of its algorithm
-    class's bases (its own module first) and fedhet's sources
+    class's bases (its own module first), the other loaded modules of a plug-in's package
+    (its helpers: :func:`_helper_modules`) and fedhet's sources
     (:func:`fedhet.build.source_fingerprint`). A re-run whose fingerprint differs tunes and
     runs the method again; ``--against`` merges only rows of the same fingerprint. Read once
     per process (a bench reads it when it starts)."""

@@ -297,6 +297,13 @@ def _cross(methods: list[Method], selections: Any, where: str) -> tuple[list[Met
             out.append(Method(label, method.name, dict(method.options), list(method.params),
                               plugin=method.plugin, settings=settings))  # fmt: skip
             derived[method.label].append(label)
+    labels = [m.label for m in out]
+    doubled = sorted({x for x in labels if labels.count(x) > 1})
+    if doubled:
+        raise ConfigError(
+            f"{where}: method {doubled[0]!r} comes twice once [selections] are crossed (a method's own "
+            "label and a crossing's): give the method another label"
+        )
     return out, derived
 
 
