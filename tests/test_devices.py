@@ -45,6 +45,19 @@ def test_the_shipped_synthetic_file_reads_and_says_it_is_synthetic():
         ("device,compute,upload,download\nx,1,2\n", ":2: 3 fields, the header has 4"),
         ("# only a comment\n", "no header and no devices"),
         ("device,compute,upload,download,hazard\nx,1,2,3,-1\n", ":2: hazard = -1: must be finite and >= 0"),
+        # a power column misspelt (ignored, [system]'s value used), doubled, or absurd
+        (
+            "device,compute,upload,download,compute_wats\nx,1,2,3,4\n",
+            ":1: column 'compute_wats' is not one fedhet reads; did you mean 'compute_watts'",
+        ),
+        (
+            "device,compute,upload,download,idle_watts,idle_watts\nx,1,2,3,0.1,0.2\n",
+            ":1: the header names column 'idle_watts' twice",
+        ),
+        (
+            "device,compute,upload,download,compute_watts\nx,1,2,3,5e9\n",
+            ":2: compute_watts = 5e9: a power draw of at most 1e\\+06 W",
+        ),
     ],
 )
 def test_a_bad_profile_file_is_refused_in_one_line(tmp_path, text, message):

@@ -552,8 +552,10 @@ class SystemConfig(PluginSection):
     def validate(self) -> None:
         if self.deadline < 0:
             raise ConfigError(f"system.deadline = {self.deadline}: must be >= 0 (0 = time_budget / rounds)")
+        from fedhet.system.energy import MAX_WATTS
+
         for key in ("compute_watts", "upload_watts", "idle_watts"):
-            in_range(f"system.{key}", getattr(self, key), 0.0, 1e6)
+            in_range(f"system.{key}", getattr(self, key), 0.0, MAX_WATTS)
         in_range("system.device_correlation", self.device_correlation, -0.5, 1.0)
         if self.device_correlation and (self.participation not in ("always", "uniform")
                                         or self.availability != "always"):  # fmt: skip

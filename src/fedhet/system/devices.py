@@ -123,6 +123,7 @@ def read_device_profiles(path: str | Path) -> DeviceProfiles:
         raise DataError(f"{path}: no header and no devices")
     number, header_line = lines[0]
     header = [h.strip() for h in next(csv.reader([header_line]))]
+    _check_header(path, number, header)
     missing = [c for c in COLUMNS if c not in header]
     if missing:
         raise DataError(
@@ -148,9 +149,29 @@ def read_device_profiles(path: str | Path) -> DeviceProfiles:
     )
 
 
+def _check_header(path: Path, line: int, header: list[str]) -> None:
+    """A column named twice, or a name one letter or two from a column fedhet reads (a
+    misspelt power column would be ignored and ``[system]``'s value used), is one line."""
+    import difflib
+
+    doubled = sorted({name for name in header if header.count(name) > 1})
+    if doubled:
+        raise DataError(f"{path}:{line}: the header names column {doubled[0]!r} twice")
+    known = [*COLUMNS, "hazard", *POWER_COLUMNS]
+    for name in header:
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.8)
+        if name not in known and close:
+            raise DataError(
+                f"{path}:{line}: column {name!r} is not one fedhet reads; did you mean {close[0]!r}?"
+            )
+
+
 def _device_number(path: Path, line: int, column: str, text: str) -> float:
     """One numeric cell of a device-profile file: finite, > 0 (>= 0 for a hazard or a power
-    draw), else one line naming the file, line and column."""
+    draw; a power draw at most :data:`~fedhet.system.energy.MAX_WATTS`), else one line
+    naming the file, line and column."""
+    from fedhet.system.energy import MAX_WATTS
+
     try:
         value = float(text)
     except ValueError:
@@ -159,6 +180,8 @@ def _device_number(path: Path, line: int, column: str, text: str) -> float:
     if not np.isfinite(value) or value < 0 or (positive and value == 0):
         need = "> 0" if positive else ">= 0"
         raise DataError(f"{path}:{line}: {column} = {text}: must be finite and {need}")
+    if column in POWER_COLUMNS and value > MAX_WATTS:
+        raise DataError(f"{path}:{line}: {column} = {text}: a power draw of at most {MAX_WATTS:g} W (watts)")
     return value
 
 

@@ -51,6 +51,7 @@ import numpy as np
 from fedhet.system.types import Outcomes
 
 DEFAULT_WATTS = {"compute_watts": 2.0, "upload_watts": 1.0, "idle_watts": 0.27}
+MAX_WATTS = 1e6  # the most a power draw may be, in [system] or a device file (a megawatt)
 ACCOUNTS = ("train_s", "comm_s", "idle_s", "joules")  # per client, summed over the run
 
 
