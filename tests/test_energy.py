@@ -83,6 +83,20 @@ def test_the_energy_budget_stops_before_the_round_that_would_pass_it(tmp_path):
         run(too_small, tmp_path / "small")
 
 
+def test_an_energy_budget_the_time_budget_never_lets_a_run_reach_is_a_caveat(tmp_path):
+    """Every client at its highest draw for the whole time budget spends at most a ceiling:
+    an energy budget at or above it can never bind, and the run says so; one below it does
+    not get the caveat."""
+    base = {**PER_STEP, "algorithm.name": "drop", "run.rounds": 100, "run.time_budget": 10.0}
+    ceiling = 10.0 * 4 * 2.0  # 4 clients, [system]'s default compute_watts = 2 W the highest
+    never = run(make_config({**base, "run.energy_budget": ceiling}), tmp_path / "never").summary
+    caveats = [c for c in never.get("caveats", []) if "run.energy_budget" in c]
+    assert len(caveats) == 1 and "can never bind" in caveats[0] and "at most 80 J" in caveats[0]
+    assert never["stopped_by"] == "time_budget"
+    binding = run(make_config({**base, "run.energy_budget": ceiling * 0.99}), tmp_path / "binding").summary
+    assert not [c for c in binding.get("caveats", []) if "run.energy_budget" in c]
+
+
 def test_device_files_give_each_device_its_power_draw(tmp_path):
     devices = tmp_path / "devices.csv"
     devices.write_text(

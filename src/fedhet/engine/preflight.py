@@ -117,6 +117,7 @@ def run_caveats(config, world, algorithm_state: dict) -> list[str]:
     algorithm = world.algorithm
     found = list(Hooks(config.algorithm_name, 0).call("caveats", algorithm.reporting.caveats))
     found += inert_mechanism_lines(config, world)
+    found += energy_budget_caveats(config, world)
     first = first_round(config, world, algorithm_state)
     if first is None:
         return found
@@ -132,6 +133,25 @@ def run_caveats(config, world, algorithm_state: dict) -> list[str]:
             f"{config.system.model!r}): the run says nothing about them"
         )
     return found
+
+
+def energy_budget_caveats(config, world) -> list[str]:
+    """``run.energy_budget`` that can never bind: at or above what every client spends
+    drawing its highest power (training, communicating or waiting) for the whole
+    ``run.time_budget``, the most any run of that budget can spend."""
+    run = config.run
+    if not (run.energy_budget and run.time_budget) or world.power is None:
+        return []
+    power = world.power
+    highest = float(np.maximum(np.maximum(power.train, power.upload), power.idle).sum())
+    ceiling = highest * run.time_budget
+    if run.energy_budget < ceiling:
+        return []
+    return [
+        f"run.energy_budget = {run.energy_budget:g} J can never bind: {len(power.train)} clients at their "
+        f"highest draws ({highest:.4g} W together) for the whole run.time_budget = {run.time_budget:g} s "
+        f"spend at most {ceiling:.4g} J; the time budget ends the run"
+    ]
 
 
 def check_first_round(config, world, algorithm_state: dict) -> None:
