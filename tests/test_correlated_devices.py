@@ -71,3 +71,31 @@ def test_a_correlation_without_a_ranked_availability_is_refused():
         make_config({**POPULATION, "system.participation": "two-group", "system.device_correlation": 0.5})
     with pytest.raises(ConfigError, match=r"system.device_correlation = 1.5: must be in"):
         make_config({**POPULATION, "system.device_correlation": 1.5})
+
+
+def test_a_correlation_with_nothing_to_tie_or_undoing_a_given_assignment_is_refused(tmp_path):
+    """Client speeds all equal (or not drawn) and one availability for all: nothing to tie.
+    Devices given in order, or one capability per client: ranking would undo them."""
+    base = {**POPULATION, "system.device_correlation": 0.5}
+    flat = {**base, "system.participation": "always", "system.capability_profile": "constant"}
+    with pytest.raises(ConfigError, match=r"device_correlation = 0.5: ties nothing here: capability_profile"):
+        make_config(flat)
+    no_speeds = {**base, "system.model": "straggler-ratio", "system.participation": "always"}
+    for key in [k for k in no_speeds if k.startswith("system.capabilit")]:
+        no_speeds.pop(key)
+    with pytest.raises(ConfigError, match=r"ties nothing here: system.model = 'straggler-ratio' draws no"):
+        make_config(no_speeds)
+    listed = {
+        **base,
+        "system.capability_profile": "list",
+        "system.capabilities": [1.0 + i for i in range(12)],
+    }
+    with pytest.raises(ConfigError, match=r"would undo capability_profile = 'list'"):
+        make_config({**listed, "data.num_clients": 12})
+    devices = tmp_path / "d.csv"
+    devices.write_text("device,compute,upload,download\na,0.001,1e6,1e6\nb,0.002,1e6,1e6\n")
+    in_order = {**base, "system.capability_profile": "devices", "system.device_profiles": str(devices),
+                "system.device_assignment": "in-order"}  # fmt: skip
+    with pytest.raises(ConfigError, match=r"would undo device_assignment = 'in-order'"):
+        make_config(in_order)
+    make_config({**in_order, "system.device_assignment": "random"})  # drawn devices: ranked

@@ -792,6 +792,36 @@ def build_options(name: str, values: dict) -> Any:
     return typed_options(entry.cls.Options, values, "algorithm", name)
 
 
+def _check_device_correlation(config: Config) -> None:
+    """``system.device_correlation`` must have something to tie (client speeds the system
+    model draws, or availability from ``participation = "uniform"``) and must not undo an
+    assignment the configuration gives (devices in order, one capability per client)."""
+    rho = config.system.device_correlation
+    if not rho:
+        return
+    model = config.system.options("model")
+    profile = getattr(model, "capability_profile", None)  # models with a time law draw speeds
+    given = (
+        "device_assignment = 'in-order'" if profile == "devices" and model.device_assignment == "in-order"
+        else "capability_profile = 'list'" if profile == "list" else None
+    )  # fmt: skip
+    if given is not None:
+        raise ConfigError(
+            f"system.device_correlation = {rho:g}: hands speeds out by rank, which would undo {given} "
+            "(each client's own); use a drawn profile, or device_correlation = 0"
+        )
+    if profile in (None, "constant") and config.system.participation != "uniform":
+        speeds = (
+            f"system.model = {config.system.model!r} draws no client speeds" if profile is None
+            else "capability_profile = 'constant' gives every client one speed"
+        )  # fmt: skip
+        raise ConfigError(
+            f"system.device_correlation = {rho:g}: ties nothing here: {speeds} and participation = "
+            f"{config.system.participation!r} gives every client one availability; draw speeds "
+            '(capability_profile) or use participation = "uniform"'
+        )
+
+
 def validate(config: Config) -> None:
     """Check every section, parse the plug-ins' options (once) and cross-section rules."""
     from fedhet.registry import resolve
@@ -811,6 +841,7 @@ def validate(config: Config) -> None:
             check = getattr(options, "validate_in", None)
             if check:
                 check(config)
+    _check_device_correlation(config)
     if config.system.deadline == 0 and not config.run.time_budget:
         raise ConfigError("system.deadline = 0 (equal share of the budget) needs run.time_budget > 0")
     for name in config.compare.algorithms:
