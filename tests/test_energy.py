@@ -97,6 +97,27 @@ def test_an_energy_budget_the_time_budget_never_lets_a_run_reach_is_a_caveat(tmp
     assert not [c for c in binding.get("caveats", []) if "run.energy_budget" in c]
 
 
+@pytest.mark.parametrize("rule", ["fedbuff", "fedcompass", "asyncfl"])
+def test_an_event_driven_runs_energy_accounts_agree_at_a_time_budget_stop(tmp_path, rule):
+    """Starts are charged when they happen: those after the last server step are in the
+    summary and clients.csv but in no metrics row, and the summary says how much
+    (``energy_in_flight``): summary = rows + in flight = the clients' joules."""
+    extra = {"algorithm.buffer_size": 3} if rule == "fedbuff" else {}
+    config = make_config({**PER_STEP, "algorithm.name": rule, "run.rounds": 1000, "run.time_budget": 60.0,
+                          "system.deadline": 20.0, **extra})  # fmt: skip
+    result = run(config, tmp_path / "run")
+    summary = result.summary
+    rows = sum(float(r["energy"]) for r in result.metrics)
+    with (tmp_path / "run" / "clients.csv").open() as fh:
+        clients = sum(float(c["joules"]) for c in csv.DictReader(fh))
+    assert summary["stopped_by"] == "time_budget"
+    assert summary["energy"] == pytest.approx(rows + summary["energy_in_flight"], rel=1e-9)
+    assert summary["energy"] == pytest.approx(clients, rel=1e-9)
+    assert result.metrics[-1]["energy_total"] == pytest.approx(rows, rel=1e-9)
+    if rule == "fedbuff":  # clients were working when the budget ran out
+        assert summary["energy_in_flight"] > 0
+
+
 def test_device_files_give_each_device_its_power_draw(tmp_path):
     devices = tmp_path / "devices.csv"
     devices.write_text(

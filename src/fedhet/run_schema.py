@@ -58,6 +58,7 @@ SUMMARY_NUMBERS = (
     Number("sim_time", "simulated seconds run", False),
     Number("mean_round_time", "simulated seconds per round", False),
     Number("energy", "the clients' joules, all rounds", False),
+    Number("energy_in_flight", "joules of work started after the last server step (in no row)", False),
     Number("wall_time", "host seconds", False),
 )
 

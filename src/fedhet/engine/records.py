@@ -84,6 +84,9 @@ def run_summary(config, world, state, notes: list[str]) -> dict:
         "best_round": int(best_row["round"]) if best_row else None,
         "time_budget": config.run.time_budget or None,
         "energy": float(sum(state.energy.get("joules", ()))),  # joules, all clients (fedhet.system.energy)
+        # an event-driven run's starts after its last server step, charged when they started
+        # (clients.csv and energy count them; no metrics row does): energy = rows + this
+        "energy_in_flight": float(state.engine.get("joules", 0.0)) if state.engine else 0.0,
         "energy_budget": config.run.energy_budget or None,
         "stopped_by": state.stopped_by or ("rounds" if state.round >= config.run.rounds else None),
         "finished": state.round >= config.run.rounds or state.stopped_by in ("time_budget", "energy_budget"),
