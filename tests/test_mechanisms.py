@@ -29,10 +29,16 @@ INERT_AT_ONE_STEP = {
 }
 
 
+# a rule that assigns work from clients' times runs on a model with a law of time, where
+# its mechanism can act at several steps (on a depth-only model it is inert at any count)
+TIMED = {"fedcompass": {"model": "per-step", "deadline": 2.0, "capability_profile": "uniform"}}
+
+
 def _run(tmp_path, name: str, steps: int):
     from fedhet.engine.launch import run
 
     run_keys, system, options = rule_setting(name)
+    system = TIMED.get(name, system)
     config = config_from(BASE, {"run": run_keys, "system": system, "algorithm": {"name": name, **options}},
                          train={"local_steps": steps})  # fmt: skip
     return run(config, tmp_path / f"{name}-{steps}")
@@ -179,3 +185,29 @@ def test_fedhet_list_shows_a_rules_mechanisms_and_what_they_need(capsys):
     assert "mechanism: its computing-power-aware step assignment" in out and "(reads min_ratio)" in out
     assert main(["list", "algorithm", "salf"]) == 0
     assert "mechanism:" not in capsys.readouterr().out  # nothing declared
+
+
+def test_a_step_assignment_from_clients_times_is_inert_on_a_model_without_a_law_of_time(tmp_path, caplog):
+    """FedCompass assigns steps from the clients' speeds: on the straggler-ratio model times
+    are the deadline's, so at 3 local steps its assignment is inert there (the run says so,
+    the bench leaves ``algorithm.min_ratio`` out), and acts on the per-step model."""
+    from fedhet.algorithms.mechanisms import NO_TIME_LAW
+    from fedhet.bench.suite import load_suite
+    from fedhet.engine.launch import run
+
+    config = config_from(BASE, {"system": {"model": "straggler-ratio", "straggler_ratio": 0.5},
+                                "algorithm": {"name": "fedcompass"}}, train={"local_steps": 3})  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="fedhet"):
+        summary = run(config, tmp_path / "depth-only").summary
+    assert [n for n in summary["inert_mechanisms"] if n.startswith("its computing-power-aware")]
+    assert f"is inert here: it needs {NO_TIME_LAW}; algorithm.min_ratio does nothing" in caplog.text
+    per_step = (
+        '\n[scenarios.per-step]\n"system.model" = "per-step"\n"system.deadline" = 2.0\n'
+        '"system.capability_profile" = "uniform"\n"train.local_steps" = 3\n'
+    )
+    suite = load_suite(_suite(tmp_path, extra=per_step, steps_in_persistent=3), extra_methods=["fedcompass"])
+    pairs = {(s.name, m.label): (s, m) for s, m in suite.pairs()}
+    assert "algorithm.min_ratio" not in [
+        p.key for p in suite.params_for(*pairs[("persistent-90", "fedcompass")])
+    ]
+    assert "algorithm.min_ratio" in [p.key for p in suite.params_for(*pairs[("per-step", "fedcompass")])]

@@ -381,6 +381,7 @@ def _describe_plugin(kind: str, name: str) -> int:
         print("\n" + doc)
     print("\n" + plugin_text(entry))
     if kind == "algorithm":
+        from fedhet.algorithms.mechanisms import NO_TIME_LAW
         from fedhet.bench.suite import OWN_SERVER_LR
         from fedhet.search_space import declared_params
 
@@ -390,7 +391,8 @@ def _describe_plugin(kind: str, name: str) -> int:
               f"{', and its own: ' + ranges if ranges else ''}")  # fmt: skip
         for mechanism in getattr(entry.cls, "mechanisms", ()):
             knobs = f" (reads {', '.join(mechanism.knobs)})" if mechanism.knobs else ""
-            print(f"mechanism: {mechanism.name}{knobs}: acts with {mechanism.needs}")
+            timed = f", and {NO_TIME_LAW}" if mechanism.needs_time_law else ""
+            print(f"mechanism: {mechanism.name}{knobs}: acts with {mechanism.needs}{timed}")
     return 0
 
 

@@ -261,7 +261,7 @@ class FedCompass(AsyncAlgorithm):
                   needs="a step range wider than one step: Q_max (algorithm.max_steps, else "
                   "train.local_steps) above Q_min = max(1, floor(min_ratio Q_max)); with Q_max = 1 "
                   "every client gets one step", acts=lambda rule: rule.q_max > rule.q_min,
-                  knobs=("min_ratio",)),
+                  knobs=("min_ratio",), needs_time_law=True),
     )  # fmt: skip
     Scheduler = FedCompassScheduler
     Aggregation = FedCompassAggregation

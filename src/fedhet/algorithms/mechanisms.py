@@ -35,28 +35,48 @@ class Mechanism:
     needs: str
     acts: Callable[[Any], bool]
     knobs: tuple[str, ...] = ()
+    # it acts on clients' times as the system model draws them: a model with no law of time
+    # (straggler-ratio, uniform-depth, full: times are the deadline's) leaves it nothing
+    needs_time_law: bool = False
 
 
-def inert(rule: Any) -> list[Mechanism]:
-    """The mechanisms ``rule`` declares that do not act under its settings."""
-    return [m for m in getattr(rule, "mechanisms", ()) if not m.acts(rule)]
+NO_TIME_LAW = "clients' times from a system model with a law of time (per-step, exponential, measured)"
 
 
-def inert_lines(rule: Any, label: str) -> list[str]:
+def _inert_by_time(mechanism: Mechanism, timed: bool | None) -> bool:
+    return mechanism.needs_time_law and timed is False
+
+
+def inert(rule: Any, timed: bool | None = None) -> list[Mechanism]:
+    """The mechanisms ``rule`` declares that do not act under its settings; ``timed``:
+    whether the run's system model has a law of time (None: not known)."""
+    return [m for m in getattr(rule, "mechanisms", ()) if _inert_by_time(m, timed) or not m.acts(rule)]
+
+
+def inert_lines(rule: Any, label: str, timed: bool | None = None) -> list[str]:
     """One warning line per inert mechanism of ``rule`` (named ``label``)."""
     lines = []
-    for mechanism in inert(rule):
+    for mechanism in inert(rule, timed):
         knobs = ", ".join(f"algorithm.{k}" for k in mechanism.knobs)
         verb = "does" if len(mechanism.knobs) == 1 else "do"
         tail = f"; {knobs} {verb} nothing in this run" if knobs else ""
-        lines.append(f"{label}: {mechanism.name} is inert here: it needs {mechanism.needs}{tail}")
+        needs = NO_TIME_LAW if _inert_by_time(mechanism, timed) else mechanism.needs
+        lines.append(f"{label}: {mechanism.name} is inert here: it needs {needs}{tail}")
     return lines
 
 
-def inert_knobs(rule: Any) -> set[str]:
+def inert_knobs(rule: Any, timed: bool | None = None) -> set[str]:
     """The dotted option keys (``algorithm.mu``) that only inert mechanisms read: a search
     over them tunes nothing."""
-    return {f"algorithm.{k}" for m in inert(rule) for k in m.knobs}
+    return {f"algorithm.{k}" for m in inert(rule, timed) for k in m.knobs}
+
+
+def has_time_law(system_model_class: type) -> bool:
+    """Whether a system model class draws clients' times from a law of its own (it defines
+    ``time_law``; the depth-only models do not)."""
+    from fedhet.system.base import SystemModel
+
+    return getattr(system_model_class, "time_law", None) is not SystemModel.time_law
 
 
 def check_mechanisms(cls: type, option_names: set[str], where: str) -> None:

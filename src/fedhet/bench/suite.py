@@ -503,7 +503,7 @@ def _inert_knobs(suite: Suite, scenario: Scenario, method: Method) -> list[str]:
     value any searched key takes (each at both ends of its range): a search over them would
     tune nothing."""
     from fedhet.algorithms.base import AlgorithmContext
-    from fedhet.algorithms.mechanisms import inert_knobs
+    from fedhet.algorithms.mechanisms import has_time_law, inert_knobs
     from fedhet.registry import resolve
 
     cls = resolve("algorithm", method.name, f"method {method.label}").cls
@@ -515,8 +515,9 @@ def _inert_knobs(suite: Suite, scenario: Scenario, method: Method) -> list[str]:
     for values in probes:
         config = from_dict(suite.config(scenario, method, values, "check"))
         rule = cls.build(config.algorithm.options, AlgorithmContext(config.train))
+        timed = has_time_law(config.system.entry("model").cls)
         try:
-            keys = inert_knobs(rule) & searched
+            keys = inert_knobs(rule, timed) & searched
         except Exception as exc:  # noqa: BLE001 - a plug-in's test of its settings
             raise ConfigError(
                 f"{suite.path}: scenario {scenario.name}, method {method.label}: its mechanisms' "

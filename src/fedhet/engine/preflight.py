@@ -99,14 +99,16 @@ def inert_mechanisms(config, world) -> list[str]:
     """The names of the mechanisms the run's rule declares that its settings make inert
     (:mod:`fedhet.algorithms.mechanisms`); the summary's ``inert_mechanisms``."""
     hooks = Hooks(config.algorithm_name, 0)
-    return [m.name for m in hooks.call("mechanisms", inert, world.algorithm)]
+    timed = world.server_system.time_law() is not None
+    return [m.name for m in hooks.call("mechanisms", inert, world.algorithm, timed)]
 
 
 def inert_mechanism_lines(config, world) -> list[str]:
     """One line per inert mechanism of the run's rule: what it is, what it needs, which of
     its options do nothing."""
+    timed = world.server_system.time_law() is not None
     return list(Hooks(config.algorithm_name, 0).call("mechanisms", inert_lines, world.algorithm,
-                                                     config.algorithm_name))  # fmt: skip
+                                                     config.algorithm_name, timed))  # fmt: skip
 
 
 def run_caveats(config, world, algorithm_state: dict) -> list[str]:
