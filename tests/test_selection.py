@@ -241,6 +241,10 @@ def test_bad_selections_are_refused_in_one_line(selection, algorithm, message):
          "selection.tiers = 11: more tiers than the run's 10"),
         ({"rule": "oort", "exploration": 0.1, "exploration_min": 0.3},
          "selection.exploration_min = 0.3: above selection.exploration = 0.1"),
+        ({"rule": "uniform", "clients_per_round": 11},
+         "selection.clients_per_round = 11: more than the run's 10 clients"),
+        ({"rule": "power-of-choice", "clients_per_round": 3, "candidates": 12},
+         "selection.candidates = 12: more than the run's 10 clients"),
     ],
 )  # fmt: skip
 def test_selection_options_that_contradict_the_cohort_or_each_other_are_one_line(selection, words):
@@ -250,3 +254,21 @@ def test_selection_options_that_contradict_the_cohort_or_each_other_are_one_line
     with pytest.raises(ConfigError) as err:
         from_dict({**base, "selection": selection})
     assert words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_tiers_too_small_for_the_clients_asked_are_a_caveat_of_the_run(tmp_path):
+    """TiFL asks all of a round's clients from one tier: with 10 clients in 5 tiers (2 each)
+    a round asks at most 2, not clients_per_round = 3; the run says so, and not when the
+    tiers hold enough."""
+    from conftest import make_config
+
+    from fedhet.engine.launch import run
+
+    base = {**make_config().to_dict(), "run": {**make_config().to_dict()["run"], "rounds": 2}}
+    small = run(from_dict({**base, "selection": {"rule": "tifl", "tiers": 5, "clients_per_round": 3}}),
+                tmp_path / "small").summary  # fmt: skip
+    said = [c for c in small.get("caveats", []) if c.startswith("selection.clients_per_round = 3")]
+    assert len(said) == 1 and "leave 2 in the smallest" in said[0]
+    enough = run(from_dict({**base, "selection": {"rule": "tifl", "tiers": 3, "clients_per_round": 3}}),
+                 tmp_path / "enough").summary  # fmt: skip
+    assert not [c for c in enough.get("caveats", []) if c.startswith("selection.clients_per_round")]

@@ -120,6 +120,8 @@ def run_caveats(config, world, algorithm_state: dict) -> list[str]:
     found = list(Hooks(config.algorithm_name, 0).call("caveats", algorithm.reporting.caveats))
     found += inert_mechanism_lines(config, world)
     found += energy_budget_caveats(config, world)
+    selection = config.selection.options("rule")
+    found += getattr(selection, "caveats", lambda clients: [])(world.num_clients)
     first = first_round(config, world, algorithm_state)
     if first is None:
         return found

@@ -164,8 +164,15 @@ class RoundRuleOptions:
     (:func:`check_round_rule`); a stray option's owner checks nothing beyond itself."""
 
     def validate_in(self, config) -> None:
-        if _chosen(config, self):
-            check_round_rule(config)
+        if not _chosen(config, self):
+            return
+        check_round_rule(config)
+        asked, clients = getattr(self, "clients_per_round", None), config.data.num_clients
+        if asked is not None and asked > clients:
+            raise ConfigError(
+                f"selection.clients_per_round = {asked}: more than the run's {clients} clients "
+                '(data.num_clients); to ask every present client each round, use rule = "all"'
+            )
 
 
 @dataclass
@@ -226,6 +233,11 @@ class PowerOfChoiceOptions(RoundRuleOptions):
             raise ConfigError(
                 f"selection.candidates = {self.candidates}: must be >= selection.clients_per_round "
                 f"({self.clients_per_round}): d candidates, the m highest losses among them"
+            )
+        if self.candidates > config.data.num_clients:
+            raise ConfigError(
+                f"selection.candidates = {self.candidates}: more than the run's {config.data.num_clients} "
+                "clients (data.num_clients): d candidates are drawn from them"
             )
 
 
@@ -402,11 +414,27 @@ class TiflOptions(RoundRuleOptions):
 
     def validate_in(self, config) -> None:
         super().validate_in(config)
-        if _chosen(config, self) and self.tiers > config.data.num_clients:
+        if not _chosen(config, self):
+            return
+        clients = config.data.num_clients
+        if self.tiers > clients:
             raise ConfigError(
-                f"selection.tiers = {self.tiers}: more tiers than the run's {config.data.num_clients} "
-                "clients (data.num_clients)"
+                f"selection.tiers = {self.tiers}: more tiers than the run's {clients} clients "
+                "(data.num_clients)"
             )
+
+    def caveats(self, num_clients: int) -> list[str]:
+        """Rounds that ask fewer clients than ``clients_per_round``: TiFL asks all of them
+        from one tier, and the smallest of ``tiers`` equal tiers holds N // tiers."""
+        smallest = num_clients // self.tiers
+        if self.clients_per_round <= smallest:
+            return []
+        return [
+            f"selection.clients_per_round = {self.clients_per_round}: TiFL asks its clients from one tier, "
+            f"and {num_clients} clients in {self.tiers} tiers leave {smallest} in the smallest: its rounds "
+            f"ask as few as {smallest} (raise data.num_clients or lower selection.tiers to compare at "
+            f"{self.clients_per_round})"
+        ]
 
 
 def _mean_loss(losses: np.ndarray) -> float:
