@@ -44,9 +44,9 @@ def _as_postgres_user() -> list[str]:
     return ["runuser", "-u", "postgres", "--"]
 
 
-@pytest.fixture(scope="module")
-def postgres():
-    """A PostgreSQL server of its own on a free loopback port: its URL."""
+def _new_postgres() -> tuple[str, list[str], Path]:
+    """A PostgreSQL server of its own, made but not started: its URL, the ``pg_ctl`` command
+    line that starts or stops it (add ``start`` or ``-m immediate stop``) and its folder."""
     initdb, pg_ctl = shutil.which("initdb"), shutil.which("pg_ctl")
     if not initdb or not pg_ctl:
         pytest.skip("PostgreSQL's initdb and pg_ctl are not on this machine")
@@ -58,13 +58,20 @@ def postgres():
     data, port = folder / "data", _free_port()
     subprocess.run([*user, initdb, "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8"],
                    check=True, capture_output=True)  # fmt: skip
-    options = f"-p {port} -k {folder} -h 127.0.0.1"
-    subprocess.run([*user, pg_ctl, "-D", str(data), "-o", options, "-l", str(folder / "log"), "-w", "start"],
-                   check=True, capture_output=True)  # fmt: skip
+    server = [*user, pg_ctl, "-D", str(data), "-o", f"-p {port} -k {folder} -h 127.0.0.1", "-l",
+              str(folder / "log"), "-w"]  # fmt: skip
+    return f"postgresql://postgres@127.0.0.1:{port}/postgres", server, folder
+
+
+@pytest.fixture(scope="module")
+def postgres():
+    """A PostgreSQL server of its own on a free loopback port: its URL."""
+    url, server, folder = _new_postgres()
+    subprocess.run([*server, "start"], check=True, capture_output=True)
     try:
-        yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+        yield url
     finally:
-        subprocess.run([*user, pg_ctl, "-D", str(data), "-m", "immediate", "-w", "stop"], capture_output=True)
+        subprocess.run([*server, "-m", "immediate", "stop"], capture_output=True)
         shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -174,21 +181,9 @@ def test_a_database_server_stopped_mid_bench_is_one_line_and_the_bench_resumes(t
     """The study database's server stops while the bench tunes: the command ends with one
     line naming it (no traceback); with the server back, the same command finishes the
     bench."""
-    initdb, pg_ctl = shutil.which("initdb"), shutil.which("pg_ctl")
-    if not initdb or not pg_ctl:
-        pytest.skip("PostgreSQL's initdb and pg_ctl are not on this machine")
-    pytest.importorskip("psycopg2", reason="the PostgreSQL driver (psycopg2-binary) is not installed")
-    user = _as_postgres_user()
-    folder = Path(tempfile.mkdtemp(prefix="fedhet-pg-"))
-    if user:
-        shutil.chown(folder, "postgres")
-    data, port = folder / "data", _free_port()
-    subprocess.run([*user, initdb, "-D", str(data), "-U", "postgres", "--auth=trust", "-E", "UTF8"],
-                   check=True, capture_output=True)  # fmt: skip
-    server = [*user, pg_ctl, "-D", str(data), "-o", f"-p {port} -k {folder} -h 127.0.0.1", "-l",
-              str(folder / "log"), "-w"]  # fmt: skip
+    url, server, folder = _new_postgres()
     subprocess.run([*server, "start"], check=True, capture_output=True)
-    url, out = f"postgresql://postgres@127.0.0.1:{port}/postgres", tmp_path / "out"
+    out = tmp_path / "out"
     command = [sys.executable, "-m", "fedhet", "bench", str(SMOKE_SUITE), *SMOKE_BENCH_ARGS,
                "--out", str(out), "--quiet", "--storage", url]  # fmt: skip
     try:
