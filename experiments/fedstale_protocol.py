@@ -27,6 +27,7 @@ import sys
 import tomllib
 from collections import defaultdict
 from pathlib import Path
+from statistics import mean
 
 import numpy as np
 from protocol_grid import protocol_main, write_test_grid
@@ -230,6 +231,31 @@ def print_more_seeds(rows: list[dict]) -> None:
                   + f" | {gap.mean:+.1f} ± {gap.spread:.1f} | {_p_text(p, q)} |")  # fmt: skip
 
 
+def print_trend(rows: list[dict]) -> None:
+    """Guideline B as a trend: at sigma_g^2 = 0, does U-FedAvg's lead over FedVARP (beta = 0
+    minus beta = 1, per seed, in points) grow from the smallest participation gap to the
+    largest? Welch's t-test (two-sided) of the two gaps' per-seed leads, every seed each
+    ran (5 at the smaller, 20 at the larger once more seeds are in)."""
+    from scipy.stats import ttest_ind
+
+    scores: dict[tuple, dict[int, float]] = defaultdict(dict)
+    for r in rows:
+        if r["stage"] in ("test", "more-seeds") and float(r["sigma_g2"]) == 0:
+            scores[(float(r["ratio"]), float(r["beta"]))][int(r["seed"])] = float(r["score"])
+    ratios = sorted({ratio for ratio, _ in scores})
+    if len(ratios) < 2:
+        return
+    leads = {}
+    for ratio in (ratios[0], ratios[-1]):
+        seeds = sorted(set(scores[(ratio, 0.0)]) & set(scores[(ratio, 1.0)]))
+        leads[ratio] = [100 * (scores[(ratio, 0.0)][s] - scores[(ratio, 1.0)][s]) for s in seeds]
+    low, high = leads[ratios[0]], leads[ratios[-1]]
+    p = ttest_ind(high, low, equal_var=False).pvalue
+    print(f"\nGuideline B as a trend (sigma_g^2 = 0): U-FedAvg - FedVARP, {mean(low):+.1f} points at "
+          f"p_avg/p_min = {ratios[0]:g} (n = {len(low)}) and {mean(high):+.1f} at {ratios[-1]:g} "
+          f"(n = {len(high)}); Welch's t-test of the per-seed leads p = {p:.2g} (two-sided)")  # fmt: skip
+
+
 def _p_text(p: float | None, q: float | None) -> str:
     return "-" if p is None or q is None else f"{p:.3g} ({q:.3g})"
 
@@ -246,7 +272,7 @@ def main() -> int:
         COLUMNS,
         runs_table,
         write_grid,
-        lambda rows: (print_report(rows), print_more_seeds(rows)),
+        lambda rows: (print_report(rows), print_more_seeds(rows), print_trend(rows)),
     )
 
 
