@@ -91,10 +91,27 @@ def times_table(rows: list[dict]) -> None:
         print(f"| {name} | {lr} | " + " | ".join(out) + " |")
 
 
+OWN_KEYS = ("algorithm.mu", "algorithm.alpha", "algorithm.server_lr")  # the tuned keys beside train.lr
+
+
+def chosen_values_table(by_name: dict) -> None:
+    """The values the tune chose for each method, as its tuned runs ran them."""
+    print("\nChosen values (the tuned runs' settings)\n")
+    print("| algorithm | lr | other |")
+    print("|---|---|---|")
+    for name, label in NAMES.items():
+        if by_name.get(name):
+            row = by_name[name][0]
+            own = [k for k in OWN_KEYS if row.get(k) not in (None, "")]
+            other = [f"{k.split('.')[1]} = {float(row[k]):.3g}" for k in own]
+            print(f"| {label} | {float(row['train.lr']):.4f} | {', '.join(other) or '-'} |")
+
+
 def tuned_table(rows: list[dict]) -> None:
     by_name: dict = defaultdict(list)
     for row in rows:
         by_name[row["algorithm.name"]].append(row)
+    chosen_values_table(by_name)
     seeds = sorted({int(r["seed"]) for r in rows})
     span = f"{seeds[0]}-{seeds[-1]}"
     print(f"\nTuned, final test accuracy, mean ± 95% t-interval over seeds {span}, then each seed\n")

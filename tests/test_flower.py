@@ -399,3 +399,22 @@ def test_a_grid_on_a_local_ray_matches_the_local_runner_and_skips_finished_cells
         experiment, tmp_path / "ray", ray="local", on_cell=lambda c, s: seen.append(c.name)
     )
     assert sorted(seen) == sorted(on_ray) and again == on_ray  # nothing ran again
+
+
+def test_a_command_of_several_flower_runs_starts_ray_once_and_stops_it(tmp_path):
+    """A comparison of two runs on the Flower engine starts one local Ray for the command
+    (one line says so and how long it took; each run says when its nodes answered), and
+    the Ray is gone when the command ends."""
+    root = Path(__file__).resolve().parents[1]
+    command = [sys.executable, "-m", "fedhet", "run", str(root / "examples" / "quickstart.toml"),
+               "--engine", "flower", "--out", str(tmp_path / "q"), "--quiet",
+               "--set", "run.time_budget=0.6", "--set", 'compare.algorithms=["salf", "drop"]']  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    starts = [line for line in done.stderr.splitlines() if "starting one local Ray" in line]
+    ready = [line for line in done.stderr.splitlines() if "ready in" in line]
+    answered = [line for line in done.stderr.splitlines() if "client nodes answered in" in line]
+    assert len(starts) == 1 and len(ready) == 1 and len(answered) == 2, done.stderr
+    host, port = ready[0].split("Ray at ")[1].split(" ")[0].rsplit(":", 1)
+    with pytest.raises(OSError):  # the head's GCS no longer takes connections
+        socket.create_connection((host, int(port)), timeout=5).close()

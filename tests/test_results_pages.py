@@ -1,7 +1,9 @@
 """Results pages against their committed data: every line a page's recompute script prints
 from the committed per-run tables is on the page, and every p-value the page's prose quotes
-is one that those scripts, or the page's benches' committed per-method tables, give: a page
-can neither drift from its data nor quote a test nobody ran."""
+is one that those scripts, or the page's benches' committed per-method tables, give for the
+comparison the quoting sentence names (its methods), with the difference the prose writes
+beside it: a page can neither drift from its data, nor quote a test nobody ran, nor attach a
+p-value to another pair."""
 
 from __future__ import annotations
 
@@ -126,6 +128,61 @@ def test_a_results_page_shows_what_its_committed_table_gives(page, script, table
     assert len(lines) >= 4 and not missing, missing[:3]
 
 
+# names the pages give methods beside their registered names (normalised: lower case, letters
+# and digits only; two words may make one name)
+ALIASES = {"dropstragglers": "drop", "dropping": "drop", "wait": "fedavg", "waiting": "fedavg",
+           "waitall": "fedavg", "waitforall": "fedavg", "vanillafl": "fedavg", "fedau": "fedau",
+           "powd": "powerofchoice", "reflsel": "refl"}  # fmt: skip
+# a page's variants of one method: naming the variant names the method too
+VARIANTS = {
+    "salf.md": {"reached": "salf", "inversereach": "salf", "all": "salf"},
+    "amsfl.md": {"sqrt": "amsfl", "marginal": "amsfl"},
+}
+
+
+@functools.cache
+def method_names() -> dict[str, str]:
+    """Normalised name -> the method or selection it names."""
+    from fedhet.registry import names
+
+    vocabulary = {_key(n): _key(n) for kind in ("algorithm", "selection") for n in names(kind) if n != "all"}
+    return {**vocabulary, **ALIASES}
+
+
+def _key(word: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", re.sub(r"'s$", "", word.lower()))
+
+
+def names_in(text: str, page: str = "") -> frozenset[str]:
+    """The methods (and client selections, and the page's variants with their methods)
+    ``text`` names."""
+    vocabulary = {**method_names(), **{v: v for v in VARIANTS.get(page, {})}}
+    words = [_key(token) for token in re.split(r"[\s,;:()\[\]{}|=/<>]+", text)]
+    keys = words + [a + b for a, b in zip(words, words[1:], strict=False)]
+    found = {vocabulary[k] for k in keys if k in vocabulary}
+    return frozenset(found | {VARIANTS[page][v] for v in found if v in VARIANTS.get(page, {})})
+
+
+def sentences(text: str) -> list[tuple[int, str]]:
+    """(line number, sentence) of the prose: paragraphs (each list item apart) joined across
+    their lines and split where a sentence ends; tables, code and headings left out."""
+    found: list[tuple[int, str]] = []
+    paragraph: list[str] = []
+    first = 0
+    fenced = False
+    for number, line in enumerate([*text.splitlines(), ""], 1):
+        fenced ^= line.startswith("```")
+        ends = not line.strip() or line.startswith(("|", "#", "```")) or fenced
+        if paragraph and (ends or re.match(r"\s*(?:[-*]|\d+\.)\s", line)):
+            joined = " ".join(part.strip() for part in paragraph)
+            found += [(first, part) for part in re.split(r"(?<=[.!?])\s+(?=[A-Z`*(\[])", joined)]
+            paragraph = []
+        if not ends:
+            first = first if paragraph else number
+            paragraph.append(line)
+    return found
+
+
 def quoted_p_values(text: str, tables: bool = False) -> list[tuple[int, str]]:
     """(line number, number as written) of each p-value quoted in ``text``; table lines
     (already checked word for word) only with ``tables``."""
@@ -138,33 +195,107 @@ def quoted_p_values(text: str, tables: bool = False) -> list[tuple[int, str]]:
     return found
 
 
-def _table_column_p_values(text: str) -> list[float]:
-    """Unsigned numbers in the columns of a markdown table whose header names a p-value,
-    and the ``(p; Holm p)`` pairs of the scripts' differences (``(20 seeds; p; Holm p)``)."""
-    values, header = [], None
+SIGNED = re.compile(r"(?<![\w.])[+\-−](\d+(?:\.\d+)?)(?![\d.]*%)")  # +0.074, -2.9 (points); not -5%
+
+
+def quoted_comparisons(text: str, page: str = "") -> list[tuple[int, str, frozenset[str], str | None]]:
+    """(line, p as written, the methods its sentence names, the signed difference written
+    just before it, if any) of each p-value of the prose."""
+    found = []
+    for number, sentence in sentences(text):
+        named = names_in(sentence, page)
+        end = 0
+        for match in QUOTED_P.finditer(sentence):
+            values = re.split(LIST_SEPARATOR, match.group(1))
+            before = SIGNED.findall(sentence[max(end, match.start() - 80) : match.start()])
+            bound = re.search(r"[<>]", match.group(0))  # "p >= 0.15": a bound over several tests
+            # a list "+2.7 and +2.9 (p = 0.10 and 0.11)" pairs in order
+            paired = len(before) >= len(values) and not bound
+            differences = before[-len(values) :] if paired else [None] * len(values)
+            found += [(number, v, named, d) for v, d in zip(values, differences, strict=True)]
+            end = match.end()
+    return found
+
+
+P_CELL = re.compile(rf"\b(?:p|Holm(?: p)?)\s*(?:=|<=|>=|<)?\s*{NUMBER}|\((?:[^;()|]*; )?{NUMBER}; {NUMBER}\)")
+
+
+Comparison = tuple[float, frozenset[str], frozenset[float]]  # p, the methods, the differences
+
+
+def _table_rows(text: str):
+    """(header cells, row cells) of every body row of the markdown tables in ``text``."""
+    header: list[str] | None = None
     for line in text.splitlines():
         if not line.startswith("|"):
             header = None
             continue
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
         if header is None:
-            header = [bool(re.search(r"\bp\b|Holm", cell)) for cell in cells]
-            continue
-        for is_p, cell in zip(header, cells, strict=False):
-            values += [float(v) for v in re.findall(rf"(?<![\w.+\-]){NUMBER}", cell)] if is_p else []
-    pairs = re.findall(rf"\((?:[^;()|]*; )?({NUMBER}); ({NUMBER})\)", text)
-    return values + [float(v) for pair in pairs for v in pair]
+            header = cells
+        elif not set("".join(cells)) <= set("-: "):
+            yield header + [""] * (len(cells) - len(header)), cells
 
 
-def given_p_values(page: str) -> list[float]:
-    """Every p-value the page's scripts print and its benches' tables hold."""
-    outputs = "\n".join(script_output(s, t, e) for p, s, t, e in PAGE_TABLES if p == page)
-    given = [float(v) for _, v in quoted_p_values(outputs, tables=True)] + _table_column_p_values(outputs)
-    for table in BENCH_TABLES.get(page, ()):
-        with open(RESULTS / "data" / table, newline="") as handle:
-            rows = list(csv.DictReader(handle))
-        given += [float(row[c]) for row in rows for c in BENCH_P_COLUMNS if row[c] not in ("", "None")]
+def _cell_p_values(cell: str, is_p_column: bool) -> list[str]:
+    """The p-values of one table cell: all its numbers in a p column, else the ``(p; Holm
+    p)`` pairs and the ``p = ...`` it writes."""
+    if is_p_column:
+        return re.findall(rf"(?<![\w.+\-]){NUMBER}", cell)
+    pairs = re.findall(rf"\((?:[^;()|]*; )?({NUMBER}); ({NUMBER})\)", cell)
+    return [v for pair in pairs for v in pair] + re.findall(rf"\b(?:p|Holm)\s*(?:=|<=|>=)\s*({NUMBER})", cell)
+
+
+def _table_comparisons(text: str, page: str = "") -> list[Comparison]:
+    """Each p-value in a markdown table of ``text`` with the methods its comparison names
+    (in the row's other cells and their headers, and the p's own header: a row is one
+    comparison, or one method against the columns' references) and the differences beside
+    it (in its cell, else in the row's other cells; unsigned)."""
+    given: list[Comparison] = []
+    for header, cells in _table_rows(text):
+        p_columns = {i for i, h in enumerate(header) if re.search(r"\bp\b|Holm", h)}
+        plain = [i for i, c in enumerate(cells) if i not in p_columns and not P_CELL.search(c)]
+        context = names_in(" ".join(f"{cells[i]} {header[i]}" for i in plain), page)
+        row_differences = frozenset(float(d) for i in plain for d in SIGNED.findall(cells[i]))
+        for i, cell in enumerate(cells):
+            named = context | names_in(header[i], page)
+            differences = frozenset(float(d) for d in SIGNED.findall(cell)) or row_differences
+            given += [(float(v), named, differences) for v in _cell_p_values(cell, i in p_columns)]
     return given
+
+
+def _line_comparisons(text: str, page: str = "") -> list[Comparison]:
+    """The p-values a script prints outside tables, each with the methods and the signed
+    differences its line names."""
+    given = []
+    for line in text.splitlines():
+        if not line.startswith("|"):
+            differences = frozenset(float(d) for d in SIGNED.findall(line))
+            given += [(float(v), names_in(line, page), differences) for _, v in quoted_p_values(line)]
+    return given
+
+
+def _bench_comparisons(table: str) -> list[Comparison]:
+    """A bench table's p-values: each row's method against its scenario's best (the
+    difference of their mean accuracies)."""
+    with open(RESULTS / "data" / table, newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    best = {r["scenario"]: r for r in rows if r.get("rank") == "1"}
+    given = []
+    for row in rows:
+        top = best.get(row["scenario"], row)
+        gap = frozenset({abs(float(row["mean_accuracy"] or "nan") - float(top["mean_accuracy"] or "nan"))})
+        named = names_in(f"{row['method']} {top['method']}")
+        given += [(float(row[c]), named, gap) for c in BENCH_P_COLUMNS if row[c] not in ("", "None")]
+    return given
+
+
+def given_comparisons(page: str) -> list[Comparison]:
+    """Every p-value the page's scripts print and its benches' tables hold, each with the
+    methods its comparison names."""
+    outputs = [script_output(s, t, e) for p, s, t, e in PAGE_TABLES if p == page]
+    given = [item for out in outputs for item in _table_comparisons(out, page) + _line_comparisons(out, page)]
+    return given + [item for table in BENCH_TABLES.get(page, ()) for item in _bench_comparisons(table)]
 
 
 def same_p_value(quoted: str, given: float) -> bool:
@@ -177,9 +308,24 @@ def same_p_value(quoted: str, given: float) -> bool:
     return abs(given - float(quoted)) <= tolerance + 1e-12
 
 
-def unsupported_p_values(text: str, given: list[float]) -> list[tuple[int, str]]:
-    """The p-values quoted in ``text``'s prose that no given p-value matches."""
-    return [(n, v) for n, v in quoted_p_values(text) if not any(same_p_value(v, g) for g in given)]
+def same_difference(quoted: str | None, given: frozenset[float]) -> bool:
+    """No difference is written, or ``quoted`` is one of ``given`` as written (unsigned, in
+    accuracy or in points)."""
+    if quoted is None:
+        return True
+    decimals = len(quoted.split(".")[1]) if "." in quoted else 0
+    tolerance = 0.5 * 10**-decimals + 1e-9
+    return any(abs(abs(d) * scale - float(quoted)) <= tolerance for d in given for scale in (1, 100))
+
+
+def unsupported_p_values(text: str, given: list[Comparison], page: str = "") -> list[tuple[int, str]]:
+    """The p-values quoted in ``text``'s prose that no given comparison matches: none with
+    that value whose methods the quoting sentence all names and (where the prose writes a
+    signed difference just before the p) whose difference that is."""
+    return [
+        (n, v) for n, v, named, gap in quoted_comparisons(text, page)
+        if not any(same_p_value(v, p) and ms <= named and same_difference(gap, d) for p, ms, d in given)
+    ]  # fmt: skip
 
 
 def test_a_quoted_p_value_nobody_computed_is_found():
@@ -187,15 +333,37 @@ def test_a_quoted_p_value_nobody_computed_is_found():
     gave fails it (one written with more digits than given, too)."""
     text = "SALF is ahead (p = 0.012, Holm p = 0.13); the others (p = 0.62, 0.90 and 0.99)."
     assert [v for _, v in quoted_p_values(text)] == ["0.012", "0.13", "0.62", "0.90", "0.99"]
-    assert unsupported_p_values(text, [0.0121, 0.131, 0.62, 0.9, 0.989]) == []
-    assert unsupported_p_values(text, [0.0121, 0.131, 0.62, 0.9]) == [(1, "0.99")]
-    assert unsupported_p_values("p = 0.0123", [0.012]) == [(1, "0.0123")]
+    given = [(v, frozenset(), frozenset()) for v in (0.0121, 0.131, 0.62, 0.9, 0.989)]
+    assert unsupported_p_values(text, given) == []
+    assert unsupported_p_values(text, given[:-1]) == [(1, "0.99")]
+    assert unsupported_p_values("p = 0.0123", [(0.012, frozenset(), frozenset())]) == [(1, "0.0123")]
     assert unsupported_p_values("| a | p = 0.5 |", []) == []  # table lines are checked word for word
+
+
+def test_a_p_value_attached_to_another_comparison_is_found():
+    """A quoted p must come from the comparison its sentence names, and a difference written
+    beside it must be that comparison's: the same number given for another pair of methods,
+    or beside another difference, does not support it."""
+    given = _table_comparisons(
+        "| scenario | salf vs | difference | p |\n|---|---|---|---|\n"
+        "| random-50 | fedbuff | +0.080 | 0.012 |\n| random-50 | drop | +0.010 | 0.43 |\n"
+    )
+    assert sorted(given) == [
+        (0.012, frozenset({"salf", "fedbuff"}), frozenset({0.08})),
+        (0.43, frozenset({"salf", "drop"}), frozenset({0.01})),
+    ]
+    assert unsupported_p_values("SALF is ahead of FedBuff (p = 0.012).", given) == []
+    assert unsupported_p_values("SALF is ahead of drop-stragglers (p = 0.012).", given) == [(1, "0.012")]
+    assert unsupported_p_values("SALF leads\nFedBuff's rounds (p = 0.012).", given) == []  # across lines
+    assert unsupported_p_values("SALF leads FedBuff. Drop is level (p = 0.012).", given) == [(1, "0.012")]
+    assert unsupported_p_values("SALF leads FedBuff by 8.0 points (+8.0, p = 0.012).", given) == []
+    assert unsupported_p_values("SALF leads FedBuff (+0.01, p = 0.012).", given) == [(1, "0.012")]
 
 
 @pytest.mark.parametrize("page", sorted(path.name for path in RESULTS.glob("*.md")))
 def test_every_p_value_a_page_quotes_comes_from_its_scripts(page):
     """Each p-value in a results page's prose is one its recompute scripts print from the
-    committed data (or its benches' committed tables hold), as written."""
-    missing = unsupported_p_values((RESULTS / page).read_text(), given_p_values(page))
+    committed data (or its benches' committed tables hold), as written, for a comparison
+    of the methods its sentence names."""
+    missing = unsupported_p_values((RESULTS / page).read_text(), given_comparisons(page), page)
     assert not missing, missing

@@ -121,3 +121,51 @@ def test_a_database_connection_lost_mid_command_is_named_in_one_line():
     assert line is not None and line.startswith("the study database stopped answering (")
     assert "\n" not in line
     assert database_lost(ValueError("not a database")) is None
+
+
+def test_a_ray_address_that_accepts_but_never_answers_is_one_line_within_the_timeout(silent_server):
+    """A port that accepts connections and never answers is no Ray head (Ray's ``ray.init``
+    would retry for ever): the gRPC preface check says so in one line within its timeout;
+    a real head (the Flower engine's local Ray) passes it."""
+    from fedhet.studies.executor import check_speaks_grpc
+
+    began = time.monotonic()
+    with pytest.raises(FedhetError, match=r"no Ray head answers there \(no answer within 1 s\)") as caught:
+        check_speaks_grpc(f"127.0.0.1:{silent_server}", "--ray", timeout=1.0)
+    assert "\n" not in str(caught.value) and time.monotonic() - began < 5
+
+
+@pytest.mark.extended  # starts a local Ray
+def test_a_real_ray_head_speaks_the_protocol_the_check_expects():
+    """The preface check passes a Ray head's GCS address (else every --ray would be refused)."""
+    pytest.importorskip("ray")
+    from fedhet.engine.flower_ray import start_head
+    from fedhet.studies.executor import check_speaks_grpc
+
+    head = start_head(1)
+    try:
+        check_speaks_grpc(head.address, "--ray")
+    finally:
+        head.stop()
+    assert not head.alive()
+
+
+@pytest.mark.extended  # a real command against a silent port
+def test_tune_with_a_ray_address_that_accepts_but_is_no_ray_ends_in_one_line(silent_server, tmp_path):
+    """A port that accepts connections and never answers is no Ray head: Ray would retry
+    for ever; the command exits 2 with one line on stderr, within the stated timeout."""
+    pytest.importorskip("ray")
+    from fedhet.studies.executor import RAY_CONNECT_TIMEOUT
+
+    config, space = tmp_path / "c.toml", tmp_path / "space.toml"
+    config.write_text("[run]\nrounds = 2\n[data]\nvalidation_fraction = 0.2\n")
+    space.write_text('[params]\n"train.lr" = { low = 0.01, high = 0.1 }\n')
+    began = time.monotonic()
+    command = ["tune", str(config), "--space", str(space), "--trials", "1", "--out", str(tmp_path / "t")]
+    done = subprocess.run(
+        [sys.executable, "-m", "fedhet", *command, "--ray", f"127.0.0.1:{silent_server}"],
+        capture_output=True, text=True, timeout=RAY_CONNECT_TIMEOUT + 90,
+    )  # fmt: skip
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert "no Ray head answers there" in lines[0] and time.monotonic() - began < 30

@@ -609,12 +609,21 @@ def _add_new_and_list(sub) -> None:
 
 
 def _show_warnings() -> None:
-    """Print the library's warnings (e.g. a planner fallback) as one line each on stderr."""
+    """Print the library's warnings (e.g. a planner fallback) as one line each on stderr, and
+    what an engine starts (``fedhet.start``: Ray for Flower) as plain lines."""
     logger = logging.getLogger("fedhet")
     if not logger.handlers:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("fedhet: warning: %(message)s"))
+        handler.setLevel(logging.WARNING)
         logger.addHandler(handler)
+    starting = logging.getLogger("fedhet.start")  # what an engine starts (Ray) and how long it took
+    if not starting.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("fedhet: %(message)s"))
+        starting.addHandler(handler)
+        starting.setLevel(logging.INFO)
+        starting.propagate = False
 
 
 class _VersionAction(argparse.Action):

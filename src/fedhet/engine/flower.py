@@ -54,6 +54,7 @@ from fedhet.messages import ClientTask, ClientUpdate
 from fedhet.registry import NoOptions, register
 
 log = logging.getLogger("fedhet")
+say = logging.getLogger("fedhet.start")  # what is starting, shown by the command line
 
 HELLO = "query.fedhet_hello"
 TRAIN = "train"
@@ -547,7 +548,10 @@ def serve(grid, config, out_dir, resume=False, overwrite=False, on_round=None, *
     (``loop_kwargs``: ``group``, ``callbacks``, ``engine``)."""
     from fedhet.engine.loop import RunLoop
 
+    begin = time.monotonic()
     nodes = discover_nodes(grid, config.data.num_clients)
+    waited = time.monotonic() - begin
+    say.info("flower: %s: %d client nodes answered in %.1f s", config.run.name, len(nodes), waited)
     link = FlowerLink(grid, nodes, flower_options(config).round_timeout or None)
     loop_kwargs.setdefault("engine", "flower")
     return RunLoop(config, out_dir, on_round=on_round, pool_link=link, **loop_kwargs).run(
@@ -605,6 +609,7 @@ def run_simulation(
     options = options or flower_options(config)
     from flwr.simulation import run_simulation as flower_run_simulation
 
+    from fedhet.engine.flower_ray import command_ray_address
     from fedhet.results import RunDirectory
 
     folder = RunDirectory(out_dir)  # its problems are one line now, not after Ray has started
@@ -618,7 +623,7 @@ def run_simulation(
             "num_cpus": options.flower_cpus_per_client,
             "num_gpus": options.flower_gpus_per_client,
         },
-        "init_args": {"log_to_driver": False, "include_dashboard": False},
+        "init_args": {"log_to_driver": False, "include_dashboard": False, "address": command_ray_address()},
     }
     levels = {name: logging.getLogger(name).level for name in ("flwr", "ray")}
     for name in levels:  # Flower's deprecation notice and start-up lines

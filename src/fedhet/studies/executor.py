@@ -53,11 +53,36 @@ def start_ray(address: str, jobs: int) -> tuple[Any, bool]:
         ray.init(num_cpus=max(1, jobs), **options)
     else:
         check_listening(address, "--ray")  # ray.init waits minutes for an address nothing serves
-        try:
-            ray.init(address=address, **options)
-        except (ConnectionError, ValueError, RuntimeError) as exc:
-            raise FedhetError(f"--ray {address}: cannot connect ({str(exc).splitlines()[0]})") from None
+        check_speaks_grpc(address, "--ray")  # ... and for ever at one that never answers
+        connect_ray(ray, address, options)
     return ray, True
+
+
+RAY_CONNECT_TIMEOUT = 30.0  # seconds a Ray cluster has to accept this process as a driver
+
+
+def connect_ray(ray: Any, address: str, options: dict) -> None:
+    """``ray.init(address=...)`` within :data:`RAY_CONNECT_TIMEOUT` seconds (a port that
+    accepts connections but is no Ray head makes Ray retry for ever); one line otherwise."""
+    import logging
+
+    from fedhet.studies.trials import answer_within
+
+    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")  # Ray's retry notices, every 5 s
+    ray_log = logging.getLogger("ray")
+    level = ray_log.level
+    ray_log.setLevel(logging.ERROR)  # "SIGTERM handler is not set": the call runs in a thread
+    try:
+        answer_within(RAY_CONNECT_TIMEOUT, lambda: ray.init(address=address, **options))
+    except TimeoutError:
+        raise FedhetError(
+            f"--ray {address}: no Ray answered there within {RAY_CONNECT_TIMEOUT:g} s (is it the address "
+            "`ray start --head` printed?)"
+        ) from None
+    except (ConnectionError, ValueError, RuntimeError) as exc:
+        raise FedhetError(f"--ray {address}: cannot connect ({str(exc).splitlines()[0]})") from None
+    finally:
+        ray_log.setLevel(level)
 
 
 def check_listening(address: str, flag: str, timeout: float = 5.0) -> None:
@@ -142,3 +167,33 @@ def task_error(exc: BaseException) -> BaseException:
     """The error a task raised (a Ray task wraps it in a ``RayTaskError``)."""
     cause = getattr(exc, "cause", None)
     return cause if isinstance(cause, Exception) else exc
+
+
+# HTTP/2's client connection preface and an empty SETTINGS frame
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+
+
+def check_speaks_grpc(address: str, flag: str, timeout: float = 5.0) -> None:
+    """One line when the server at ``address``'s host and port does not answer an HTTP/2
+    connection preface with a SETTINGS frame within ``timeout`` seconds, as a Ray head's
+    GCS (a gRPC server) does (``host:port`` only; other forms are left to Ray)."""
+    import socket
+
+    host, sep, port = address.rpartition(":")
+    if "://" in address or not sep or not port.isdigit():
+        return
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout) as link:
+            link.sendall(HTTP2_PREFACE)
+            answer = link.recv(9)
+    except TimeoutError:
+        answer, reason = b"", f"no answer within {timeout:g} s"
+    except OSError as exc:
+        answer, reason = b"", exc.strerror or type(exc).__name__
+    else:
+        reason = "it closed the connection" if not answer else "it answered, but not as a gRPC server"
+    if len(answer) < 4 or answer[3] != 4:
+        raise FedhetError(
+            f"{flag} {address}: no Ray head answers there ({reason}); give the address that "
+            "`ray start --head` printed"
+        )

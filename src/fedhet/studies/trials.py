@@ -167,7 +167,7 @@ def answer_within(seconds: float, call: Callable[[], Any]) -> Any:
         except BaseException as exc:  # noqa: BLE001  (raised again in the caller)
             outcome["error"] = exc
 
-    worker = threading.Thread(target=target, name="fedhet-storage-check", daemon=True)
+    worker = threading.Thread(target=target, name="fedhet-answer-within", daemon=True)
     worker.start()
     worker.join(seconds)
     if worker.is_alive():
