@@ -205,3 +205,20 @@ def test_a_database_server_stopped_mid_bench_is_one_line_and_the_bench_resumes(t
     finally:
         subprocess.run([*server, "-m", "immediate", "stop"], capture_output=True)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.extended
+def test_study_connections_give_up_on_a_server_that_stops_answering(postgres):
+    """Every study's connection to a PostgreSQL server carries TCP keepalives and a 60 s
+    limit on unacknowledged data (a server gone mid-command is given up on, not waited for
+    for ever), and the server accepts them."""
+    from fedhet.studies.trials import DRIVER_TIMEOUTS, rdb_storage
+
+    storage = rdb_storage(postgres)
+    try:
+        with storage.engine.connect() as connection:
+            used = connection.connection.dbapi_connection.get_dsn_parameters()
+    finally:
+        storage.engine.dispose()
+    wanted = DRIVER_TIMEOUTS["postgresql"]
+    assert {key: used.get(key) for key in wanted} == {key: str(value) for key, value in wanted.items()}

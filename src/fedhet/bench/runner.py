@@ -290,7 +290,9 @@ class Bench:
         import optuna
 
         if self._reader is None:
-            self._reader = optuna.storages.RDBStorage(self.storage)
+            from fedhet.studies.trials import rdb_storage
+
+            self._reader = rdb_storage(self.storage)
         for name in running:
             try:
                 study = optuna.load_study(study_name=self.prefix + name, storage=self._reader)

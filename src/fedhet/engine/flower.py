@@ -113,9 +113,10 @@ class FlowerOptions:
 
 @register("engine")
 class FlowerEngine(Engine):
-    """Flower's simulation runtime (Ray): one virtual SuperNode per client. A Flower
-    simulation starts its own Ray on this machine, so a study runs its Flower runs one at a
-    time and never as tasks of another Ray cluster."""
+    """Flower's simulation runtime (Ray): one virtual SuperNode per client. The command's
+    Flower runs share one local Ray (:mod:`fedhet.engine.flower_ray`), each taking all its
+    CPUs, so a study runs its Flower runs one at a time and never as tasks of another Ray
+    cluster."""
 
     name = "flower"
     Options = FlowerOptions

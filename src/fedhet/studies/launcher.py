@@ -2,7 +2,8 @@
 cores) or on a Ray cluster, through the one executor (:mod:`fedhet.studies.executor`);
 finished cells are skipped, half-finished ones resume. Every
 cell runs on the engine its configuration names (:func:`fedhet.engine.launch.run`); cells
-whose engine cannot share the machine (Flower's simulation starts its own Ray) run one
+whose engine cannot share the machine (a Flower simulation takes the whole of the
+command's local Ray) run one
 at a time in this process, and a ``--ray`` grid with such a cell is refused before any
 cell runs."""
 

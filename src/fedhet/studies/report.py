@@ -17,6 +17,7 @@ from pathlib import Path
 
 from fedhet.errors import FedhetError
 from fedhet.results import RunDirectory, read_json_object
+from fedhet.studies.trials import rdb_storage
 
 MAX_RUN_SECTIONS = 12
 MAX_REPORT_BYTES = 200_000  # an algorithm report larger than this is shown truncated
@@ -268,7 +269,7 @@ def _tune_page(path: Path) -> str:
     parts = [f"<h1>{html.escape(path.name)}: fedhet tune</h1>"]
     for entry in document.get("studies", []):
         name = entry["study"]
-        study = optuna.load_study(study_name=name, storage=document["storage"])
+        study = optuna.load_study(study_name=name, storage=rdb_storage(document["storage"]))
         trials = study.get_trials(deepcopy=False)
         keys = sorted({k for t in trials for k in t.params})
         parts.append(f"<h2>{html.escape(name)}</h2>")

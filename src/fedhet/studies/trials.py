@@ -286,14 +286,39 @@ def create_sqlite_whole(path: Path) -> None:
         private.unlink(missing_ok=True)
 
 
+# A study database's server that stops answering on an open connection: the driver gives up
+# on a dead peer (PostgreSQL: TCP keepalives and unacknowledged data after 60 s; MySQL: a
+# read timeout) instead of waiting for ever. A server that is alive but never answers a
+# statement is still waited for on PostgreSQL (its driver has no read timeout).
+DRIVER_TIMEOUTS = {
+    "postgresql": {"connect_timeout": 20, "keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
+                   "keepalives_count": 3, "tcp_user_timeout": 60_000},
+    "mysql": {"connect_timeout": 20, "read_timeout": 120, "write_timeout": 120},
+}  # fmt: skip
+
+
+def rdb_storage(url: str):
+    """Optuna's storage of the database at ``url``, its driver told to give up on a server
+    that stopped answering (:data:`DRIVER_TIMEOUTS`)."""
+    import optuna
+    from sqlalchemy.engine import make_url
+
+    backend = make_url(url).get_backend_name()
+    connect_args = DRIVER_TIMEOUTS.get(backend)
+    engine_kwargs = {"connect_args": dict(connect_args)} if connect_args else None
+    return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+
+
 def open_study(name: str, storage: str, space: SearchSpace, sampler=None):
     """The study ``name`` (created, or loaded to resume) with the space's direction and
     pruner and ``sampler`` (default: Optuna's)."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # failed trials: our own one line
-    return optuna.create_study(study_name=name, storage=storage, direction=space.direction, sampler=sampler,
-                               pruner=space.pruner_object(), load_if_exists=True)  # fmt: skip
+    return optuna.create_study(
+        study_name=name, storage=rdb_storage(storage), direction=space.direction, sampler=sampler,
+        pruner=space.pruner_object(), load_if_exists=True,
+    )  # fmt: skip
 
 
 def delete_study(name: str, storage: str) -> None:
@@ -301,7 +326,7 @@ def delete_study(name: str, storage: str) -> None:
     import optuna
 
     try:
-        optuna.delete_study(study_name=name, storage=storage)
+        optuna.delete_study(study_name=name, storage=rdb_storage(storage))
     except KeyError:
         pass
 

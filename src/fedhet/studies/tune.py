@@ -61,6 +61,7 @@ from fedhet.studies.trials import (  # noqa: F401  (objective_value, TrialPrunin
     failure_reason,
     objective_value,
     open_study,
+    rdb_storage,
     requeue_interrupted,
     run_trial,
     run_trials,
@@ -399,7 +400,7 @@ def read_trials(storage: str, study_name: str) -> list[dict]:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.load_study(study_name=study_name, storage=storage)
+    study = optuna.load_study(study_name=study_name, storage=rdb_storage(storage))
     return [
         {
             "number": t.number,
