@@ -62,6 +62,7 @@ RANGES: dict[str, list] = {
     "run.rounds": [0, -5, 10**12, *INTS_BAD],
     "run.time_budget": [-1.0, *NUMBERS_BAD],
     "run.energy_budget": [-1.0, 1e31, *NUMBERS_BAD],
+    "run.checkpoint_every": [-1.0, 1e6, *NUMBERS_BAD],
     "run.eval_every": [0, -1, *INTS_BAD],
     "run.threads": [-1, 10**6, *INTS_BAD],
     "run.workers": [0, -1, 10**6, "many", *INTS_BAD],
@@ -320,6 +321,15 @@ SELECTION_BAD: list[tuple[str, dict]] = [
       for key in ("tiers", "interval", "clients_per_round") for v in (0, -1, *INTS_BAD)],
     ("uniform selection of an event-driven rule",
      {"selection": {"rule": "uniform", "clients_per_round": 2}, "algorithm": {"name": "fedbuff"}}),
+    # against the cohort of 4 clients
+    ("uniform asking more clients than the run has",
+     {"selection": {"rule": "uniform", "clients_per_round": 5}}),
+    ("power-of-choice with more candidates than clients",
+     {"selection": {"rule": "power-of-choice", "clients_per_round": 2, "candidates": 9}}),
+    ("tifl with more tiers than clients",
+     {"selection": {"rule": "tifl", "tiers": 6, "clients_per_round": 1}}),
+    ("oort's exploration floor above its start",
+     {"selection": {"rule": "oort", "exploration": 0.2, "exploration_min": 0.5}}),
 ]  # fmt: skip
 EXTRA += SELECTION_BAD
 EXTRA += [
@@ -327,6 +337,10 @@ EXTRA += [
      {"system": {"participation": "two-group", "device_correlation": 0.5}}),
     ("correlated devices with an availability trace",
      {"system": {"availability": "trace", "device_correlation": 0.5}}),
+    ("correlated devices where nothing is drawn (a depth-only model, one availability)",
+     {"system": {"device_correlation": 0.5}}),
+    ("correlated devices with one speed for all",
+     {"system": {"model": "per-step", "capability_profile": "constant", "device_correlation": 0.5}}),
 ]  # fmt: skip
 
 ALGORITHM_BAD: list[dict] = [
@@ -931,6 +945,9 @@ POWER_FILES = {  # device-profile files whose power columns are not watts
     "negative compute_watts": "device,compute,upload,download,compute_watts\na,0.01,1e6,1e6,-2\n",
     "idle_watts not a number": "device,compute,upload,download,idle_watts\na,0.01,1e6,1e6,low\n",
     "upload_watts infinite": "device,compute,upload,download,upload_watts\na,0.01,1e6,1e6,inf\n",
+    "a power column misspelt": "device,compute,upload,download,compute_wats\na,0.01,1e6,1e6,2\n",
+    "a power column twice": "device,compute,upload,download,idle_watts,idle_watts\na,0.01,1e6,1e6,1,2\n",
+    "a power draw of a gigawatt": "device,compute,upload,download,compute_watts\na,0.01,1e6,1e6,1e9\n",
 }
 
 
