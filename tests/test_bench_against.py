@@ -44,34 +44,62 @@ def _refused(out: Path, *args: str, words: tuple[str, ...]) -> None:
     assert "Traceback" not in stderr and all(w in stderr for w in words), stderr
 
 
+def _edited(rows: list[dict], path: Path, method: str, **values: str) -> Path:
+    """The field's rows with ``values`` set in every row of ``method``, written to ``path``."""
+    rows = [dict(row, **values) if row["method"] == method else dict(row) for row in rows]
+    with path.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
 @pytest.mark.extended
-def test_a_field_of_another_budget_or_other_code_is_refused_in_one_line(smoke_bench, tmp_path):
+def test_a_field_of_another_budget_or_other_behaviour_is_refused_in_one_line(smoke_bench, tmp_path):
+    """Other settings, a method whose canary differs on this build (named, with the build
+    that made the field), a field from before canaries made by other code: one line each."""
     against = [*SMOKE_BENCH_ARGS, "--against", str(smoke_bench / "leaderboard.csv")]
     _refused(tmp_path / "a", *against, "--seeds", "3",
              words=("scenario random-50, method fedavg: made with other settings",))  # fmt: skip
     rows = list(csv.DictReader((smoke_bench / "leaderboard.csv").open()))
-    for row in rows:
-        if row["method"] == "drop":
-            row["code"] = "0" * 16  # as if drop's class had changed since the field ran
-    edited = tmp_path / "edited.csv"
-    with edited.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]), lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
-    _refused(
-        tmp_path / "b",
-        *SMOKE_BENCH_ARGS,
-        "--against",
-        str(edited),
-        words=("method drop: made by other code",),
-    )
+    assert all(row["canary"] for row in rows if row["status"] == "ok")
+    behaved = _edited(rows, tmp_path / "behaved.csv", "drop", canary="0" * 16)  # drop ran otherwise
+    build = rows[0]["fedhet"]
+    _refused(tmp_path / "b", *SMOKE_BENCH_ARGS, "--against", str(behaved),
+             words=("drop in random-50, drop in", "behave otherwise", build))  # fmt: skip
+    older = _edited(rows, tmp_path / "older.csv", "drop", canary="", code="0" * 16)  # no canaries then
+    _refused(tmp_path / "e", *SMOKE_BENCH_ARGS, "--against", str(older),
+             words=("method drop: made by other code",))  # fmt: skip
     without_method = [a for a in SMOKE_BENCH_ARGS if a not in ("--method", PLUGIN)]
     _refused(tmp_path / "c", *without_method, "--against", str(smoke_bench),
              words=("give the method to compare with --method",))  # fmt: skip
     _refused(
         tmp_path / "d", *SMOKE_BENCH_ARGS, "--against", str(tmp_path / "none.csv"), words=("no such file",)
     )
-    assert not any((tmp_path / name).exists() for name in "abcd")
+    assert not any((tmp_path / name).exists() for name in "abcde")
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+def test_a_field_made_by_another_build_whose_methods_behave_alike_is_taken(smoke_bench, tmp_path):
+    """A commit that changes no method's behaviour (here: every row's code fingerprint as
+    if fedhet's sources had changed, say a page or an unrelated module) keeps the field
+    usable: the canaries match, only the new method runs, and the leaderboard is the whole
+    bench's."""
+    rows = list(csv.DictReader((smoke_bench / "leaderboard.csv").open()))
+    field = tmp_path / "field.csv"
+    for method in {row["method"] for row in rows}:
+        field = _edited(rows, field, method, code="f" * 16)
+        rows = list(csv.DictReader(field.open()))
+    bench_in_process(tmp_path / "out", "--against", str(field))
+    seeds = tmp_path / "out" / "seeds"
+    ran = {p.relative_to(seeds).parts[1] for p in seeds.glob("**/seed-*")}
+    assert ran == {"TrimmedMean"}, ran
+
+    def without_code(path: Path) -> list[dict]:
+        return [{k: v for k, v in row.items() if k != "code"} for row in csv.DictReader(path.open())]
+
+    assert without_code(tmp_path / "out" / "leaderboard.csv") == without_code(smoke_bench / "leaderboard.csv")
 
 
 def _rows(methods: dict[str, list[list[float]]]) -> list[dict]:

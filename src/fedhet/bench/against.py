@@ -3,8 +3,11 @@ published field without running the field again. The field is a bench's
 ``leaderboard.csv`` or its folder (its ``bench.json``, which keeps the runs' folders for the
 curves). Each row of the suite's own methods is taken only when it was made by the same
 study settings (suite, scenario, data, search space, trial budget, tunings, seeds: the
-``settings`` fingerprint) and the same code (the method's class and fedhet's sources: the
-``code`` fingerprint); anything else is refused in one line, before anything runs.
+``settings`` fingerprint) and when the method behaves on this build as on the one that made
+the field (its ``canary``, a short deterministic run: :mod:`fedhet.bench.canary`; a field
+from before canaries needs the same code, the ``code`` fingerprint), so that a commit that
+changes no method's behaviour keeps a published field usable; anything else is refused in
+one line, before anything runs.
 """
 
 from __future__ import annotations
@@ -44,13 +47,16 @@ def read_rows(path: str | Path) -> list[dict]:
 
 def field_rows(path: str | Path, suite: Suite) -> list[dict]:
     """The field's rows of the suite's own (not ``--method``) methods, each checked against
-    what this bench would run; refused in one line naming the first row that differs."""
-    from fedhet.bench.study import code_fingerprint, settings_fingerprint
+    what this bench would run: the same settings, and the same behaviour on this build (its
+    canary, :mod:`fedhet.bench.canary`; for a field from before canaries, the same code).
+    Refused in one line naming the first row of other settings, or every method that
+    behaves otherwise and the build that made the field."""
+    from fedhet.bench.study import settings_fingerprint
 
     if not any(m.plugin for m in suite.methods):
         raise FedhetError("--against: give the method to compare with --method NAME_OR_PATH")
     rows = {(r["scenario"], r["method"]): r for r in read_rows(path)}
-    taken = []
+    taken, changed = [], []
     for scenario in suite.scenarios:
         for method in suite.methods:
             if method.plugin:
@@ -64,10 +70,44 @@ def field_rows(path: str | Path, suite: Suite) -> list[dict]:
                     f"{where}: made with other settings (the suite, its data, search space, trial "
                     "budget, tunings or seeds differ from this bench's): run the whole bench"
                 )
-            if row.get("code") != code_fingerprint(method):
+            if not row.get("canary") and not _same_code(row, method):
                 raise FedhetError(
                     f"{where}: made by other code (the method's class or fedhet's sources changed "
-                    "since the field ran): run the whole bench"
+                    "since the field ran, and the field has no canaries to compare behaviour): run the "
+                    "whole bench"
                 )
+            if row.get("canary") and not _behaves_alike(row, suite, scenario, method):
+                changed.append(f"{method.label} in {scenario.name}")
             taken.append(row)
+    if changed:
+        more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
+        raise FedhetError(
+            f"--against {path}: on this build {', '.join(changed[:4])}{more} behave otherwise than on the "
+            f"build that made the field ({field_build(taken)}): run the whole bench, or that build"
+        )
     return taken
+
+
+def _same_code(row: dict, method) -> bool:
+    from fedhet.bench.study import code_fingerprint
+
+    return row.get("status") not in ("ok", "failed") or row.get("code") == code_fingerprint(method)
+
+
+def _behaves_alike(row: dict, suite: Suite, scenario, method) -> bool:
+    """Whether the method's canary in the scenario on this build is the field's (a row
+    where nothing ran, skipped or not applicable, has none to compare)."""
+    from fedhet.bench.canary import canary_fingerprint
+
+    if row.get("status") not in ("ok", "failed"):
+        return True
+    return row["canary"] == canary_fingerprint(suite, scenario, method)
+
+
+def field_build(rows: list[dict]) -> str:
+    """The fedhet builds that made a field's seed runs (``unknown`` where none is recorded)."""
+    builds = {
+        b for row in rows for tuning in row.get("tunings", []) for result in tuning.get("seeds", {}).values()
+        for b in str(result.get("fedhet") or "").split(";") if b
+    }  # fmt: skip
+    return ", ".join(sorted(builds)) or "unknown"

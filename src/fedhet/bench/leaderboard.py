@@ -47,12 +47,13 @@ CSV_COLUMNS = (
     "failed_trials",
     "code",
     "settings",
+    "canary",
     "higher_is_better",
 )  # fmt: skip  (a classification's; another score names its own: mean_rmse, rmse_by_seed)
 """leaderboard.csv: per seed, ``seed:value`` (``tuning/seed:value`` when tuned more than
 once); ``tuned`` the tuned values (a list, one per tuning, when more than once);
-``own_knobs`` the searched keys beyond the suite's shared ones; ``code`` and ``settings``
-the fingerprints that ``--against`` checks."""
+``own_knobs`` the searched keys beyond the suite's shared ones; ``code``, ``settings`` and
+``canary`` the fingerprints that ``--against`` checks (:mod:`fedhet.bench.canary`)."""
 
 
 def csv_columns(score: Score) -> tuple[str, ...]:
@@ -96,6 +97,7 @@ class Entry:
     failed_trials: int = 0  # tuning trials that failed (with the method's current code)
     code: str = ""  # the fingerprint of the code its studies ran (fedhet.bench.study)
     settings: str = ""  # the fingerprint of its studies' settings
+    canary: str = ""  # the hash of its behaviour in a short run (fedhet.bench.canary)
     mean: float | None = None
     ci95: float | None = None
     rank: int | None = None
@@ -178,7 +180,7 @@ def build(rows: list[dict], alpha: float = 0.05) -> Leaderboard:
     for row in rows:
         entry = Entry(row["scenario"], row["method"], row["status"], row["reason"], list(row.get("own", [])),
                       failed_trials=int(row.get("failed_trials", 0)), code=row.get("code", ""),
-                      settings=row.get("settings", ""))  # fmt: skip
+                      settings=row.get("settings", ""), canary=row.get("canary", ""))  # fmt: skip
         for tuning in row["tunings"]:
             entry.tunings.append(_tuned(entry, tuning, score))
         if entry.status == "ok" and not entry.units():
@@ -307,7 +309,7 @@ def csv_rows(board: Leaderboard) -> list[dict]:
                 "own_knobs": " ".join(e.own), "reason": e.reason, "caveats": " | ".join(e.caveats),
                 "planner_knowledge": e.knowledge, "fedhet": ";".join(sorted(e.builds)),
                 "failed_trials": e.failed_trials,
-                "code": e.code, "settings": e.settings,
+                "code": e.code, "settings": e.settings, "canary": e.canary,
                 "higher_is_better": str(board.score.higher_is_better).lower(),
             })  # fmt: skip
     return rows
@@ -377,7 +379,8 @@ def _row_from_csv(r: dict, metric: str) -> dict:
         tunings[int(repeat or 1) - 1]["seeds"][int(seed)] = result
     return {"scenario": r["scenario"], "method": r["method"], "status": r["status"], "reason": r["reason"],
             "own": r.get("own_knobs", "").split(), "failed_trials": int(r.get("failed_trials") or 0),
-            "code": r.get("code", ""), "settings": r.get("settings", ""), "tunings": tunings}  # fmt: skip
+            "code": r.get("code", ""), "settings": r.get("settings", ""), "canary": r.get("canary", ""),
+            "tunings": tunings}  # fmt: skip
 
 
 def _pairs(text: str) -> list[tuple[str, str]]:

@@ -389,6 +389,7 @@ class Bench:
         """Per (scenario, method): status, its searched keys beyond the shared ones, each
         tuning's values, validation value and per-seed results; what the leaderboard is made
         of (rows of methods run elsewhere, ``skip``, are left out)."""
+        from fedhet.bench.canary import canary_fingerprint
         from fedhet.bench.study import code_fingerprint, settings_fingerprint
 
         rows = []
@@ -413,6 +414,8 @@ class Bench:
                     row.update(status="failed", reason=errors[0])
                 else:
                     row["tunings"] = [self._tuning_result(t) for t in tunings]
+                if row["status"] in ("ok", "failed"):
+                    row["canary"] = canary_fingerprint(self.suite, scenario, method)
                 rows.append(row)
         return {"rows": rows}
 
