@@ -95,7 +95,6 @@ class ScoreReader:
 
 
 def summary_table(summaries: list[dict], title: str) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=title)
@@ -131,7 +130,19 @@ def summary_table(summaries: list[dict], title: str) -> None:
             *[reached(s["targets"].get(t) if isinstance(s.get("targets"), dict) else None) for t in targets],
             fmt(s.get("wall_time"), ".1f"),
         )
-    Console().print(table)
+    table_console().print(table)
+
+
+PIPED_WIDTH = 240  # columns of a table written to a pipe or a file (rich's default there: 80)
+
+
+def table_console():
+    """A console for tables on standard output: the terminal's width on a terminal; on a
+    pipe or in a log file wide enough that no column is cut."""
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=PIPED_WIDTH)
 
 
 def reached(hit: dict | None) -> str:

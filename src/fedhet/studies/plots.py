@@ -3,7 +3,9 @@ per-round deadline schedule (ADEL-FL Fig. 2a). matplotlib is imported only here.
 
 from __future__ import annotations
 
+import functools
 import logging
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -54,20 +56,41 @@ def _labels(runs: list[RunDirectory]) -> dict[Path, str]:
     return {run.path: run.path.name for run in runs}
 
 
-# Strong colours for the methods most often compared, lighter ones for the rest.
+# Strong colours for the methods most often compared, then one of its own for every other
+# built-in rule (in name order), then the colours no built-in uses, for plug-ins and labels.
 COLOR_ORDER = ("salf", "fedavg", "drop", "adel-fl", "fedstale", "amsfl", "u-fedavg", "fedvarp", "mifa",
                "fedprox", "fednova", "scaffold", "feddyn")  # fmt: skip
 PALETTE = (
     "#1f77b4", "#d62728", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
     "#bcbd22", "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94",
+    # matplotlib's tab20b and tab20c
+    "#393b79", "#5254a3", "#6b6ecf", "#9c9ede", "#637939", "#8ca252", "#b5cf6b", "#cedb9c",
+    "#8c6d31", "#bd9e39", "#e7ba52", "#e7cb94", "#843c39", "#ad494a", "#d6616b", "#e7969c",
+    "#7b4173", "#a55194", "#ce6dbd", "#de9ed6", "#3182bd", "#6baed6", "#9ecae1", "#c6dbef",
+    "#e6550d", "#fd8d3c", "#fdae6b", "#fdd0a2", "#31a354", "#74c476", "#a1d99b", "#c7e9c0",
+    "#756bb1", "#9e9ac8", "#bcbddc", "#dadaeb", "#636363", "#969696", "#bdbdbd", "#d9d9d9",
 )  # fmt: skip
 
 
+@functools.cache
+def builtin_slots() -> dict[str, int]:
+    """Each built-in rule's slot in :data:`PALETTE`: :data:`COLOR_ORDER` first, then the
+    other registered algorithms by name."""
+    from fedhet.registry import names
+
+    rest = sorted(set(names("algorithm")) - set(COLOR_ORDER))
+    return {name: slot for slot, name in enumerate([*COLOR_ORDER, *rest])}
+
+
 def algorithm_color(name: str) -> str:
-    """The colour of an algorithm in every figure (a fixed slot per algorithm, so FedAvg is
-    the same colour in all of them)."""
-    index = COLOR_ORDER.index(name) if name in COLOR_ORDER else len(COLOR_ORDER) + sum(map(ord, name))
-    return PALETTE[index % len(PALETTE)]
+    """The colour of an algorithm in every figure: a built-in rule's own (FedAvg is the same
+    colour in all of them, and no two built-ins share one); any other name (a plug-in, a
+    bench label) one of the colours no built-in uses, chosen by the name."""
+    slots = builtin_slots()
+    if name in slots:
+        return PALETTE[slots[name] % len(PALETTE)]
+    free = PALETTE[len(slots) :] or PALETTE
+    return free[zlib.crc32(name.encode()) % len(free)]
 
 
 def _styles(runs: list[RunDirectory]) -> dict[Path, dict]:
