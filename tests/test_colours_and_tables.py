@@ -29,3 +29,29 @@ def test_a_summary_table_written_to_a_pipe_is_not_cut(capsys):
     out = capsys.readouterr().out
     assert f"{name}-run" in out and name in out and "…" not in out
     assert all(len(line) > 80 for line in out.splitlines()[1:3])
+
+
+def test_the_leaderboard_shows_the_energy_each_method_spent(tmp_path):
+    """Energy is counted, so the leaderboard shows it: a column of the mean joules of each
+    method's seed runs (kept per seed in leaderboard.csv, read back the same) and a figure
+    of the energy spent against simulated time beside the score's."""
+    from fedhet.bench import leaderboard
+
+    def seeds(score: float, joules: float) -> dict:
+        return {s: {"score": score + 0.01 * s, "score_metric": "accuracy", "higher_is_better": True,
+                    "time_to_target": None, "energy": joules * s} for s in (1, 2, 3)}  # fmt: skip
+
+    rows = [{"scenario": "s", "method": m, "status": "ok", "reason": "",
+             "tunings": [{"repeat": 1, "params": {"train.lr": 0.1}, "validation": 0.5, "seeds": seeds(v, j)}]}
+            for m, v, j in (("salf", 0.8, 100.0), ("fedavg", 0.6, 40.0))]  # fmt: skip
+    board = leaderboard.build(rows)
+    assert {e.method: e.mean_energy for e in board.scenarios["s"]} == {"salf": 200.0, "fedavg": 80.0}
+    written = leaderboard.write(board, tmp_path, {"suite": "t", "settings": {}})
+    again = leaderboard.build(leaderboard.read_csv(tmp_path / "leaderboard.csv"))
+    assert {e.method: e.mean_energy for e in again.scenarios["s"]} == {"salf": 200.0, "fedavg": 80.0}
+    page = (tmp_path / "leaderboard.md").read_text()
+    assert "| energy J |" in page and "| 200 |" in page and "(leaderboard-energy.png)" in page
+    assert tmp_path / "leaderboard-energy.png" in written
+    # rows without run folders (as read from a field's CSV) have no curves, and the page says so
+    html = (tmp_path / "leaderboard.html").read_text()
+    assert "The curves lack fedavg, salf" in page and "The curves lack" in html

@@ -32,6 +32,8 @@ CSV_COLUMNS = (
     "seeds",
     "accuracy_by_seed",
     "time_by_seed",
+    "energy_by_seed",
+    "mean_energy",
     "time_to_target",
     "target_reached",
     "p_vs_best",
@@ -72,6 +74,7 @@ class Tuned:
     validation: float | None = None
     scores: dict[int, float] = field(default_factory=dict)  # seed -> final test score
     times: dict[int, float | None] = field(default_factory=dict)  # seed -> time to target
+    energies: dict[int, float | None] = field(default_factory=dict)  # seed -> joules the run spent
     folders: dict[int, str] = field(default_factory=dict)
 
     @property
@@ -118,6 +121,12 @@ class Entry:
     @property
     def paired(self) -> bool:
         return len(self.tunings) == 1
+
+    @property
+    def mean_energy(self) -> float | None:
+        """The joules its seed runs spent (summary.json's ``energy``), averaged over them."""
+        spent = [e for t in self.tunings for e in t.energies.values() if e is not None]
+        return sum(spent) / len(spent) if spent else None
 
     @property
     def seed_count(self) -> int:
@@ -201,6 +210,7 @@ def _tuned(entry: Entry, tuning: dict, score: Score) -> Tuned:
             continue
         tuned.scores[int(seed)] = float(value)
         tuned.times[int(seed)] = result.get("time_to_target")
+        tuned.energies[int(seed)] = result.get("energy")
         tuned.folders[int(seed)] = result.get("folder", "")
         entry.caveats += [c for c in result.get("caveats", []) if c not in entry.caveats]
         entry.knowledge = entry.knowledge or str(result.get("planner_knowledge") or "")
@@ -281,7 +291,7 @@ def _by_seed(entry: Entry, values: str) -> str:
     same statistics (``--against``)."""
     parts = []
     for t in entry.tunings:
-        mapping = t.scores if values == "scores" else t.times
+        mapping: dict[int, Any] = getattr(t, values)  # scores, times or energies
         for seed, value in sorted(mapping.items()):
             key = f"{t.repeat}/{seed}" if not entry.paired else str(seed)
             text = "" if value is None else repr(float(value))
@@ -300,6 +310,7 @@ def csv_rows(board: Leaderboard) -> list[dict]:
                 "rank": "" if e.rank is None else e.rank, f"mean_{metric}": _number(e.mean, 6),
                 "ci95": _number(e.ci95, 6), "tunings": len(e.tunings), "seeds": e.seed_count,
                 f"{metric}_by_seed": _by_seed(e, "scores"), "time_by_seed": _by_seed(e, "times"),
+                "energy_by_seed": _by_seed(e, "energies"), "mean_energy": _number(e.mean_energy, 6),
                 "time_to_target": _number(e.time_to_target, 3),
                 "target_reached": f"{reached}/{seeds}" if seeds else "",
                 "p_vs_best": _number(e.p, 6), "p_holm": _number(e.p_holm, 6),
@@ -369,10 +380,12 @@ def _row_from_csv(r: dict, metric: str) -> dict:
                for i, p in enumerate(params)]  # fmt: skip
     higher = r.get("higher_is_better", "true") == "true"
     times = dict(_pairs(r.get("time_by_seed", "")))
+    energies = dict(_pairs(r.get("energy_by_seed") or ""))  # a table written before energy: none
     for key, value in _pairs(r[f"{metric}_by_seed"]):
         repeat, _, seed = key.rpartition("/")
         result = {"score": _score(value, metric, key), "score_metric": metric, "higher_is_better": higher,
                   "time_to_target": float(times[key]) if times.get(key) else None,
+                  "energy": float(energies[key]) if energies.get(key) else None,
                   "caveats": [c for c in r.get("caveats", "").split(" | ") if c],
                   "planner_knowledge": r.get("planner_knowledge", ""),
                   "fedhet": r.get("fedhet", "")}  # fmt: skip
@@ -406,13 +419,13 @@ def scenario_lines(
     """One scenario's table in markdown."""
     target_head = f"time to {target:g} (reached)" if target is not None else "time to target"
     lines = [
-        f"| rank | method | test {metric} (95% CI, n seeds) | {target_head} | p vs best | p Holm | "
-        "tuned (validation) |",
-        "|---:|---|---|---|---:|---:|---|",
+        f"| rank | method | test {metric} (95% CI, n seeds) | {target_head} | energy J | p vs best | "
+        "p Holm | tuned (validation) |",
+        "|---:|---|---|---|---:|---:|---:|---|",
     ]
     for e in sorted(entries, key=_order):
         if e.status != "ok":
-            lines.append(f"| – | {e.method} | {e.status}: {e.reason} | | | | |")
+            lines.append(f"| – | {e.method} | {e.status}: {e.reason} | | | | | |")
             continue
         interval = f" ± {e.ci95:.4f}" if e.ci95 is not None else ""
         reached, seeds = e.reached
@@ -426,7 +439,8 @@ def scenario_lines(
         marker += f" (+{len(e.own)} own)" if e.own else ""
         marker += f" (knew: {e.knowledge})" if e.knowledge else ""
         value = f"{e.mean:.4f}{interval} ({_units_text(e)})"
-        tests = f"{_p(e.p)} | {_p(e.p_holm)}"
+        energy = "–" if e.mean_energy is None else f"{e.mean_energy:.4g}"
+        tests = f"{energy} | {_p(e.p)} | {_p(e.p_holm)}"
         lines.append(f"| {e.rank} | {e.method}{marker} | {value} | {time} | {tests} | {_tuned_text(e)} |")
     caveats = [(e.method, c) for e in sorted(entries, key=_order) for c in e.caveats]
     if caveats:
@@ -470,7 +484,8 @@ def markdown(board: Leaderboard, header: dict) -> str:
         "them). ⚠: under this scenario's settings the method is provably another, simpler rule, "
         "or a mechanism of it is inert (the caveat says which). (knew: k): what its planner knew of "
         "clients' speeds when it sized their work: history (their reports), profile (the declared "
-        "expectation) or oracle (this round's drawn times).",
+        "expectation) or oracle (this round's drawn times). energy J: the joules a seed run spent "
+        "(summary.json's energy), the mean over its seed runs.",
         "",
         "## Across scenarios",
         "",
@@ -523,7 +538,9 @@ def figures(board: Leaderboard, out: Path) -> list[Path]:
     from fedhet.studies.plots import _pyplot
 
     plt = _pyplot()
-    return [_curves_figure(plt, board, out / "leaderboard-curves.png"),
+    metric = f"test {board.score.metric}"
+    return [_curves_figure(plt, board, out / "leaderboard-curves.png", board.score.column, metric),
+            _curves_figure(plt, board, out / "leaderboard-energy.png", "energy_total", "energy spent (J)"),
             _ranks_figure(plt, board, out / "leaderboard-ranks.png")]  # fmt: skip
 
 
@@ -537,8 +554,9 @@ def _evaluations(mean) -> list[int]:
     return [int(i) for i in np.flatnonzero(changed)]
 
 
-def _curves_figure(plt, board: Leaderboard, path: Path) -> Path:
-    """Each scenario's mean test score of every method against simulated time."""
+def _curves_figure(plt, board: Leaderboard, path: Path, column: str, label: str) -> Path:
+    """Each scenario's mean ``column`` of metrics.csv (the test score, the energy spent so
+    far) of every method against simulated time."""
     import warnings
 
     from fedhet.studies.plots import algorithm_color
@@ -550,12 +568,12 @@ def _curves_figure(plt, board: Leaderboard, path: Path) -> Path:
     for ax, name in zip(axes.flat, names, strict=False):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            for method, (grid, mean) in _curves(board.scenarios[name], board.score.column).items():
+            for method, (grid, mean) in _curves(board.scenarios[name], column).items():
                 ax.plot(grid, mean, label=method, color=algorithm_color(method), marker="o", markersize=3,
                         markevery=_evaluations(mean))  # fmt: skip
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("simulated time (s)")
-        ax.set_ylabel(f"test {board.score.metric}")
+        ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(names) :]:
         ax.axis("off")
@@ -654,6 +672,14 @@ def html_page(markdown_text: str, images: list[Path]) -> str:
     return f"<!doctype html><html><head>{head}</head><body>{''.join(body)}</body></html>"
 
 
+def without_curves(board: Leaderboard) -> list[str]:
+    """The methods with results but no run's metrics.csv to draw (rows read from a CSV)."""
+    return sorted({
+        e.method for entries in board.scenarios.values() for e in entries
+        if e.status == "ok" and not any((Path(f) / "metrics.csv").is_file() for f in e.folders if f)
+    })  # fmt: skip
+
+
 def write(board: Leaderboard, out: Path, header: dict, with_figures: bool = True) -> list[Path]:
     """``leaderboard.md``, ``leaderboard.csv`` and ``leaderboard.html`` (with its figures)."""
     text = markdown(board, header)
@@ -662,8 +688,15 @@ def write(board: Leaderboard, out: Path, header: dict, with_figures: bool = True
     if images:
         links = (
             f"![{board.score.metric} against simulated time](leaderboard-curves.png)\n\n"
+            "![energy spent against simulated time](leaderboard-energy.png)\n\n"
             "![ranks](leaderboard-ranks.png)\n"
         )
+        lacking = without_curves(board)
+        if lacking:
+            links += (
+                f"\nThe curves lack {', '.join(lacking)}: their rows were read from a table that keeps "
+                "no run folders (a field given to --against as its leaderboard.csv).\n"
+            )
         text = text.replace("\n## Across scenarios", f"\n{links}\n## Across scenarios", 1)
     paths[0].write_text(text, encoding="utf-8")
     page = out / "leaderboard.html"

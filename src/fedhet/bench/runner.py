@@ -448,6 +448,7 @@ def _seed_result(run: SeedRun, target: float | None) -> dict:
         "higher_is_better": score.higher_is_better,
         "time_to_target": None if not hit else float(hit["sim_time"]),
         "sim_time": summary.get("sim_time"),
+        "energy": summary.get("energy"),
         "caveats": list(summary.get("caveats") or []),
         "planner_knowledge": summary.get("planner_knowledge", ""),
         "folder": str(run.folder),
