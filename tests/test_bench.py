@@ -124,13 +124,13 @@ def test_a_bench_killed_during_tuning_and_seeds_resumes_to_the_same_leaderboard(
     # each study holds its two counted trials once (an interrupted trial is failed and its
     # values ran again as a new trial)
     studies = _counted_trials(out)
-    assert len(studies) == 2 * 5 * 2
+    assert len(studies) == 3 * 5 * 2  # scenarios x methods x tunings
     for name, params in studies.items():
         assert len(params) == 2, name
         assert params[0] != params[1], name
     # every seed ran once: one folder per seed, each with its rounds written once
     summaries = sorted(out.glob("seeds/**/seed-*/summary.json"))
-    assert len(summaries) == 2 * 5 * 2 * 2
+    assert len(summaries) == 3 * 5 * 2 * 2
     for summary in summaries:
         rounds = [
             line.split(",")[0] for line in (summary.parent / "metrics.csv").read_text().splitlines()[1:]

@@ -155,10 +155,10 @@ def test_a_bench_on_a_two_node_ray_cluster_with_postgresql_studies_gives_the_one
     assert (tmp_path / "cluster" / "leaderboard.csv").read_text() == expected
     assert not (tmp_path / "cluster" / "bench.db").exists()
     names = optuna.get_all_study_names(storage=postgres)
-    assert "smoke/random-50/salf" in names and len(names) == 2 * 5 * 2
+    assert "smoke/random-50/salf" in names and len(names) == 3 * 5 * 2
     assert _worker_logs(head) and _worker_logs(second), "both nodes ran tasks"
     seeds = sorted((tmp_path / "cluster").glob("seeds/**/seed-*/summary.json"))
-    assert len(seeds) == 2 * 5 * 2 * 2
+    assert len(seeds) == 3 * 5 * 2 * 2
     stamps = [p.stat().st_mtime_ns for p in seeds]
     _bench(tmp_path / "cluster", "--ray", address, "--jobs", "2", "--storage", postgres)
     assert [p.stat().st_mtime_ns for p in seeds] == stamps  # resumed: no seed ran again
