@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from fedhet.bench.leaderboard import Entry, build, difference, read_csv
+from fedhet.bench.leaderboard import Entry, build, difference, friedman_sentence, read_csv
 from fedhet.studies.stats import holm
 
 STRAGGLERS = ["random-50", "random-90", "persistent-50", "persistent-90"]
@@ -64,13 +64,29 @@ def tests(pairs: list[tuple[str, str, str]], by_key: dict[tuple[str, str], Entry
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("table", help="a bench's leaderboard.csv")
-    by_key = entries(parser.parse_args().table)
+    table = parser.parse_args().table
+    by_key = entries(table)
     print("| family | scenario | method | vs | difference of means | p | p Holm |")
     print("|---|---|---|---|---:|---:|---:|")
     for family, pairs in FAMILIES.items():
         for scenario, a, b, gap, p, adjusted in tests(pairs, by_key):
             print(f"| {family} | {scenario} | {a} | {b} | {gap:+.4f} | {p:.3g} | {adjusted:.3g} |")
+    print_across(build(read_csv(Path(table))).across)
     return 0
+
+
+def print_across(test) -> None:
+    """Friedman's test over the scenarios and who Nemenyi's critical difference tells apart
+    from the best mean rank (:mod:`fedhet.bench.aggregate`)."""
+    print()
+    print(friedman_sentence(test))
+    if test is not None:
+        best = min(test.mean_ranks, key=test.mean_ranks.__getitem__)
+        apart = [m for m in test.methods if not test.near_best(m)]
+        print(
+            f"Told apart from the best mean rank ({best}, {test.mean_ranks[best]:.2f}) at that critical "
+            f"difference: {', '.join(apart) or 'none'}; every other method of the test is within it."
+        )
 
 
 if __name__ == "__main__":

@@ -266,12 +266,11 @@ def _table_comparisons(text: str, page: str = "") -> list[Comparison]:
 
 def _line_comparisons(text: str, page: str = "") -> list[Comparison]:
     """The p-values a script prints outside tables, each with the methods and the signed
-    differences its line names."""
+    differences its sentence names."""
     given = []
-    for line in text.splitlines():
-        if not line.startswith("|"):
-            differences = frozenset(float(d) for d in SIGNED.findall(line))
-            given += [(float(v), names_in(line, page), differences) for _, v in quoted_p_values(line)]
+    for _, sentence in sentences(text):
+        differences = frozenset(float(d) for d in SIGNED.findall(sentence))
+        given += [(float(v), names_in(sentence, page), differences) for _, v in quoted_p_values(sentence)]
     return given
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedhet.bench.aggregate import Friedman, friedman
 from fedhet.checks import counted
 from fedhet.data.task import Score
 from fedhet.studies.stats import difference_p_value, estimate, holm
@@ -170,6 +171,7 @@ class Leaderboard:
     overall: list[Overall]
     alpha: float
     score: Score = field(default_factory=Score)  # what ranks the methods (the task's score)
+    across: Friedman | None = None  # Friedman's test and Nemenyi's CD over the scenarios
 
 
 def results_score(rows: list[dict]) -> Score:
@@ -197,7 +199,10 @@ def build(rows: list[dict], alpha: float = 0.05) -> Leaderboard:
         scenarios.setdefault(entry.scenario, []).append(entry)
     for entries in scenarios.values():
         rank_scenario(entries, alpha, score)
-    return Leaderboard(scenarios, overall(scenarios), alpha, score)
+    means = {name: {e.method: e.mean for e in entries if e.status == "ok" and e.mean is not None}
+             for name, entries in scenarios.items()}  # fmt: skip
+    across = friedman(means, score.higher_is_better, alpha)
+    return Leaderboard(scenarios, overall(scenarios), alpha, score, across)
 
 
 def _tuned(entry: Entry, tuning: dict, score: Score) -> Tuned:
@@ -462,6 +467,40 @@ def _tuned_text(entry: Entry) -> str:
     return " / ".join(parts) + failed
 
 
+def across_lines(board: Leaderboard) -> list[str]:
+    """The methods across scenarios: mean rank (among all that ran there), wins, and
+    Friedman's test over the scenarios with Nemenyi's critical difference (its mean rank
+    among the methods that ran everywhere, and whether that is within CD of the best)."""
+    test = board.across
+    lines = ["| method | mean rank | wins | scenarios | Friedman mean rank | within CD of the best |",
+             "|---|---:|---:|---:|---:|---|"]  # fmt: skip
+    for o in board.overall:
+        mean_rank = f"{o.mean_rank:.2f}" if o.mean_rank is not None else "–"
+        near = None if test is None else test.near_best(o.method)
+        rank = "–" if near is None or test is None else f"{test.mean_ranks[o.method]:.2f}"
+        verdict = {True: "yes", False: "no", None: "– (not in every scenario)"}[near] if test else "–"
+        lines.append(f"| {o.method} | {mean_rank} | {o.wins} | {o.scenarios} | {rank} | {verdict} |")
+    return [*lines, "", friedman_sentence(test)]
+
+
+def friedman_sentence(test: Friedman | None) -> str:
+    """What the test over the scenarios found, with its power (the critical difference)."""
+    if test is None:
+        return "Friedman's test needs 3 methods that ran in every scenario of 2 or more: not run here."
+    outcome = (
+        "every scenario ranks them alike" if test.p is None
+        else f"chi-square = {test.statistic:.2f}, p = {test.p:.3g}"
+    )  # fmt: skip
+    left = f" Left out (not in every scenario): {', '.join(test.left_out)}." if test.left_out else ""
+    return (
+        f"Friedman's test over the {len(test.scenarios)} scenarios (blocks) of the {len(test.methods)} "
+        f"methods that ran in all of them, ranked by mean test score: {outcome}. Nemenyi's critical "
+        f"difference at {test.alpha:g}: {test.critical_difference:.2f} mean ranks (Demšar, JMLR 2006): "
+        "two methods whose mean ranks differ by less are not told apart, the smallest difference "
+        f"these scenarios can detect.{left}"
+    )
+
+
 def markdown(board: Leaderboard, header: dict) -> str:
     """The leaderboard page in markdown (``header``: what the bench was, see :func:`write`)."""
     lines = [f"# Leaderboard: suite {header['suite']}", ""]
@@ -489,12 +528,8 @@ def markdown(board: Leaderboard, header: dict) -> str:
         "",
         "## Across scenarios",
         "",
-        "| method | mean rank | wins | best or not significantly worse (Holm) | scenarios |",
-        "|---|---:|---:|---:|---:|",
+        *across_lines(board),
     ]
-    for o in board.overall:
-        mean_rank = f"{o.mean_rank:.2f}" if o.mean_rank is not None else "–"
-        lines.append(f"| {o.method} | {mean_rank} | {o.wins} | {o.not_worse} | {o.scenarios} |")
     for name, entries in board.scenarios.items():
         description = header.get("scenarios", {}).get(name, "")
         lines += ["", f"## {name}", ""] + ([description, ""] if description else [])

@@ -1,0 +1,61 @@
+"""The leaderboard across scenarios: Friedman's test over the scenarios (blocks) with
+Nemenyi's critical difference, which states the smallest difference of mean ranks the
+scenarios can tell apart (Demšar, JMLR 2006)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from scipy.stats import friedmanchisquare
+
+from fedhet.bench import leaderboard
+from fedhet.bench.aggregate import friedman, nemenyi_critical_difference
+
+# six scenarios; "best" ahead everywhere, "worst" behind everywhere, two in between that swap
+MEANS = {
+    f"s{i}": {"best": 0.90 + 0.01 * i, "mid-a": 0.80 + 0.02 * (i % 2), "mid-b": 0.81 - 0.02 * (i % 2),
+              "worst": 0.50, **({"partial": 0.95} if i < 2 else {})}
+    for i in range(6)
+}  # fmt: skip
+
+
+def test_nemenyi_critical_difference_is_demsars():
+    """q_0.05 / sqrt(2) for k = 4 is 2.569 in Demšar's Table 5; CD = q sqrt(k(k+1)/(6N))."""
+    assert nemenyi_critical_difference(4, 6, 0.05) == pytest.approx(2.569 * math.sqrt(4 * 5 / 36), abs=1e-3)
+    assert nemenyi_critical_difference(10, 14, 0.05) == pytest.approx(
+        3.164 * math.sqrt(10 * 11 / 84), abs=1e-3
+    )
+
+
+def test_friedman_over_the_methods_in_every_scenario_and_who_is_told_apart_from_the_best():
+    test = friedman(MEANS, higher_is_better=True, alpha=0.05)
+    assert test is not None and test.left_out == ["partial"]  # not in every scenario
+    assert test.methods == ["best", "mid-a", "mid-b", "worst"]
+    columns = [[MEANS[s][m] for s in MEANS] for m in test.methods]
+    assert test.statistic == pytest.approx(friedmanchisquare(*columns).statistic)
+    assert test.p == pytest.approx(friedmanchisquare(*columns).pvalue)
+    assert test.mean_ranks["best"] == 1.0 and test.mean_ranks["worst"] == 4.0
+    assert test.mean_ranks["mid-a"] == test.mean_ranks["mid-b"] == 2.5
+    assert test.critical_difference == pytest.approx(nemenyi_critical_difference(4, 6, 0.05))
+    assert test.near_best("mid-a") and not test.near_best("worst") and test.near_best("partial") is None
+    lower = friedman(MEANS, higher_is_better=False, alpha=0.05)  # an RMSE: the lowest first
+    assert lower is not None and lower.mean_ranks["worst"] == 1.0 and lower.mean_ranks["best"] == 4.0
+    assert friedman({"s0": MEANS["s0"]}, True, 0.05) is None  # one scenario: no test
+
+
+def test_the_page_states_the_test_and_its_critical_difference():
+    rows = [
+        {"scenario": s, "method": m, "status": "ok", "reason": "", "tunings": [
+            {"repeat": 1, "params": {"train.lr": 0.1}, "validation": 0.5,
+             "seeds": {k: {"score": v + 0.001 * k, "score_metric": "accuracy", "higher_is_better": True,
+                           "time_to_target": None} for k in (1, 2, 3)}}]}
+        for s, row in MEANS.items() for m, v in row.items()
+    ]  # fmt: skip
+    board = leaderboard.build(rows)
+    text = "\n".join(leaderboard.across_lines(board))
+    assert "Friedman's test over the 6 scenarios (blocks) of the 4 methods" in text
+    assert f"{board.across.critical_difference:.2f} mean ranks" in text
+    assert (
+        "| worst |" in text and "| no |" in text and "| partial |" in text and "not in every scenario" in text
+    )
