@@ -59,3 +59,31 @@ def test_the_page_states_the_test_and_its_critical_difference():
     assert (
         "| worst |" in text and "| no |" in text and "| partial |" in text and "not in every scenario" in text
     )
+
+
+def test_the_tunings_of_different_methods_are_independent_draws():
+    """Each tuning's sampler is seeded by the suite's seed, the repeat and the method: two
+    methods' R-th tunings no longer start from the same trials (a test over tunings treats
+    them as independent), a method's tuning is seeded alike wherever it runs, and every
+    seed is within what the sampler takes."""
+    from conftest import SMOKE_SUITE
+
+    from fedhet.bench.study import sampler_seed, settings_fingerprint
+    from fedhet.bench.suite import Tuning, load_suite
+
+    suite = load_suite(SMOKE_SUITE)
+    scenario = suite.scenarios[0]
+    seeds = {
+        (m.label, r): sampler_seed(suite, Tuning(scenario, m, r)) for m in suite.methods for r in (1, 2, 5)
+    }
+    assert len(set(seeds.values())) == len(seeds)  # no two (method, repeat) share a sampler
+    assert all(0 <= s < 2**32 for s in seeds.values())
+    again = load_suite(SMOKE_SUITE)
+    assert (
+        sampler_seed(again, Tuning(again.scenarios[0], again.methods[0], 1))
+        == seeds[(suite.methods[0].label, 1)]
+    )
+    assert suite.tuning_repeats == 5  # the shipped suites tune every method five times
+    assert settings_fingerprint(suite, scenario, suite.methods[0]) != settings_fingerprint(
+        suite, scenario, suite.methods[1]
+    )

@@ -123,8 +123,8 @@ SUITE_CASES = {
     "threads": (LR, '"run.threads" = { choices = [1, 2] }\n' + LR, "run.threads is set by the bench"),
     "fixed shared knob": ('methods = ["fedavg", "drop", "salf", "fedprox"]',
                           'methods = ["fedavg", { name = "fedprox", mu = 0.1 }]', "fixes algorithm.mu"),
-    "sampler seed": ("tuning_repeats = 2", "tuning_repeats = 2\nsampler_seed = 4294967295",
-                     "suite.sampler_seed = 4294967295: at most 4294967294"),
+    "sampler seed": ("tuning_repeats = 5", "tuning_repeats = 5\nsampler_seed = 4294967295",
+                     "suite.sampler_seed = 4294967295: at most 4294967291"),
 }  # fmt: skip
 
 

@@ -59,7 +59,8 @@ def _search_settings(suite: Suite) -> dict[str, str]:
     )
     repeats = (
         f"{suite.tuning_repeats} independent tunings per method and scenario (sampler seeds "
-        f"{suite.sampler_seed}..{suite.sampler_seed + suite.tuning_repeats - 1}), each best setting run "
+        f"{suite.sampler_seed}..{suite.sampler_seed + suite.tuning_repeats - 1}, each mixed with the "
+        "method's name), each best setting run "
         "on the seeds; the tuning is the unit of the intervals and tests"
         if suite.tuning_repeats > 1
         else "one tuning per method and scenario: the tests run over the seeds of one tuned setting, "

@@ -158,11 +158,23 @@ def located_nowhere(config: dict) -> dict:
     return out
 
 
+def sampler_seed(suite: Suite, tuning: Tuning) -> int:
+    """The seed of a tuning's sampler: ``suite.sampler_seed + repeat - 1`` mixed with the
+    method's label, so that the tunings of different methods are independent draws (with one
+    seed for all, most methods' first trials took the same shared values, and a test over
+    tunings counted correlated tunings as independent); the same for a method's tuning on
+    every machine and build. Each trial's sampler adds its index (:func:`run_study`)."""
+    import zlib
+
+    base = suite.sampler_seed + tuning.repeat - 1
+    return (base * 100_003 + zlib.crc32(tuning.method.label.encode()) * 1_009) % 2**32
+
+
 def settings_of(suite: Suite, tuning: Tuning) -> dict:
     """What a study's trials depend on: the trial configuration without searched values
     (its files named by content, :func:`located_nowhere`), the searched ranges, the
     objective, the trial budget and the sampler (as JSON values)."""
-    seed = suite.sampler_seed + tuning.repeat - 1
+    seed = sampler_seed(suite, tuning)
     settings = {
         "config": located_nowhere(suite.config(tuning.scenario, tuning.method, {}, "trial")),
         "params": {p.key: p.describe() for p in suite.params_for(tuning.scenario, tuning.method)},
@@ -245,10 +257,10 @@ def run_study(suite: Suite, tuning: Tuning, storage: str, out: str, prefix: str 
         folder = tuning.folder(Path(out)) / f"trial-{number}"
         return from_dict(suite.config(scenario, method, values, name)), folder
 
-    sampler_seed = suite.sampler_seed + tuning.repeat - 1
+    seed = sampler_seed(suite, tuning)
 
     def sampler_for(study):
-        return optuna.samplers.TPESampler(seed=sampler_seed * 100_003 + _index(study),
+        return optuna.samplers.TPESampler(seed=(seed + _index(study)) % 2**32,
                                           n_startup_trials=suite.random_trials)  # fmt: skip
 
     remaining = suite.trials - status(study, suite.trials).counted

@@ -188,7 +188,8 @@ class Suite:
 @dataclass
 class Tuning:
     """One tuning of a method in a scenario: repeat ``repeat`` (1..``suite.tuning_repeats``),
-    an independent study whose sampler is seeded ``suite.sampler_seed + repeat - 1``; its
+    an independent study whose sampler is seeded by ``suite.sampler_seed + repeat - 1`` and
+    the method (:func:`fedhet.bench.study.sampler_seed`); its
     best setting runs on the suite's seeds. The first keeps the plain names and folders."""
 
     scenario: Scenario
