@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from fedhet.bench.leaderboard import Entry, build, difference, friedman_sentence, read_csv
+from fedhet.bench.leaderboard import Entry, build, difference, friedman_sentence, power_line, read_csv
 from fedhet.studies.stats import holm
 
 STRAGGLERS = ["random-50", "random-90", "persistent-50", "persistent-90"]
@@ -71,7 +71,11 @@ def main() -> int:
     for family, pairs in FAMILIES.items():
         for scenario, a, b, gap, p, adjusted in tests(pairs, by_key):
             print(f"| {family} | {scenario} | {a} | {b} | {gap:+.4f} | {p:.3g} | {adjusted:.3g} |")
-    print_across(build(read_csv(Path(table))).across)
+    board = build(read_csv(Path(table)))
+    print_across(board.across)
+    print()
+    for name, listed in board.scenarios.items():
+        print(f"- {name}: {power_line(listed, board.alpha, board.score.metric)}")
     return 0
 
 

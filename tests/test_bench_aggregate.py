@@ -87,3 +87,39 @@ def test_the_tunings_of_different_methods_are_independent_draws():
     assert settings_fingerprint(suite, scenario, suite.methods[0]) != settings_fingerprint(
         suite, scenario, suite.methods[1]
     )
+
+
+def test_the_detectable_difference_is_the_t_tests_at_80_percent_power():
+    """Cohen's d a two-sided t-test at 0.05 detects with 80% power: 0.736 with 30 units a
+    group, 2.02 with 5, 5.65 with 2; a smaller alpha (Holm's first step) needs more."""
+    from fedhet.bench.aggregate import detectable_difference, t_test_power
+
+    assert detectable_difference(1.0, 30, 0.05) == pytest.approx(0.736, abs=2e-3)
+    assert detectable_difference(1.0, 5, 0.05) == pytest.approx(2.024, abs=2e-3)
+    assert detectable_difference(2.0, 2, 0.05) == pytest.approx(2 * 5.653, abs=1e-2)
+    assert detectable_difference(1.0, 2, 0.05 / 20) > detectable_difference(1.0, 2, 0.05)
+    assert t_test_power(0.0, 8, 0.05) == pytest.approx(0.05, abs=1e-3)  # no difference: alpha
+    assert detectable_difference(1.0, 1, 0.05) is None
+
+
+def test_a_scenario_tuned_several_times_states_what_it_can_detect():
+    """With R > 1 tunings the scenario's table is followed by the difference its test detects
+    with 80% power (the pooled spread of the tunings' means); tuned once, nothing is stated."""
+
+    def rows(tunings: int) -> list[dict]:
+        return [
+            {"scenario": "s", "method": m, "status": "ok", "reason": "", "tunings": [
+                {"repeat": r, "params": {"train.lr": 0.1}, "validation": 0.5,
+                 "seeds": {k: {"score": v + 0.01 * r + 0.001 * k, "score_metric": "accuracy",
+                               "higher_is_better": True, "time_to_target": None} for k in (1, 2, 3)}}
+                for r in range(1, tunings + 1)]}
+            for m, v in (("a", 0.8), ("b", 0.7), ("c", 0.6))
+        ]  # fmt: skip
+
+    board = leaderboard.build(rows(5))
+    line = leaderboard.power_line(board.scenarios["s"], board.alpha)
+    assert line is not None and "with 5 tunings per method" in line and "(0.05/2)" in line
+    page = "\n".join(leaderboard.scenario_lines(board.scenarios["s"], None, board.alpha))
+    assert line in page
+    once = leaderboard.build(rows(1))
+    assert leaderboard.power_line(once.scenarios["s"], once.alpha) is None

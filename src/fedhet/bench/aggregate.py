@@ -74,3 +74,51 @@ def friedman(means: dict[str, dict[str, float]], higher_is_better: bool, alpha: 
         statistic, p, nemenyi_critical_difference(len(common), len(blocks), alpha), alpha,
         [m for m in order if m not in common],
     )  # fmt: skip
+
+
+def t_test_power(delta: float, df: int, alpha: float) -> float:
+    """Power of a two-sided t-test at ``alpha`` with ``df`` degrees of freedom when the
+    noncentrality is ``delta``: E_V[Phi(delta - c sqrt(V/df)) + Phi(-delta - c sqrt(V/df))],
+    V ~ chi-square(df), c = t_{1-alpha/2}(df) (integrated with scipy; stable where the
+    noncentral t's own functions are not: few degrees of freedom and a small alpha)."""
+    import math
+
+    from scipy.stats import chi2, norm, t
+
+    critical = float(t.ppf(1.0 - alpha / 2.0, df))
+
+    def rejected(v: float) -> float:
+        scaled = critical * math.sqrt(v / df)
+        return float(norm.cdf(delta - scaled) + norm.cdf(-delta - scaled))
+
+    return float(chi2.expect(rejected, args=(df,)))
+
+
+def detectable_difference(sd: float, units: int, alpha: float, power: float = 0.8) -> float | None:
+    """The smallest difference of two methods' means that a two-sided t-test over ``units``
+    units each (their standard deviation ``sd``; df = 2 units - 2) detects with ``power`` at
+    ``alpha``: the noncentrality delta with :func:`t_test_power` = ``power``, times
+    sd sqrt(2 / units). None for fewer than 2 units."""
+    import math
+
+    from scipy.optimize import brentq
+
+    if units < 2 or not math.isfinite(sd):
+        return None
+    df = 2 * units - 2
+    high = 1.0
+    while t_test_power(high, df, alpha) < power and high < 1e6:
+        high *= 2.0
+    delta = brentq(lambda d: t_test_power(d, df, alpha) - power, 0.0, high, xtol=1e-6)
+    return float(delta) * sd * math.sqrt(2.0 / units)
+
+
+def pooled_sd(groups: list[list[float]]) -> float | None:
+    """The pooled standard deviation of ``groups`` (each with 2 or more values)."""
+    import numpy as np
+
+    kept = [np.asarray(g, dtype=float) for g in groups if len(g) >= 2]
+    dof = sum(len(g) - 1 for g in kept)
+    if not dof:
+        return None
+    return float(np.sqrt(sum(((g - g.mean()) ** 2).sum() for g in kept) / dof))

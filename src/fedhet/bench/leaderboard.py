@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedhet.bench.aggregate import Friedman, friedman
+from fedhet.bench.aggregate import Friedman, detectable_difference, friedman, pooled_sd
 from fedhet.checks import counted
 from fedhet.data.task import Score
 from fedhet.studies.stats import difference_p_value, estimate, holm
@@ -447,10 +447,34 @@ def scenario_lines(
         energy = "–" if e.mean_energy is None else f"{e.mean_energy:.4g}"
         tests = f"{energy} | {_p(e.p)} | {_p(e.p_holm)}"
         lines.append(f"| {e.rank} | {e.method}{marker} | {value} | {time} | {tests} | {_tuned_text(e)} |")
+    power = power_line(entries, alpha, metric)
+    lines += ["", power] if power else []
     caveats = [(e.method, c) for e in sorted(entries, key=_order) for c in e.caveats]
     if caveats:
         lines += ["", *[f"- ⚠ {method}: {caveat}" for method, caveat in caveats]]
     return lines
+
+
+def power_line(entries: list[Entry], alpha: float, metric: str = "accuracy") -> str | None:
+    """The smallest difference the scenario's test detects with 80% power, from the pooled
+    spread of the methods' tunings (tuned more than once; a paired test over the seeds of one
+    tuning has a power that depends on the pairing, not stated)."""
+    ranked = [e for e in entries if e.status == "ok" and e.mean is not None and e.units()]
+    if len(ranked) < 2 or any(e.paired for e in ranked):
+        return None
+    units = min(len(e.units()) for e in ranked)
+    spread = pooled_sd([list(e.units().values()) for e in ranked])
+    plain = None if spread is None else detectable_difference(spread, units, alpha)
+    if spread is None or plain is None:
+        return None
+    tests = len(ranked) - 1
+    first = detectable_difference(spread, units, alpha / tests) or plain
+    return (
+        f"Power: the tunings' means spread with a pooled standard deviation of {spread:.4f}; with "
+        f"{units} tunings per method a t-test over them (Welch's, taken with equal variances) detects a "
+        f"difference of {plain:.4f} in mean test {metric} with 80% power at {alpha:g}, and {first:.4f} "
+        f"at Holm's first step ({alpha:g}/{tests}); smaller differences go unseen."
+    )
 
 
 def _units_text(entry: Entry) -> str:
