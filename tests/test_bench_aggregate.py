@@ -123,3 +123,28 @@ def test_a_scenario_tuned_several_times_states_what_it_can_detect():
     assert line in page
     once = leaderboard.build(rows(1))
     assert leaderboard.power_line(once.scenarios["s"], once.alpha) is None
+
+
+def test_a_bench_trial_killed_between_two_draws_is_drawn_again_whole():
+    """A kill can land between two of a trial's draws. ``fedhet tune`` queues the values
+    drawn so far; a bench, whose sampler is seeded by the trial's index, queues only a
+    complete set (else the trial of that index would draw its last value from another
+    point of the sampler's stream than the uninterrupted bench did), and draws it again."""
+    import optuna
+
+    from fedhet.studies.trials import interrupted, requeue_interrupted
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    for searched, queued in ((None, 1), (frozenset({"train.lr", "algorithm.trim"}), 0)):
+        study = optuna.create_study()
+        trial = study.ask()
+        trial.suggest_float("train.lr", 0.01, 0.1)  # killed before algorithm.trim was drawn
+        assert requeue_interrupted(study, searched) == [trial.number] and interrupted(study) == {trial.number}
+        waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+        assert len(waiting) == queued
+    whole = optuna.create_study()
+    trial = whole.ask()
+    trial.suggest_float("train.lr", 0.01, 0.1)
+    trial.suggest_float("algorithm.trim", 0.0, 0.4)
+    requeue_interrupted(whole, frozenset({"train.lr", "algorithm.trim"}))
+    assert len(whole.get_trials(states=(optuna.trial.TrialState.WAITING,))) == 1  # complete: run again

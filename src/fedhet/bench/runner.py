@@ -195,7 +195,8 @@ class Bench:
             again: dict[str, str] = {}
             for tuning in self._tunings():
                 study = self._current_study(tuning, again)
-                requeue_interrupted(study)
+                searched = frozenset(p.key for p in self.suite.params_for(tuning.scenario, tuning.method))
+                requeue_interrupted(study, searched)
                 result = status(study, self.suite.trials)
                 result.stopped = ""  # a stopped study runs again: it may have been fixed
                 self.studies[self._name(tuning)] = result

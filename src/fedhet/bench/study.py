@@ -245,7 +245,7 @@ def run_study(suite: Suite, tuning: Tuning, storage: str, out: str, prefix: str 
 
     scenario, method = tuning.scenario, tuning.method
     study = open_study(suite, tuning, storage, prefix)
-    requeue_interrupted(study)
+    requeue_interrupted(study, frozenset(p.key for p in suite.params_for(scenario, method)))
     if study.user_attrs.get("stopped"):  # run again: it may have been fixed
         study.set_user_attr("stopped", "")
         study.set_user_attr("not_applicable", "")

@@ -337,10 +337,12 @@ def interrupted(study) -> set[int]:
     return marked | set(study.user_attrs.get(INTERRUPTED, []))  # a trial attribute in older benches
 
 
-def requeue_interrupted(study) -> list[int]:
+def requeue_interrupted(study, searched: frozenset[str] | None = None) -> list[int]:
     """Trials a kill left RUNNING: failed, recorded as interrupted, and their values queued
     to run again (a trial killed before its values were drawn has none to run); their
-    numbers."""
+    numbers. With ``searched`` (the keys a bench's trial draws; its sampler is seeded by the
+    trial's index), a trial killed between two of its draws is not queued: the next trial,
+    of the same index, draws all its values again, as the uninterrupted bench did."""
     from optuna.trial import TrialState
 
     running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
@@ -349,7 +351,7 @@ def requeue_interrupted(study) -> list[int]:
     study.set_user_attr(INTERRUPTED, sorted(interrupted(study) | {t.number for t in running}))
     for trial in running:
         study.tell(trial.number, state=TrialState.FAIL)
-        if trial.params:
+        if trial.params and (searched is None or searched <= set(trial.params)):
             study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number})
     return [t.number for t in running]
 
