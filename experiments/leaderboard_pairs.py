@@ -4,7 +4,7 @@ the suite added against the rule it extends, in every scenario where both ran), 
 committed per-method table, with the leaderboard's own test (``fedhet.bench.leaderboard.
 difference``: over the tunings' means, Welch, when each method was tuned more than once; a
 paired t-test over the seeds both ran when tuned once), Holm-corrected within each paper's
-family of comparisons.
+family of comparisons, and over all the families' tests together.
 
     python experiments/leaderboard_pairs.py docs/results/data/leaderboard.csv
 """
@@ -66,11 +66,19 @@ def main() -> int:
     parser.add_argument("table", help="a bench's leaderboard.csv")
     table = parser.parse_args().table
     by_key = entries(table)
-    print("| family | scenario | method | vs | difference of means | p | p Holm |")
-    print("|---|---|---|---|---:|---:|---:|")
-    for family, pairs in FAMILIES.items():
-        for scenario, a, b, gap, p, adjusted in tests(pairs, by_key):
-            print(f"| {family} | {scenario} | {a} | {b} | {gap:+.4f} | {p:.3g} | {adjusted:.3g} |")
+    print("| family | scenario | method | vs | difference of means | p | p Holm | p Holm over all |")
+    print("|---|---|---|---|---:|---:|---:|---:|")
+    done = [(family, *row) for family, pairs in FAMILIES.items() for row in tests(pairs, by_key)]
+    over_all = holm([row[5] for row in done])
+    for (family, scenario, a, b, gap, p, adjusted), total in zip(done, over_all, strict=True):
+        print(f"| {family} | {scenario} | {a} | {b} | {gap:+.4f} | {p:.3g} | {adjusted:.3g} | {total:.3g} |")
+    within = sum(1 for row in done if row[6] < 0.05)
+    kept = sum(1 for row, total in zip(done, over_all, strict=True) if row[6] < 0.05 and total < 0.05)
+    print()
+    print(
+        f"{len(FAMILIES)} families, {len(done)} tests: {within} significant within their family (Holm, "
+        f"0.05), {kept} of them also when Holm's correction runs over all {len(done)} tests together."
+    )
     board = build(read_csv(Path(table)))
     print_across(board.across)
     print()

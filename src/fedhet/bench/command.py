@@ -150,7 +150,7 @@ def run_bench(options: BenchOptions) -> list[Path]:
         results = bench.run()
     results["rows"] = _merged(suite, field_rows, results["rows"])
     (folder / "bench.json").write_text(json.dumps(results, indent=1, default=str), encoding="utf-8")
-    board = leaderboard.build(results["rows"], suite.alpha)
+    board = leaderboard.build(results["rows"], suite.alpha, suite.reference)
     return leaderboard.write(board, folder, header(suite, options.against), with_figures=options.figures)
 
 

@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from fedhet.bench.aggregate import Friedman, detectable_difference, friedman, pooled_sd
+from fedhet.bench.budget import budget_sentence
+from fedhet.bench.model import Interval
 from fedhet.checks import counted
 from fedhet.data.task import Score
-from fedhet.studies.stats import difference_p_value, estimate, holm
+from fedhet.studies.stats import difference_p_value, holm
 
 CSV_COLUMNS = (
     "scenario",
@@ -28,11 +30,13 @@ CSV_COLUMNS = (
     "status",
     "rank",
     "mean_accuracy",
-    "ci95",
+    "ci_low",
+    "ci_high",
     "tunings",
     "seeds",
     "accuracy_by_seed",
     "time_by_seed",
+    "end_by_seed",
     "energy_by_seed",
     "mean_energy",
     "time_to_target",
@@ -40,7 +44,17 @@ CSV_COLUMNS = (
     "p_vs_best",
     "p_holm",
     "worse_than_best",
+    "vs_best",
+    "vs_best_low",
+    "vs_best_high",
+    "reference",
+    "vs_reference",
+    "vs_reference_low",
+    "vs_reference_high",
+    "p_vs_reference",
+    "p_holm_reference",
     "validation_value",
+    "validation_by_trial",
     "tuned",
     "own_knobs",
     "reason",
@@ -76,7 +90,9 @@ class Tuned:
     scores: dict[int, float] = field(default_factory=dict)  # seed -> final test score
     times: dict[int, float | None] = field(default_factory=dict)  # seed -> time to target
     energies: dict[int, float | None] = field(default_factory=dict)  # seed -> joules the run spent
+    ends: dict[int, float | None] = field(default_factory=dict)  # seed -> the run's last simulated time
     folders: dict[int, str] = field(default_factory=dict)
+    trials: list[float | None] = field(default_factory=list)  # its trials' validation values, in order
 
     @property
     def mean(self) -> float:
@@ -103,13 +119,17 @@ class Entry:
     settings: str = ""  # the fingerprint of its studies' settings
     canary: str = ""  # the hash of its behaviour in a short run (fedhet.bench.canary)
     mean: float | None = None
-    ci95: float | None = None
+    interval: Interval | None = None  # the mean's hierarchical-bootstrap interval (fedhet.bench.model)
     rank: int | None = None
     average_rank: float | None = None
     p: float | None = None
     p_holm: float | None = None
     worse: bool | None = None
     best: bool = False
+    vs_best: Interval | None = None  # its mean less the best's, with the paired bootstrap interval
+    vs_reference: Interval | None = None  # its mean less the reference's
+    p_reference: float | None = None  # the test against the reference (as against the best)
+    p_holm_reference: float | None = None  # Holm-corrected over the scenario's methods
 
     def units(self) -> dict[int, float]:
         """The values its statistics run over: seed -> score (tuned once), repeat -> the
@@ -140,8 +160,12 @@ class Entry:
 
     @property
     def time_to_target(self) -> float | None:
-        hit = [v for t in self.tunings for v in t.times.values() if v is not None]
-        return sum(hit) / len(hit) if hit else None
+        """The Kaplan-Meier median time to the target over its seed runs, a run that missed
+        it censored at its end (:mod:`fedhet.bench.survival`)."""
+        from fedhet.bench.survival import kaplan_meier
+
+        seeds = [(t, seed) for t in self.tunings for seed in t.times]
+        return kaplan_meier([t.times[s] for t, s in seeds], [t.ends.get(s) for t, s in seeds]).median
 
     @property
     def folders(self) -> list[str]:
@@ -172,6 +196,7 @@ class Leaderboard:
     alpha: float
     score: Score = field(default_factory=Score)  # what ranks the methods (the task's score)
     across: Friedman | None = None  # Friedman's test and Nemenyi's CD over the scenarios
+    reference: str | None = None  # the method every other is compared with besides the best
 
 
 def results_score(rows: list[dict]) -> Score:
@@ -183,10 +208,19 @@ def results_score(rows: list[dict]) -> Score:
     return Score()
 
 
-def build(rows: list[dict], alpha: float = 0.05) -> Leaderboard:
+def default_reference(methods: list[str]) -> str | None:
+    """The reference of a table that names none: FedAvg, else drop-stragglers, else none
+    (as :func:`fedhet.bench.suite.load_suite`)."""
+    return next((m for m in ("fedavg", "drop") if m in methods), None)
+
+
+def build(rows: list[dict], alpha: float = 0.05, reference: str | None = None) -> Leaderboard:
     """The leaderboard of a bench's results (:meth:`fedhet.bench.runner.Bench.results`),
-    ranked by the task's score in its direction (an accuracy up, an RMSE down)."""
+    ranked by the task's score in its direction (an accuracy up, an RMSE down); every method
+    compared with the scenario's best and with ``reference`` (:func:`default_reference`
+    when None)."""
     score = results_score(rows)
+    reference = reference or default_reference([r["method"] for r in rows])
     scenarios: dict[str, list[Entry]] = {}
     for row in rows:
         entry = Entry(row["scenario"], row["method"], row["status"], row["reason"], list(row.get("own", [])),
@@ -198,16 +232,17 @@ def build(rows: list[dict], alpha: float = 0.05) -> Leaderboard:
             entry.status, entry.reason = "failed", entry.reason or "no seed finished"
         scenarios.setdefault(entry.scenario, []).append(entry)
     for entries in scenarios.values():
-        rank_scenario(entries, alpha, score)
+        rank_scenario(entries, alpha, score, reference)
     means = {name: {e.method: e.mean for e in entries if e.status == "ok" and e.mean is not None}
              for name, entries in scenarios.items()}  # fmt: skip
     across = friedman(means, score.higher_is_better, alpha)
-    return Leaderboard(scenarios, overall(scenarios), alpha, score, across)
+    return Leaderboard(scenarios, overall(scenarios), alpha, score, across, reference)
 
 
 def _tuned(entry: Entry, tuning: dict, score: Score) -> Tuned:
     """One tuning's results, read from a results row; failed seeds give the entry a reason."""
     tuned = Tuned(int(tuning.get("repeat", 1)), dict(tuning["params"]), tuning["validation"])
+    tuned.trials = [None if v is None else float(v) for v in tuning.get("trials", [])]
     for seed, result in sorted(tuning["seeds"].items(), key=lambda item: int(item[0])):
         value = result.get("score", result.get("accuracy"))  # "accuracy": results written before
         if "failed" in result or value is None:
@@ -216,6 +251,7 @@ def _tuned(entry: Entry, tuning: dict, score: Score) -> Tuned:
         tuned.scores[int(seed)] = float(value)
         tuned.times[int(seed)] = result.get("time_to_target")
         tuned.energies[int(seed)] = result.get("energy")
+        tuned.ends[int(seed)] = result.get("sim_time")
         tuned.folders[int(seed)] = result.get("folder", "")
         entry.caveats += [c for c in result.get("caveats", []) if c not in entry.caveats]
         entry.knowledge = entry.knowledge or str(result.get("planner_knowledge") or "")
@@ -224,21 +260,25 @@ def _tuned(entry: Entry, tuning: dict, score: Score) -> Tuned:
     return tuned
 
 
-def rank_scenario(entries: list[Entry], alpha: float, score: Score | None = None) -> None:
-    """Means, 95% t-intervals and ranks (the best score first: the highest accuracy, the
-    lowest RMSE; ties share the lower rank,
-    and the mean-rank uses their average) over each entry's units (:meth:`Entry.units`); the
-    best method (rank 1, the first listed among ties) against each other
-    (:func:`difference`), Holm-corrected."""
+def rank_scenario(
+    entries: list[Entry], alpha: float, score: Score | None = None, reference: str | None = None
+) -> None:
+    """Means and ranks (the best score first: the highest accuracy, the lowest RMSE; ties
+    share the lower rank, and the mean-rank uses their average) over each entry's units
+    (:meth:`Entry.units`), their hierarchical-bootstrap intervals and effects
+    (:func:`bootstrap`); the best method (rank 1, the first listed among ties) and
+    ``reference`` against each other method (:func:`difference`), each question
+    Holm-corrected over the scenario's methods."""
     from scipy.stats import rankdata
 
-    ranked = [e for e in entries if e.status == "ok"]
-    for entry in ranked:
-        est = estimate(list(entry.units().values()), "ci95")
-        entry.mean, entry.ci95 = est.mean, (est.spread if est.n > 1 else None)
+    score = score or Score()
+    ranked = [e for e in entries if e.status == "ok" and e.units()]
     if not ranked:
         return
-    sign = -1.0 if (score or Score()).higher_is_better else 1.0
+    for entry in ranked:
+        units = list(entry.units().values())
+        entry.mean = sum(units) / len(units)
+    sign = -1.0 if score.higher_is_better else 1.0
     means = [sign * (e.mean or 0.0) for e in ranked]
     for entry, low, average in zip(ranked, rankdata(means, "min"), rankdata(means, "average"), strict=True):
         entry.rank, entry.average_rank = int(low), float(average)
@@ -249,6 +289,34 @@ def rank_scenario(entries: list[Entry], alpha: float, score: Score | None = None
     for entry, p, adjusted in zip(others, raw, holm(raw), strict=True):
         entry.p, entry.p_holm = p, adjusted
         entry.worse = None if adjusted is None else bool(adjusted < alpha)
+    anchor = next((e for e in ranked if e.method == reference), None)
+    if anchor is not None:
+        compared = [e for e in ranked if e is not anchor]
+        raw = [difference(e, anchor) for e in compared]
+        for entry, p, adjusted in zip(compared, raw, holm(raw), strict=True):
+            entry.p_reference, entry.p_holm_reference = p, adjusted
+    bootstrap(ranked, best, anchor, score)
+
+
+def bootstrap(ranked: list[Entry], best: Entry, anchor: Entry | None, score: Score) -> None:
+    """Each entry's interval, and its effect against ``best`` and ``anchor`` (the
+    reference), from the hierarchical bootstrap of :mod:`fedhet.bench.model` (seeds drawn
+    once for all, paired; tunings drawn per method), clipped to the score's range."""
+    from fedhet.bench.model import effects, mean_intervals, replicate_means, score_matrix
+    from fedhet.run_schema import value_range
+
+    seeds = sorted({seed for e in ranked for t in e.tunings for seed in t.scores})
+    tables = {e.method: score_matrix([t for t in e.tunings if t.scores], seeds) for e in ranked}
+    draws = replicate_means(tables, len(seeds), ranked[0].scenario)
+    means = {e.method: float(e.mean) for e in ranked if e.mean is not None}
+    span = value_range(score.metric)
+    intervals = mean_intervals(draws, means, span)
+    to_best = effects(draws, means, best.method, span)
+    to_anchor = effects(draws, means, anchor.method, span) if anchor is not None else {}
+    for entry in ranked:
+        entry.interval = intervals[entry.method]
+        entry.vs_best = to_best[entry.method]
+        entry.vs_reference = to_anchor.get(entry.method)
 
 
 def overall(scenarios: dict[str, list[Entry]]) -> list[Overall]:
@@ -313,14 +381,21 @@ def csv_rows(board: Leaderboard) -> list[dict]:
             rows.append({
                 "scenario": e.scenario, "method": e.method, "status": e.status,
                 "rank": "" if e.rank is None else e.rank, f"mean_{metric}": _number(e.mean, 6),
-                "ci95": _number(e.ci95, 6), "tunings": len(e.tunings), "seeds": e.seed_count,
+                **_interval_columns("ci", e.interval, value=False),
+                "tunings": len(e.tunings), "seeds": e.seed_count,
                 f"{metric}_by_seed": _by_seed(e, "scores"), "time_by_seed": _by_seed(e, "times"),
+                "end_by_seed": _by_seed(e, "ends"),
                 "energy_by_seed": _by_seed(e, "energies"), "mean_energy": _number(e.mean_energy, 6),
                 "time_to_target": _number(e.time_to_target, 3),
                 "target_reached": f"{reached}/{seeds}" if seeds else "",
                 "p_vs_best": _number(e.p, 6), "p_holm": _number(e.p_holm, 6),
                 "worse_than_best": "" if e.worse is None else str(e.worse).lower(),
+                **_interval_columns("vs_best", e.vs_best), "reference": board.reference or "",
+                **_interval_columns("vs_reference", e.vs_reference),
+                "p_vs_reference": _number(e.p_reference, 6),
+                "p_holm_reference": _number(e.p_holm_reference, 6),
                 "validation_value": ";".join(_number(t.validation, 6) for t in e.tunings),
+                "validation_by_trial": _by_trial(e),
                 "tuned": json.dumps(tuned[0] if len(tuned) == 1 else tuned, sort_keys=True),
                 "own_knobs": " ".join(e.own), "reason": e.reason, "caveats": " | ".join(e.caveats),
                 "planner_knowledge": e.knowledge, "fedhet": ";".join(sorted(e.builds)),
@@ -329,6 +404,25 @@ def csv_rows(board: Leaderboard) -> list[dict]:
                 "higher_is_better": str(board.score.higher_is_better).lower(),
             })  # fmt: skip
     return rows
+
+
+def _by_trial(entry: Entry) -> str:
+    """``repeat:v1 v2 ...;...``: each tuning's trials' validation values in order (``-``:
+    pruned, or not finite)."""
+    return ";".join(
+        f"{t.repeat}:" + " ".join("-" if v is None else repr(v) for v in t.trials)
+        for t in entry.tunings
+        if t.trials
+    )
+
+
+def _interval_columns(name: str, interval: Interval | None, value: bool = True) -> dict[str, str]:
+    """``name``, ``name_low``, ``name_high`` (without ``name`` itself when not ``value``)."""
+    columns = {
+        f"{name}_low": _number(interval.low if interval else None, 6),
+        f"{name}_high": _number(interval.high if interval else None, 6),
+    }
+    return {name: _number(interval.value if interval else None, 6), **columns} if value else columns
 
 
 def read_csv(path: Path) -> list[dict]:
@@ -381,16 +475,20 @@ def _row_from_csv(r: dict, metric: str) -> dict:
         raise ValueError(f"tuned: {r['tuned']!r} is not the tuned values (JSON objects)")
     validation = [float(v) if v else None for v in (r.get("validation_value") or "").split(";")]
     validation += [None] * len(params)
-    tunings = [{"repeat": i + 1, "params": p, "validation": validation[i], "seeds": {}}
-               for i, p in enumerate(params)]  # fmt: skip
+    trials = {int(k): [None if v == "-" else float(v) for v in text.split()]
+              for k, text in _pairs(r.get("validation_by_trial") or "")}  # fmt: skip
+    tunings = [{"repeat": i + 1, "params": p, "validation": validation[i], "seeds": {},
+                "trials": trials.get(i + 1, [])} for i, p in enumerate(params)]  # fmt: skip
     higher = r.get("higher_is_better", "true") == "true"
     times = dict(_pairs(r.get("time_by_seed", "")))
     energies = dict(_pairs(r.get("energy_by_seed") or ""))  # a table written before energy: none
+    ends = dict(_pairs(r.get("end_by_seed") or ""))
     for key, value in _pairs(r[f"{metric}_by_seed"]):
         repeat, _, seed = key.rpartition("/")
         result = {"score": _score(value, metric, key), "score_metric": metric, "higher_is_better": higher,
                   "time_to_target": float(times[key]) if times.get(key) else None,
                   "energy": float(energies[key]) if energies.get(key) else None,
+                  "sim_time": float(ends[key]) if ends.get(key) else None,
                   "caveats": [c for c in r.get("caveats", "").split(" | ") if c],
                   "planner_knowledge": r.get("planner_knowledge", ""),
                   "fedhet": r.get("fedhet", "")}  # fmt: skip
@@ -419,40 +517,49 @@ def write_csv(board: Leaderboard, path: Path) -> Path:
 
 
 def scenario_lines(
-    entries: list[Entry], target: float | None, alpha: float, metric: str = "accuracy"
+    entries: list[Entry],
+    target: float | None,
+    alpha: float,
+    metric: str = "accuracy",
+    reference: str | None = None,
 ) -> list[str]:
     """One scenario's table in markdown."""
-    target_head = f"time to {target:g} (reached)" if target is not None else "time to target"
+    target_head = f"time to {target:g}: KM median (reached)" if target is not None else "time to target"
+    against = f"vs {reference}" if reference else "vs reference"
     lines = [
-        f"| rank | method | test {metric} (95% CI, n seeds) | {target_head} | energy J | p vs best | "
-        "p Holm | tuned (validation) |",
-        "|---:|---|---|---|---:|---:|---:|---|",
+        f"| rank | method | test {metric} [95% CI] (units) | vs best [95% CI] | {against} [95% CI] | "
+        f"{target_head} | energy J | p vs best | p Holm | p {against} | p Holm | tuned (validation) |",
+        "|---:|---|---|---|---|---|---:|---:|---:|---:|---:|---|",
     ]
     for e in sorted(entries, key=_order):
         if e.status != "ok":
-            lines.append(f"| – | {e.method} | {e.status}: {e.reason} | | | | | |")
+            lines.append(f"| – | {e.method} | {e.status}: {e.reason} |" + " |" * 9)
             continue
-        interval = f" ± {e.ci95:.4f}" if e.ci95 is not None else ""
-        reached, seeds = e.reached
-        time = (
-            f"{e.time_to_target:.1f} s ({reached}/{seeds})"
-            if e.time_to_target is not None
-            else f"– (0/{seeds})"
-        )
         marker = " **best**" if e.best else (" *worse*" if e.worse else "")
         marker += " ⚠" if e.caveats else ""
         marker += f" (+{len(e.own)} own)" if e.own else ""
         marker += f" (knew: {e.knowledge})" if e.knowledge else ""
-        value = f"{e.mean:.4f}{interval} ({_units_text(e)})"
+        value = f"{e.interval.text() if e.interval else f'{e.mean:.4f}'} ({_units_text(e)})"
+        effects = " | ".join(
+            "–" if gap is None else gap.text(signed=True) for gap in (e.vs_best, e.vs_reference)
+        )
         energy = "–" if e.mean_energy is None else f"{e.mean_energy:.4g}"
-        tests = f"{energy} | {_p(e.p)} | {_p(e.p_holm)}"
-        lines.append(f"| {e.rank} | {e.method}{marker} | {value} | {time} | {tests} | {_tuned_text(e)} |")
+        tests = f"{energy} | {_p(e.p)} | {_p(e.p_holm)} | {_p(e.p_reference)} | {_p(e.p_holm_reference)}"
+        cells = [str(e.rank), f"{e.method}{marker}", value, effects, _time_text(e), tests, _tuned_text(e)]
+        lines.append(f"| {' | '.join(cells)} |")
     power = power_line(entries, alpha, metric)
     lines += ["", power] if power else []
     caveats = [(e.method, c) for e in sorted(entries, key=_order) for c in e.caveats]
     if caveats:
         lines += ["", *[f"- ⚠ {method}: {caveat}" for method, caveat in caveats]]
     return lines
+
+
+def _time_text(entry: Entry) -> str:
+    reached, seeds = entry.reached
+    if entry.time_to_target is None:  # fewer than half its runs known to reach the target
+        return f"> half missed ({reached}/{seeds})"
+    return f"{entry.time_to_target:.1f} s ({reached}/{seeds})"
 
 
 def power_line(entries: list[Entry], alpha: float, metric: str = "accuracy") -> str | None:
@@ -531,34 +638,103 @@ def markdown(board: Leaderboard, header: dict) -> str:
     if header.get("description"):
         lines += [header["description"], ""]
     lines += [f"- {k}: {v}" for k, v in header["settings"].items()] + [""]
-    repeated = any(not e.paired for entries in board.scenarios.values() for e in entries if e.tunings)
-    unit = (
-        "mean over its tunings (each tuning's setting run on the seeds; the unit is a tuning's "
-        "mean over its seeds) with its 95% Student-t interval over the tunings. p vs best: Welch's "
-        "t-test against the scenario's best method over the tunings' means"
-        if repeated
-        else "mean over seeds with its 95% Student-t interval (n seeds). p vs best: a paired t-test "
-        "against the scenario's best method over the seeds both ran"
-    )
-    lines += [
-        f"Test {board.score.metric}: {unit}; p Holm: Holm-corrected within the scenario; "
-        f"*worse*: Holm-corrected p < {board.alpha:g}. Every method searches the suite's shared "
-        "knobs; (+k own): it searched k knobs of its own besides (the searched line above names "
-        "them). ⚠: under this scenario's settings the method is provably another, simpler rule, "
-        "or a mechanism of it is inert (the caveat says which). (knew: k): what its planner knew of "
-        "clients' speeds when it sized their work: history (their reports), profile (the declared "
-        "expectation) or oracle (this round's drawn times). energy J: the joules a seed run spent "
-        "(summary.json's energy), the mean over its seed runs.",
-        "",
-        "## Across scenarios",
-        "",
-        *across_lines(board),
-    ]
+    lines += [*model_lines(board), "", "## Across scenarios", "", *across_lines(board)]
     for name, entries in board.scenarios.items():
         description = header.get("scenarios", {}).get(name, "")
         lines += ["", f"## {name}", ""] + ([description, ""] if description else [])
-        lines += scenario_lines(entries, header.get("target"), board.alpha, board.score.metric)
+        lines += scenario_lines(
+            entries, header.get("target"), board.alpha, board.score.metric, board.reference
+        )
+        budget = budget_sentence(budget_curves(board, name), board.score.higher_is_better)
+        lines += ["", budget] if budget else []
     return "\n".join(lines) + "\n"
+
+
+def model_lines(board: Leaderboard) -> list[str]:
+    """How the tables are read: the statistical model, the intervals, the tests, the Holm
+    families and what survives a correction over all of them."""
+    repeated = any(not e.paired for entries in board.scenarios.values() for e in entries if e.tunings)
+    metric, reference = board.score.metric, board.reference or "the reference"
+    test = (
+        "Welch's t-test over the tunings' means (each tuning's mean runs over the same seeds as "
+        "every other's, so the seeds' shared effects cancel)"
+        if repeated
+        else "a paired t-test over the seeds both ran"
+    )
+    return [
+        "## How to read the tables",
+        "",
+        f"Model: a method's final test {metric} is its mean, plus its tuning's draw (tunings nested "
+        "in the method, random), plus the seed's draw (seed s is the same split, devices and "
+        "availability for every method: paired), plus noise. A method's mean is the mean over its "
+        "tunings of each one's mean over the seeds. Its 95% interval, and each effect (a method's "
+        f"mean less the scenario's best's, and less {reference}'s, in {metric} units), come from a "
+        "hierarchical bootstrap (2,000 draws: the seeds drawn once for all methods, each "
+        "method's tunings drawn on their own), percentile intervals clipped to the score's "
+        "range; with few tunings they are "
+        "somewhat too narrow, so read them with the tests' p. "
+        f"p vs best and p vs {reference}: {test}; p Holm: Holm-corrected within its family; "
+        f"*worse*: Holm-corrected p vs best < {board.alpha:g}. Time to target: the Kaplan-Meier "
+        "median over the seed runs on the simulated clock, a run that missed the target censored "
+        "at its end; none where fewer than half are known to reach it. Budget: each method's "
+        "expected best validation value after n trials is the mean over its tunings of the best "
+        "of their first n trials (leaderboard-budget.png draws it with a bootstrap band).",
+        "",
+        families_line(board),
+        "",
+        "Every method searches the suite's shared knobs; (+k own): it searched k knobs of its own "
+        "besides (the searched line above names them). ⚠: under this scenario's settings the "
+        "method is provably another, simpler rule, or a mechanism of it is inert (the caveat says "
+        "which). (knew: k): what its planner knew of clients' speeds when it sized their work: "
+        "history (their reports), profile (the declared expectation) or oracle (this round's drawn "
+        "times). energy J: the joules a seed run spent (summary.json's energy), the mean over its "
+        "seed runs.",
+    ]
+
+
+def global_marks(board: Leaderboard) -> tuple[int, list[tuple[str, str, str, float, float]]]:
+    """The Holm families (per scenario: each method against the best, and against the
+    reference) and, corrected over all their tests together, the marks that survive:
+    (families, [(scenario, question, method, Holm within its family, Holm over all)])."""
+    tests: list[tuple[str, str, str, float | None, float | None]] = []
+    families = 0
+    for name, entries in board.scenarios.items():
+        for question, raw, within in (
+            ("best", "p", "p_holm"),
+            ("reference", "p_reference", "p_holm_reference"),
+        ):
+            family = [(name, question, e.method, getattr(e, raw), getattr(e, within)) for e in entries
+                      if getattr(e, raw) is not None]  # fmt: skip
+            families += bool(family)
+            tests += family
+    overall = holm([t[3] for t in tests])
+    marks = [(s, q, m, float(within), float(adjusted))
+             for (s, q, m, _, within), adjusted in zip(tests, overall, strict=True)
+             if within is not None and within < board.alpha and adjusted is not None]  # fmt: skip
+    return families, marks
+
+
+def families_line(board: Leaderboard) -> str:
+    """How many Holm families the page holds, and which marks survive over all of them."""
+    families, marks = global_marks(board)
+    count = sum(1 for entries in board.scenarios.values() for e in entries for p in (e.p, e.p_reference)
+                if p is not None)  # fmt: skip
+    if not count:
+        return "Holm families: none (no scenario has two methods to test)."
+    kept = [
+        f"{m} against the {q} in {s} ({adjusted:.2g})"
+        for s, q, m, _, adjusted in marks
+        if adjusted < board.alpha
+    ]
+    lost = len(marks) - len(kept)
+    return (
+        f"Holm families: {families} (one per scenario and question: against the best, against "
+        f"{board.reference or 'the reference'}), {count} tests. Of the {len(marks)} differences "
+        f"significant within their family, {len(kept)} stay significant when Holm's correction runs "
+        f"over all {count} tests together"
+        + (f": {'; '.join(kept)}" if kept else "")
+        + (f"; {lost} do not." if lost else ".")
+    )
 
 
 def _curves(entries: list[Entry], column: str = "test_accuracy") -> dict[str, tuple[Any, Any]]:
@@ -593,13 +769,15 @@ def _curves(entries: list[Entry], column: str = "test_accuracy") -> dict[str, tu
 
 
 def figures(board: Leaderboard, out: Path) -> list[Path]:
-    """The score against simulated time per scenario, and the rank heat-map, as PNGs."""
+    """The score and the energy spent against simulated time per scenario, the expected best
+    validation value against the tuning trials, and the rank heat-map, as PNGs."""
     from fedhet.studies.plots import _pyplot
 
     plt = _pyplot()
     metric = f"test {board.score.metric}"
     return [_curves_figure(plt, board, out / "leaderboard-curves.png", board.score.column, metric),
             _curves_figure(plt, board, out / "leaderboard-energy.png", "energy_total", "energy spent (J)"),
+            _budget_figure(plt, board, out / "leaderboard-budget.png"),
             _ranks_figure(plt, board, out / "leaderboard-ranks.png")]  # fmt: skip
 
 
@@ -616,9 +794,49 @@ def _evaluations(mean) -> list[int]:
 def _curves_figure(plt, board: Leaderboard, path: Path, column: str, label: str) -> Path:
     """Each scenario's mean ``column`` of metrics.csv (the test score, the energy spent so
     far) of every method against simulated time."""
-    import warnings
+    from fedhet.studies.plots import algorithm_color
+
+    def draw(ax, entries: list[Entry]) -> None:
+        for method, (grid, mean) in _curves(entries, column).items():
+            ax.plot(grid, mean, label=method, color=algorithm_color(method), marker="o", markersize=3,
+                    markevery=_evaluations(mean))  # fmt: skip
+
+    return _scenarios_figure(plt, board, path, draw, "simulated time (s)", label)
+
+
+def budget_curves(board: Leaderboard, name: str) -> list[Any]:
+    """The scenario's budget curves (:mod:`fedhet.bench.budget`) of the methods that ran."""
+    from fedhet.bench.budget import curve
+
+    made = [curve(e.method, [t.trials for t in e.tunings], board.score.higher_is_better, name)
+            for e in board.scenarios[name] if e.status == "ok"]  # fmt: skip
+    return [c for c in made if c is not None]
+
+
+def _budget_figure(plt, board: Leaderboard, path: Path) -> Path:
+    """Each scenario's expected best validation value against the trials, with bands."""
+    from matplotlib.ticker import MaxNLocator
 
     from fedhet.studies.plots import algorithm_color
+
+    def draw(ax, entries: list[Entry]) -> None:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # whole trials
+        for c in budget_curves(board, entries[0].scenario) if entries else []:
+            counts = list(range(1, len(c.mean) + 1))
+            mean = [math.nan if v is None else v for v in c.mean]
+            ax.plot(counts, mean, label=c.method, color=algorithm_color(c.method), marker="o", markersize=3)
+            if c.tunings > 1:
+                low = [math.nan if v is None else v for v in c.low]
+                high = [math.nan if v is None else v for v in c.high]
+                ax.fill_between(counts, low, high, color=algorithm_color(c.method), alpha=0.12, linewidth=0)
+
+    label = f"expected best validation {board.score.metric}"
+    return _scenarios_figure(plt, board, path, draw, "tuning trials", label)
+
+
+def _scenarios_figure(plt, board: Leaderboard, path: Path, draw, xlabel: str, ylabel: str) -> Path:
+    """A panel per scenario, each drawn by ``draw(ax, entries)``; one legend of every method."""
+    import warnings
 
     names = list(board.scenarios)
     cols = min(3, len(names))
@@ -627,12 +845,10 @@ def _curves_figure(plt, board: Leaderboard, path: Path, column: str, label: str)
     for ax, name in zip(axes.flat, names, strict=False):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            for method, (grid, mean) in _curves(board.scenarios[name], column).items():
-                ax.plot(grid, mean, label=method, color=algorithm_color(method), marker="o", markersize=3,
-                        markevery=_evaluations(mean))  # fmt: skip
+            draw(ax, board.scenarios[name])
         ax.set_title(name, fontsize=10)
-        ax.set_xlabel("simulated time (s)")
-        ax.set_ylabel(label)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(names) :]:
         ax.axis("off")
@@ -748,6 +964,7 @@ def write(board: Leaderboard, out: Path, header: dict, with_figures: bool = True
         links = (
             f"![{board.score.metric} against simulated time](leaderboard-curves.png)\n\n"
             "![energy spent against simulated time](leaderboard-energy.png)\n\n"
+            "![expected best validation value against tuning trials](leaderboard-budget.png)\n\n"
             "![ranks](leaderboard-ranks.png)\n"
         )
         lacking = without_curves(board)

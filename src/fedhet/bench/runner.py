@@ -425,7 +425,7 @@ class Bench:
         result = self.studies[name]
         seeds = {run.seed: _seed_result(run, self.suite.target) for run in self.seeds.get(name, [])}
         return {"repeat": tuning.repeat, "params": result.best_params, "validation": result.best_value,
-                "seeds": seeds}  # fmt: skip
+                "trials": list(result.values), "seeds": seeds}  # fmt: skip
 
 
 def _short(value: Any) -> str:

@@ -41,6 +41,8 @@ class StudyResult:
     best_trial: int | None = None
     stopped: str = ""
     not_applicable: str = ""  # the method refuses the scenario's settings (why)
+    values: list[float | None] = field(default_factory=list)  # each counted trial's validation value
+    # (None: pruned or not finite), in the order they were run
 
     def done(self, trials: int) -> bool:
         return bool(self.stopped) or self.counted >= trials
@@ -223,6 +225,8 @@ def status(study, trials: int) -> StudyResult:
             result.failed += 1
         if trial.state == TrialState.COMPLETE and trial.value is not None and math.isfinite(trial.value):
             finite.append(trial)
+        if trial.state in (TrialState.COMPLETE, TrialState.PRUNED):  # the trials the budget counts
+            result.values.append(trial.value if finite and finite[-1] is trial else None)
     if finite:
         pick = max if study.direction.name == "MAXIMIZE" else min
         best = pick(finite, key=lambda t: (t.value, -t.number) if pick is max else (t.value, t.number))

@@ -14,6 +14,8 @@ method is tuned under.
     validation_fraction = 0.2   # the tuning trials are judged on this share of the training set
     objective = "final_test_accuracy"   # what a trial is judged by (as fedhet tune's objectives)
     target = 0.8                # the leaderboard's time-to-accuracy on the simulated clock
+    reference = "fedavg"        # every method's effect is also stated against this one
+                                # (default: fedavg, else drop, where the suite runs them)
     base = "base.toml"          # optional: a configuration the sections below add to
 
     [params]                    # the shared knobs, searched for every method alike
@@ -72,7 +74,7 @@ DEFAULT_PARAMS = {
 SUITE_KEYS = {
     "name", "description", "methods", "trials", "seeds", "validation_fraction", "objective", "direction",
     "target", "base", "alpha", "random_trials", "pruner", "startup_trials", "warmup_steps",
-    "max_failures", "threads", "sampler_seed", "tuning_repeats",
+    "max_failures", "threads", "sampler_seed", "tuning_repeats", "reference",
 }  # fmt: skip
 SCENARIO_KEYS = {"description", "options", "skip"}
 
@@ -129,6 +131,7 @@ class Suite:
     threads: int = 1
     sampler_seed: int = 1
     tuning_repeats: int = 1
+    reference: str | None = None  # the method every effect is also stated against
     shared: list[Param] = field(default_factory=list)  # the knobs every method searches
     # (scenario, method label) -> keys a method searches that only its inert mechanisms read
     # there (:mod:`fedhet.algorithms.mechanisms`): not tuned in that scenario
@@ -494,6 +497,7 @@ def load_suite(
     suite = Suite(name, where, str(table.get("description", "")), _base(raw, path, overrides or []),
                   scenarios, methods, shared=shared)  # fmt: skip
     _settings(suite, table, trials, seeds, repeats)
+    suite.reference = _reference(table, methods, derived, where)
     check(suite)
     suite.inert = {(s.name, m.label): keys for s, m in suite.pairs() if (keys := _inert_knobs(suite, s, m))}
     return suite
@@ -585,6 +589,26 @@ def _settings(suite: Suite, table: dict, trials: int | None, seeds: int | None, 
     highest = 2**32 - suite.tuning_repeats  # each tuning's sampler is seeded sampler_seed + repeat - 1
     if suite.sampler_seed > highest:
         raise ConfigError(f"{where}: suite.sampler_seed = {suite.sampler_seed}: at most {highest}")
+
+
+def _reference(table: dict, methods: list[Method], derived: dict[str, list[str]], where: str) -> str | None:
+    """``suite.reference``: a method label of the suite (a rule crossed with ``[selections]``:
+    its first crossing); without it, FedAvg, else drop-stragglers, where the suite runs them
+    (:func:`fedhet.bench.leaderboard.default_reference`)."""
+    from fedhet.bench.leaderboard import default_reference
+
+    labels = [m.label for m in methods]
+    reference = table.get("reference")
+    if isinstance(reference, str) and reference not in labels and derived.get(reference):
+        reference = derived[reference][0]
+    if reference is None:
+        return default_reference(labels)
+    if reference not in labels:
+        raise ConfigError(
+            f"{where}: suite.reference = {reference!r}: not a method of the suite "
+            f"(methods: {', '.join(labels)})"
+        )
+    return str(reference)
 
 
 def _direction(suite: Suite, table: dict) -> None:
