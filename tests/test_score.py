@@ -156,8 +156,9 @@ def test_a_regression_bench_ranks_the_lowest_rmse_first(tmp_path):
         by_rank = sorted(ranked, key=lambda r: int(r["rank"]))
         means = [float(r["mean_rmse"]) for r in by_rank]
         assert means == sorted(means) and means[0] > 1.0  # lowest RMSE first, in the target's units
+        assert all(0.0 <= float(r["ci_low"]) <= float(r["mean_rmse"]) <= float(r["ci_high"]) for r in ranked)
     page = (out / "leaderboard.md").read_text()
-    assert "test rmse (95% CI, n seeds)" in page
+    assert "test rmse [95% CI] (units)" in page
 
 
 def test_fjords_self_distillation_follows_the_task():
