@@ -68,6 +68,7 @@ def test_a_run_report_holds_figures_summary_config_and_algorithm_reports(runs, t
     assert {"Summary", "Figures", "Configuration"} <= set(page.headings)
     text = (tmp_path / "fedstale.html").read_text()
     assert "participation.json" in text and "server_memory.json" in text and page.details >= 2
+    assert "what each client spent over the run (clients.csv)" in text  # its distribution over clients
 
 
 def test_a_folder_of_runs_gets_one_page_with_every_run(runs, tmp_path):

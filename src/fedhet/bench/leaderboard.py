@@ -39,6 +39,8 @@ CSV_COLUMNS = (
     "end_by_seed",
     "energy_by_seed",
     "mean_energy",
+    "bytes_by_seed",
+    "mean_bytes",
     "time_to_target",
     "target_reached",
     "p_vs_best",
@@ -90,6 +92,9 @@ class Tuned:
     scores: dict[int, float] = field(default_factory=dict)  # seed -> final test score
     times: dict[int, float | None] = field(default_factory=dict)  # seed -> time to target
     energies: dict[int, float | None] = field(default_factory=dict)  # seed -> joules the run spent
+    moved: dict[int, float | None] = field(
+        default_factory=dict
+    )  # seed -> bytes its clients received and sent
     ends: dict[int, float | None] = field(default_factory=dict)  # seed -> the run's last simulated time
     folders: dict[int, str] = field(default_factory=dict)
     trials: list[float | None] = field(default_factory=list)  # its trials' validation values, in order
@@ -148,6 +153,13 @@ class Entry:
         """The joules its seed runs spent (summary.json's ``energy``), averaged over them."""
         spent = [e for t in self.tunings for e in t.energies.values() if e is not None]
         return sum(spent) / len(spent) if spent else None
+
+    @property
+    def mean_bytes(self) -> float | None:
+        """The bytes its seed runs' clients received and sent (summary.json's ``bytes_down``
+        and ``bytes_up``), averaged over the runs."""
+        moved = [b for t in self.tunings for b in t.moved.values() if b is not None]
+        return sum(moved) / len(moved) if moved else None
 
     @property
     def seed_count(self) -> int:
@@ -251,6 +263,7 @@ def _tuned(entry: Entry, tuning: dict, score: Score) -> Tuned:
         tuned.scores[int(seed)] = float(value)
         tuned.times[int(seed)] = result.get("time_to_target")
         tuned.energies[int(seed)] = result.get("energy")
+        tuned.moved[int(seed)] = result.get("bytes")
         tuned.ends[int(seed)] = result.get("sim_time")
         tuned.folders[int(seed)] = result.get("folder", "")
         entry.caveats += [c for c in result.get("caveats", []) if c not in entry.caveats]
@@ -364,7 +377,7 @@ def _by_seed(entry: Entry, values: str) -> str:
     same statistics (``--against``)."""
     parts = []
     for t in entry.tunings:
-        mapping: dict[int, Any] = getattr(t, values)  # scores, times or energies
+        mapping: dict[int, Any] = getattr(t, values)  # scores, times, energies, bytes moved
         for seed, value in sorted(mapping.items()):
             key = f"{t.repeat}/{seed}" if not entry.paired else str(seed)
             text = "" if value is None else repr(float(value))
@@ -386,6 +399,7 @@ def csv_rows(board: Leaderboard) -> list[dict]:
                 f"{metric}_by_seed": _by_seed(e, "scores"), "time_by_seed": _by_seed(e, "times"),
                 "end_by_seed": _by_seed(e, "ends"),
                 "energy_by_seed": _by_seed(e, "energies"), "mean_energy": _number(e.mean_energy, 6),
+                "bytes_by_seed": _by_seed(e, "moved"), "mean_bytes": _number(e.mean_bytes, 0),
                 "time_to_target": _number(e.time_to_target, 3),
                 "target_reached": f"{reached}/{seeds}" if seeds else "",
                 "p_vs_best": _number(e.p, 6), "p_holm": _number(e.p_holm, 6),
@@ -482,12 +496,14 @@ def _row_from_csv(r: dict, metric: str) -> dict:
     higher = r.get("higher_is_better", "true") == "true"
     times = dict(_pairs(r.get("time_by_seed", "")))
     energies = dict(_pairs(r.get("energy_by_seed") or ""))  # a table written before energy: none
+    moved = dict(_pairs(r.get("bytes_by_seed") or ""))
     ends = dict(_pairs(r.get("end_by_seed") or ""))
     for key, value in _pairs(r[f"{metric}_by_seed"]):
         repeat, _, seed = key.rpartition("/")
         result = {"score": _score(value, metric, key), "score_metric": metric, "higher_is_better": higher,
                   "time_to_target": float(times[key]) if times.get(key) else None,
                   "energy": float(energies[key]) if energies.get(key) else None,
+                  "bytes": float(moved[key]) if moved.get(key) else None,
                   "sim_time": float(ends[key]) if ends.get(key) else None,
                   "caveats": [c for c in r.get("caveats", "").split(" | ") if c],
                   "planner_knowledge": r.get("planner_knowledge", ""),
@@ -528,12 +544,13 @@ def scenario_lines(
     against = f"vs {reference}" if reference else "vs reference"
     lines = [
         f"| rank | method | test {metric} [95% CI] (units) | vs best [95% CI] | {against} [95% CI] | "
-        f"{target_head} | energy J | p vs best | p Holm | p {against} | p Holm | tuned (validation) |",
-        "|---:|---|---|---|---|---|---:|---:|---:|---:|---:|---|",
+        f"{target_head} | energy J | MB moved | p vs best | p Holm | p {against} | p Holm | "
+        "tuned (validation) |",
+        "|---:|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     for e in sorted(entries, key=_order):
         if e.status != "ok":
-            lines.append(f"| – | {e.method} | {e.status}: {e.reason} |" + " |" * 9)
+            lines.append(f"| – | {e.method} | {e.status}: {e.reason} |" + " |" * 10)
             continue
         marker = " **best**" if e.best else (" *worse*" if e.worse else "")
         marker += " ⚠" if e.caveats else ""
@@ -544,8 +561,10 @@ def scenario_lines(
             "–" if gap is None else gap.text(signed=True) for gap in (e.vs_best, e.vs_reference)
         )
         energy = "–" if e.mean_energy is None else f"{e.mean_energy:.4g}"
-        tests = f"{energy} | {_p(e.p)} | {_p(e.p_holm)} | {_p(e.p_reference)} | {_p(e.p_holm_reference)}"
-        cells = [str(e.rank), f"{e.method}{marker}", value, effects, _time_text(e), tests, _tuned_text(e)]
+        moved = "–" if e.mean_bytes is None else f"{e.mean_bytes / 1e6:.4g}"
+        tests = " | ".join(_p(p) for p in (e.p, e.p_holm, e.p_reference, e.p_holm_reference))
+        cells = [str(e.rank), f"{e.method}{marker}", value, effects, _time_text(e), energy, moved, tests,
+                 _tuned_text(e)]  # fmt: skip
         lines.append(f"| {' | '.join(cells)} |")
     power = power_line(entries, alpha, metric)
     lines += ["", power] if power else []
@@ -688,7 +707,8 @@ def model_lines(board: Leaderboard) -> list[str]:
         "which). (knew: k): what its planner knew of clients' speeds when it sized their work: "
         "history (their reports), profile (the declared expectation) or oracle (this round's drawn "
         "times). energy J: the joules a seed run spent (summary.json's energy), the mean over its "
-        "seed runs.",
+        "seed runs; MB moved: the megabytes its clients received and sent (summary.json's "
+        "bytes_down and bytes_up), the mean over its seed runs.",
     ]
 
 

@@ -432,6 +432,12 @@ def _short(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+def _bytes_moved(summary: dict) -> float | None:
+    """The bytes a run's clients received and sent (summary.json's, :mod:`fedhet.engine.traffic`)."""
+    moved = [summary.get("bytes_down"), summary.get("bytes_up")]
+    return None if any(m is None for m in moved) else float(sum(moved))  # type: ignore[arg-type]
+
+
 def _seed_result(run: SeedRun, target: float | None) -> dict:
     """A seed run's numbers: its task's final test score, time to the target, its curve's
     folder."""
@@ -450,6 +456,7 @@ def _seed_result(run: SeedRun, target: float | None) -> dict:
         "time_to_target": None if not hit else float(hit["sim_time"]),
         "sim_time": summary.get("sim_time"),
         "energy": summary.get("energy"),
+        "bytes": _bytes_moved(summary),
         "caveats": list(summary.get("caveats") or []),
         "planner_knowledge": summary.get("planner_knowledge", ""),
         "folder": str(run.folder),

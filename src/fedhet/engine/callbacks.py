@@ -254,9 +254,10 @@ class Reports(Callback):
 
 
 class ClientTable(Callback):
-    """``clients.csv``: one row per client, its data size, device and power draw, and the
-    seconds and joules it spent over the run (:mod:`fedhet.system.energy`), written when the
-    run stops."""
+    """``clients.csv``: one row per client, its data size, device and power draw, the
+    seconds and joules it spent over the run (:mod:`fedhet.system.energy`), and the bytes it
+    received and sent and the FLOPs it trained (:mod:`fedhet.engine.traffic`), written when
+    the run stops."""
 
     name = "clients"
 
@@ -267,7 +268,10 @@ class ClientTable(Callback):
         world = self.world
         if world.power is None:
             return
-        rows = world.power.table(state.energy, world.client_sizes)
+        from fedhet.engine.traffic import traffic_columns
+
+        rows = [{**row, **traffic_columns(state.energy, row["client"])}
+                for row in world.power.table(state.energy, world.client_sizes)]  # fmt: skip
         with self.run_dir.writing():
             self.run_dir.write_clients(rows)
 

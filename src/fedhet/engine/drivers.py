@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from fedhet.config import Config
     from fedhet.engine.clock import EnergyAccount, VirtualClock
     from fedhet.engine.pool import ClientPool
+    from fedhet.engine.traffic import TrafficAccount
     from fedhet.world import World
 
 
@@ -56,6 +57,7 @@ class StepEnvironment:
     pool: ClientPool
     clock: VirtualClock
     energy: EnergyAccount
+    traffic: TrafficAccount  # per client: bytes up and down, training FLOPs
 
 
 def take_faults(pool) -> list:
@@ -113,6 +115,8 @@ class RoundDriver:
         spent = self._energy(world, state, context, requested, tasks, duration, hooks)
         if not (env.clock.fits(duration) and env.energy.fits(spent.total)):
             return None
+        for task in tasks:
+            env.traffic.sent(task)
         received = self._aggregate(env, state, t, tasks, context, hooks, model)
         if isinstance(received, NonFinite):
             return received
@@ -211,7 +215,10 @@ class RoundDriver:
         rule = "aggregate" if isinstance(aggregator, ListAggregator) else "streaming_aggregator"
         delivered: list[UpdateSummary] = []
         skipped = 0
+        batch = {task.client: task.batch_size for task in tasks}
         for update in env.pool.run(tasks, state.params, state.buffers):
+            env.traffic.trained(update, batch[update.client])
+            env.traffic.uploaded(update)  # sent, whether or not the server keeps it
             what = update_fault(update)
             if what and config.run.on_non_finite == "stop":
                 model.call("observe", system.observe, [*delivered, update.summary()])
@@ -276,15 +283,16 @@ class EventDriver:
         work = Workload(None, np.full(world.num_clients, config.train.batch_size), steps, start_time=now)
         work.upload_bytes = upload_bytes(world, np.ones(world.num_clients, dtype=int))  # the whole model
         work.download_bytes = download_bytes(world)
-        for client in chosen:
-            if not self._launch(env, state, client, version, work, updates.get(client)):
+        for task in tasks:
+            if not self._launch(env, state, task, version, work, updates.get(task.client)):
                 return  # the energy budget is spent: the next server step is refused
 
-    def _launch(self, env: StepEnvironment, state, client: int, version: int, work: Workload, update):
-        """Price one start of ``work`` on the clock and put its update in flight (unless the
+    def _launch(self, env: StepEnvironment, state, task, version: int, work: Workload, update):
+        """Price one start of ``work`` on the clock (its energy; a present client's download
+        and, once its work is done, its FLOPs) and put its update in flight (unless the
         client is absent or fails before its work is done); False when the energy budget is
         spent."""
-        world, config, engine = env.world, env.config, state.engine
+        world, config, engine, client = env.world, env.config, state.engine, task.client
         start, now, steps = engine["starts"][client], work.start_time, work.local_steps
         stream = seeding.client_stream(config.run.seed, start, client, "duration")
         model = Hooks(config.system.model, version + 1, "system model")
@@ -293,8 +301,11 @@ class EventDriver:
         engine["starts"][client] = start + 1
         if not self._charge_start(env, engine, timing, client):
             return False
+        if timing.participates[client]:
+            env.traffic.sent(task)
         if update is None or not timing.participates[client] or timing.steps_done[client] < steps[client]:
             return True  # absent, or failed before its work was done: idle again, tried at the next start
+        env.traffic.trained(update, task.batch_size)
         engine["in_flight"].append(
             {"client": client, "time": now + float(timing.full_time[client]), "version": version,
              "update": update}
@@ -346,6 +357,7 @@ class EventDriver:
             engine["now"] = at
             if arrival is not None:
                 engine["in_flight"].remove(arrival)
+                env.traffic.uploaded(arrival["update"])
                 engine["buffer"].append({"update": arrival["update"], "version": arrival["version"]})
                 if not hooks.call(
                     "arrive", algorithm.scheduler.arrive, state.algorithm, arrival["client"], at

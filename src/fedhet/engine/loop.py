@@ -39,6 +39,7 @@ from fedhet.engine.pool import ClientPool, PoolContext, TaskOrder, WorkerDied
 from fedhet.engine.preflight import check_first_round, inert_mechanisms, run_caveats
 from fedhet.engine.records import run_summary
 from fedhet.engine.state import RunState, check_checkpoint, from_checkpoint
+from fedhet.engine.traffic import TrafficAccount
 from fedhet.errors import FedhetError
 from fedhet.results import RunDirectory
 from fedhet.world import World, build_world
@@ -179,6 +180,7 @@ class RunLoop:
         evaluation.finish_interrupted(state)
         self.clock = VirtualClock(state.sim_time, config.run.time_budget)
         self.energy = EnergyAccount(state.energy, world.num_clients, config.run.energy_budget)
+        self.traffic = TrafficAccount(state.energy, world)
         notify(callbacks, "on_start", state)
         label = plugin_label("algorithm", config.algorithm_name)
         for note in guarded(
@@ -224,7 +226,7 @@ class RunLoop:
         started, wall_before = time.perf_counter(), state.wall_time
         last = config.run.rounds if stop_after is None else min(stop_after, config.run.rounds)
         driver = DRIVERS[self.world.algorithm.driver]()
-        env = StepEnvironment(config, self.world, self.pool, self.clock, self.energy)
+        env = StepEnvironment(config, self.world, self.pool, self.clock, self.energy, self.traffic)
         for t in range(state.round, last):
             if state.stopped_by:
                 break

@@ -9,6 +9,7 @@ import numpy as np
 from fedhet.build import fedhet_build
 from fedhet.data.task import Score
 from fedhet.engine.evaluation import target_times
+from fedhet.engine.traffic import traffic_totals
 from fedhet.messages import ClientUpdate, UpdateSummary
 from fedhet.run_schema import higher_is_better
 
@@ -50,8 +51,7 @@ def metrics_row(
 def run_summary(config, world, state, notes: list[str]) -> dict:
     """summary.json: the run's identity, length, clock and the task's metrics: the final
     and best value of each (best in its score's direction), the best round by the score."""
-    task = world.dataset.task
-    score = Score.of(task)
+    task, score = world.dataset.task, Score.of(world.dataset.task)
     evaluated = [r for r in state.metrics if r.get("test_loss") is not None]
     scored = [r for r in evaluated if r.get(score.column) is not None]
     best = score.best(r[score.column] for r in scored)
@@ -88,6 +88,7 @@ def run_summary(config, world, state, notes: list[str]) -> dict:
         # (clients.csv and energy count them; no metrics row does): energy = rows + this
         "energy_in_flight": float(state.engine.get("joules", 0.0)) if state.engine else 0.0,
         "energy_budget": config.run.energy_budget or None,
+        **traffic_totals(state.energy),  # bytes up and down, training FLOPs, all clients
         "stopped_by": state.stopped_by or ("rounds" if state.round >= config.run.rounds else None),
         "finished": state.round >= config.run.rounds or state.stopped_by in ("time_budget", "energy_budget"),
         "mean_round_time": state.sim_time / state.round if state.round else None,

@@ -241,6 +241,7 @@ def _run_page(run: RunDirectory, level: int) -> str:
                     "(1 = all layers; larger = less work)",
                 )
             )
+        parts.append(_figure(_clients_figure(run.path / "clients.csv"), CLIENTS_CAPTION))
         parts.append("</div>")
     config = run.path / "config.toml"
     if config.exists():
@@ -397,6 +398,50 @@ def _series_figure(metrics: list[dict], key: str, label: str) -> bytes:
     ax.set_xlabel("round")
     ax.set_ylabel(label)
     ax.grid(alpha=0.3)
+    return _png(fig)
+
+
+# clients.csv's columns the report shows over the clients: (column, axis label, scale)
+SPENT = (
+    ("train_s", "training [s]", 1.0),
+    ("comm_s", "communicating [s]", 1.0),
+    ("idle_s", "waiting [s]", 1.0),
+    ("joules", "energy [J]", 1.0),
+    ("bytes_down", "received [MB]", 1e-6),
+    ("bytes_up", "sent [MB]", 1e-6),
+    ("train_flops", "trained [GFLOP]", 1e-9),
+)
+CLIENTS_CAPTION = (
+    "what each client spent over the run (clients.csv): each dot a client, the box its quartiles "
+    "over the clients"
+)
+
+
+def _clients_figure(path: Path) -> bytes | None:
+    """Each clients.csv quantity of :data:`SPENT` over the clients: a box and every client."""
+    import csv
+
+    import numpy as np
+
+    from fedhet.studies.plots import _pyplot
+
+    if not path.exists():
+        return None
+    with open(path, newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    shown = [(c, label, scale) for c, label, scale in SPENT if rows and c in rows[0]]
+    if not shown:
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(shown), figsize=(1.6 * len(shown) + 1, 3.2), squeeze=False)
+    jitter = np.random.default_rng(0).uniform(-0.12, 0.12, len(rows))
+    for ax, (column, label, scale) in zip(axes[0], shown, strict=True):
+        values = np.array([float(r[column] or 0.0) * scale for r in rows])
+        ax.boxplot(values, widths=0.5, showfliers=False)
+        ax.scatter(1 + jitter, values, s=8, alpha=0.6, color="tab:blue")
+        ax.set_xticks([])
+        ax.set_title(label, fontsize=8)
+        ax.grid(alpha=0.3, axis="y")
     return _png(fig)
 
 
