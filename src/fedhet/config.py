@@ -277,6 +277,8 @@ class RunConfig(PluginSection):
     rounds: int = resumable(100)  # the number of rounds R (a time budget may stop it sooner)
     time_budget: float = 0.0  # simulated seconds; 0 = no budget (stop after `rounds`)
     energy_budget: float = 0.0  # joules spent by all clients together; 0 = no budget
+    # epsilon of clip-noise's privacy accounting (fedhet.engine.privacy); 0 = no budget
+    epsilon_budget: float = 0.0
     eval_every: int = resumable(1)  # evaluate the global model every this many rounds (and the last)
     # torch threads: "auto" (work size, free cores), 0 = torch default, or a count
     threads: Any = resumable("auto")
@@ -359,6 +361,7 @@ class RunConfig(PluginSection):
         if self.time_budget < 0:
             raise ConfigError(f"run.time_budget = {self.time_budget}: must be >= 0 (0 = none)")
         in_range("run.energy_budget", self.energy_budget, 0.0, 1e30)
+        in_range("run.epsilon_budget", finite("run.epsilon_budget", self.epsilon_budget), 0.0, 1e6)
         check_name("run.name", self.name)
         one_of("run.on_non_finite", self.on_non_finite, NON_FINITE_POLICIES)
         one_of("run.on_client_error", self.on_client_error, ("stop", "skip"))
@@ -659,6 +662,8 @@ class Config:
         # resolved configuration reads as it did before they existed (resume, bench studies)
         if out["run"].get("checkpoint_every") == CHECKPOINT_EVERY:
             del out["run"]["checkpoint_every"]
+        if out["run"].get("epsilon_budget") == 0.0:
+            del out["run"]["epsilon_budget"]
         if out["system"].get("dropout") == "none":
             del out["system"]["dropout"]
         if out["system"].get("dropout_keeps") == "nothing":

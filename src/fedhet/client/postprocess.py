@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedhet.checks import in_range, one_of
+from fedhet.checks import in_range, one_of, resumable
 from fedhet.client.state import ComponentState
 from fedhet.errors import ConfigError
 from fedhet.messages import ClientUpdate
@@ -107,12 +107,20 @@ def payload_bytes(chain: list[Postprocessor], elements: int, payload: Iterable[i
 
 @dataclass
 class ClipNoiseOptions:
-    """``max_norm`` C: the L2 bound of the update; ``noise_multiplier`` z: noise std z C."""
+    """``max_norm`` C: the L2 bound of the update; ``noise_multiplier`` z: noise std z C.
+    With z > 0 the run accounts its privacy (:mod:`fedhet.engine.privacy`): epsilon at
+    ``delta``, under the sampling reading ``accounting`` (no-amplification, poisson or
+    without-replacement) in metrics.csv and against ``run.epsilon_budget``."""
 
     max_norm: float = 1.0
     noise_multiplier: float = 0.0
+    delta: float = resumable(1e-5)
+    accounting: str = resumable("no-amplification")
 
     def validate(self) -> None:
+        in_range("train.postprocess: clip-noise delta", self.delta, 0.0, 1.0, low_open=True, high_open=True)
+        one_of("train.postprocess: clip-noise accounting", self.accounting,
+               ("no-amplification", "poisson", "without-replacement"))  # fmt: skip
         if not self.max_norm > 0:
             raise ConfigError(f"train.postprocess: clip-noise max_norm = {self.max_norm}: must be > 0")
         if self.noise_multiplier < 0:

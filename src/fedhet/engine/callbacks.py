@@ -261,8 +261,8 @@ class ClientTable(Callback):
 
     name = "clients"
 
-    def __init__(self, world, run_dir) -> None:
-        self.world, self.run_dir = world, run_dir
+    def __init__(self, world, run_dir, privacy=None) -> None:
+        self.world, self.run_dir, self.privacy = world, run_dir, privacy
 
     def on_end(self, state, summary: dict) -> None:
         world = self.world
@@ -272,6 +272,10 @@ class ClientTable(Callback):
 
         rows = [{**row, **traffic_columns(state.energy, row["client"])}
                 for row in world.power.table(state.energy, world.client_sizes)]  # fmt: skip
+        if self.privacy is not None:  # each client's epsilon from its own participations
+            for row, epsilon, taken in zip(rows, self.privacy.client_epsilons(),
+                                           self.privacy.state["participations"], strict=True):  # fmt: skip
+                row.update(releases=int(taken), epsilon=epsilon)
         with self.run_dir.writing():
             self.run_dir.write_clients(rows)
 

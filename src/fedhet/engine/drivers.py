@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from fedhet.config import Config
     from fedhet.engine.clock import EnergyAccount, VirtualClock
     from fedhet.engine.pool import ClientPool
+    from fedhet.engine.privacy import PrivacyAccount
     from fedhet.engine.traffic import TrafficAccount
     from fedhet.world import World
 
@@ -58,6 +59,12 @@ class StepEnvironment:
     clock: VirtualClock
     energy: EnergyAccount
     traffic: TrafficAccount  # per client: bytes up and down, training FLOPs
+    privacy: PrivacyAccount | None = None  # clip-noise's releases (None: the run adds no noise)
+
+
+def privacy_column(env: StepEnvironment) -> dict:
+    """A row's ``epsilon`` so far (:mod:`fedhet.engine.privacy`), where the run noises updates."""
+    return {} if env.privacy is None else {"epsilon": env.privacy.used}
 
 
 def take_faults(pool) -> list:
@@ -131,7 +138,7 @@ class RoundDriver:
         row = metrics_row(
             t + 1, state.sim_time, duration, plan.deadline, plan.lr, delivered, depths, skipped, faults, names
         )
-        row.update(energy=spent.total, energy_total=env.energy.total)
+        row.update(energy=spent.total, energy_total=env.energy.total, **privacy_column(env))
         algorithm = world.algorithm
         return {
             **row,
@@ -216,7 +223,9 @@ class RoundDriver:
         delivered: list[UpdateSummary] = []
         skipped = 0
         batch = {task.client: task.batch_size for task in tasks}
+        batch_clients: list[int] = []
         for update in env.pool.run(tasks, state.params, state.buffers):
+            batch_clients.append(update.client)
             env.traffic.trained(update, batch[update.client])
             env.traffic.uploaded(update)  # sent, whether or not the server keeps it
             what = update_fault(update)
@@ -230,6 +239,8 @@ class RoundDriver:
             delivered.append(update.summary())
             hooks.call(rule, aggregator.add, update)
         model.call("observe", system.observe, delivered)
+        if env.privacy is not None:  # every noised update the server received, kept or skipped
+            env.privacy.record(list(batch_clients))
         state.system = system.state_dict()
         params, buffers = hooks.model(rule, hooks.call(rule, aggregator.result), state.params, state.buffers)
         params = server_step(world, state, params)
@@ -399,6 +410,8 @@ class EventDriver:
             if what := update_fault(update):
                 return NonFinite(t + 1, update.client, what)
         hooks = Hooks(env.config.algorithm_name, t + 1)
+        if env.privacy is not None:
+            env.privacy.record([update.client for update, _ in entries])
         if algorithm.keeps_sent_models:
             sent = engine.get("sent", {})
             arrivals = [(update, staleness, *sent[str(t - staleness)]) for update, staleness in entries]
@@ -426,7 +439,7 @@ class EventDriver:
         lr = hooks.call("lr_at", algorithm.scheduler.lr_at, t)
         names = world.dataset.task.metric_names()
         row = metrics_row(t + 1, state.sim_time, duration, None, lr, updates, np.array([]), 0, faults, names)
-        row.update(energy=engine.pop("joules", 0.0), energy_total=env.energy.total)
+        row.update(energy=engine.pop("joules", 0.0), energy_total=env.energy.total, **privacy_column(env))
         return {
             **row,
             **hooks.metrics(hooks.call("round_metrics", algorithm.reporting.round_metrics, state.algorithm)),

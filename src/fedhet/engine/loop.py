@@ -37,6 +37,7 @@ from fedhet.engine.faults import NonFinite
 from fedhet.engine.plugin_errors import TRACEBACK_FILE, PluginError, PluginStopped, guarded, plugin_label
 from fedhet.engine.pool import ClientPool, PoolContext, TaskOrder, WorkerDied
 from fedhet.engine.preflight import check_first_round, inert_mechanisms, run_caveats
+from fedhet.engine.privacy import privacy_account
 from fedhet.engine.records import run_summary
 from fedhet.engine.state import RunState, check_checkpoint, from_checkpoint
 from fedhet.engine.traffic import TrafficAccount
@@ -114,7 +115,7 @@ class RunLoop:
         saver = Checkpoint(run_dir, config.to_dict(), self.pool, world.algorithm, config.run.checkpoint_every)
         out: list = [
             Reports(world, run_dir),
-            ClientTable(world, run_dir),
+            ClientTable(world, run_dir, getattr(self, "privacy", None)),
             Metrics(run_dir, config.to_toml(), config.run.rounds),
             saver,
         ]
@@ -173,6 +174,7 @@ class RunLoop:
     def _run_with_pool(self, world: World, saved: dict | None, stop_after: int | None) -> RunResult:
         config = self.config
         state = self.state = self._restore(world, saved) if saved is not None else self._start(world)
+        self.privacy = privacy_account(config, world, state)
         callbacks = self.callbacks()
         evaluation = self.evaluation = EvaluationService(
             make_evaluator(world), self.pool, world, self.run_dir, config.run.client_eval
@@ -226,7 +228,9 @@ class RunLoop:
         started, wall_before = time.perf_counter(), state.wall_time
         last = config.run.rounds if stop_after is None else min(stop_after, config.run.rounds)
         driver = DRIVERS[self.world.algorithm.driver]()
-        env = StepEnvironment(config, self.world, self.pool, self.clock, self.energy, self.traffic)
+        env = StepEnvironment(
+            config, self.world, self.pool, self.clock, self.energy, self.traffic, self.privacy
+        )
         for t in range(state.round, last):
             if state.stopped_by:
                 break
@@ -252,6 +256,9 @@ class RunLoop:
             # next round; the state is saved after every round either way
             self._complete(callbacks, evaluation.after_round(state, result))
             notify(callbacks, "on_round_saved", state)
+            if self.privacy is not None and not self.privacy.fits_another():
+                self._budget_stop(callbacks, evaluation, "epsilon_budget")
+                break
             if empty and empty >= config.run.max_empty_rounds > 0:
                 state.stopped_by = "no_participants"
                 log.warning(
@@ -265,12 +272,13 @@ class RunLoop:
                 break
         return None
 
-    def _budget_stop(self, callbacks: list, evaluation: EvaluationService) -> None:
-        """The next round would pass ``run.time_budget`` or ``run.energy_budget``: the run
-        ends here, finished (refused in one line when no round would run)."""
+    def _budget_stop(self, callbacks: list, evaluation: EvaluationService, reason: str | None = None) -> None:
+        """The next round would pass ``run.time_budget``, ``run.energy_budget`` or
+        ``run.epsilon_budget`` (``reason``): the run ends here, finished (refused in one line
+        when no round would run)."""
         state, run = self.state, self.config.run
         energy = self.energy.refused is not None
-        if state.round == 0:
+        if state.round == 0 and reason is None:
             took = self.energy.refused if energy else self.clock.refused
             what = (
                 f"run.energy_budget = {run.energy_budget:g}: less than the first round spends"
@@ -281,7 +289,7 @@ class RunLoop:
             raise FedhetError(
                 what + (f" ({took:.4g} {unit})" if took is not None else "") + "; no round would run"
             )
-        state.stopped_by = "energy_budget" if energy else "time_budget"
+        state.stopped_by = reason or ("energy_budget" if energy else "time_budget")
         self._complete(callbacks, evaluation.wait(state))
         evaluation.last_row(state)  # evaluated now if it was not due (metrics.csv rewritten)
         notify(callbacks, "on_budget_stop", state)
@@ -308,6 +316,8 @@ class RunLoop:
         label = plugin_label("algorithm", config.algorithm_name)
         notes = guarded(label, "warnings", state.round, world.algorithm.reporting.warnings, state.algorithm)
         summary = run_summary(config, world, state, notes)
+        if self.privacy is not None:
+            summary.update(self.privacy.summary())
         summary["engine"] = self.engine  # the engine that ran, whatever the configuration says
         summary["pool"] = getattr(self.pool, "name", type(self.pool).__name__)
         summary["device"] = device_name(world.device)  # where the tensors lived

@@ -48,6 +48,9 @@ def metrics_row(
     }
 
 
+BUDGET_STOPS = ("time_budget", "energy_budget", "epsilon_budget")  # a run they stop has finished
+
+
 def run_summary(config, world, state, notes: list[str]) -> dict:
     """summary.json: the run's identity, length, clock and the task's metrics: the final
     and best value of each (best in its score's direction), the best round by the score."""
@@ -90,7 +93,7 @@ def run_summary(config, world, state, notes: list[str]) -> dict:
         "energy_budget": config.run.energy_budget or None,
         **traffic_totals(state.energy),  # bytes up and down, training FLOPs, all clients
         "stopped_by": state.stopped_by or ("rounds" if state.round >= config.run.rounds else None),
-        "finished": state.round >= config.run.rounds or state.stopped_by in ("time_budget", "energy_budget"),
+        "finished": state.round >= config.run.rounds or state.stopped_by in BUDGET_STOPS,
         "mean_round_time": state.sim_time / state.round if state.round else None,
         "empty_rounds": sum(1 for r in state.metrics if not r.get("participants")),
         "targets": target_times(state.metrics, config.run.targets, score),
