@@ -193,6 +193,7 @@ RULE_SETTINGS = {
     "fedbalancer": ({}, {**PER_STEP, "deadline": 1.0}, {"inference": "pipelined"}),  # likewise
     "fedbuff": ({}, STRAGGLERS, {"buffer_size": 4}),
     "ca2fl": ({}, STRAGGLERS, {"buffer_size": 4}),
+    "fadas": ({}, STRAGGLERS, {"buffer_size": 4, "eta": 0.01}),
 }
 RULE_MODELS = {"depthfl": {"name": "mlp-exits", "hidden": [8]}}  # a model with exits
 

@@ -195,8 +195,8 @@ def test_the_leaderboard_states_its_budget_and_flags_methods_with_knobs_of_their
         r"\| fedprox[^|]*own", page.split("## steps-5")[0]
     )
     html = (smoke_bench / "leaderboard.html").read_text()
-    # the score and the energy against time, the budget curves, the ranks
-    assert html.count("data:image/png;base64,") == 4
+    # the score and the energy against time, the budget curves, the clients' bytes, the ranks
+    assert html.count("data:image/png;base64,") == 5
 
 
 def test_a_bench_tuned_once_says_it_is_a_smoke_check_not_a_comparison():

@@ -251,6 +251,7 @@ def test_a_sub_model_sized_from_an_estimate_its_time_does_not_meet_is_charged_to
     tasks = [t for c in range(4) if (t := rule.planner.client_task(context, c, state)) is not None]
     assert [t.client for t in tasks] == [2] and state["late_sub_models"] == 1
     run_state = SimpleNamespace(algorithm=state)
-    spent = RoundDriver._energy(world, run_state, context, np.ones(4, bool), tasks, 3.0, Hooks("heterofl", 1))
+    hooks = Hooks("heterofl", 1)
+    spent, _ = RoundDriver._energy(world, run_state, context, np.ones(4, bool), tasks, 3.0, hooks)
     assert spent.joules[:2] == pytest.approx([0.0, 0.0])  # no width fits: not asked to work
     assert spent.joules[3] == pytest.approx(hand_energy([3.0], [0.4], 3.0)[0])  # worked until the deadline

@@ -105,3 +105,17 @@ def test_an_event_driven_client_uploads_what_arrives(tmp_path, rule, options):
     assert ups % model == 0 and downs % model == 0
     applied = sum(int(r["participants"]) for r in result.metrics)
     assert applied * model <= ups <= downs
+
+
+def test_a_straggler_whose_work_is_discarded_still_received_the_model(tmp_path):
+    """Drop-stragglers: clients 0 and 1 cannot finish by the deadline; they are sent the
+    model and work until the deadline (their energy says so), but upload nothing and their
+    discarded steps are not computed, so no FLOPs; the others move the model both ways."""
+    run(make_config({**PER_STEP, "algorithm.name": "drop"}), tmp_path / "drop")
+    table = _table(tmp_path / "drop")
+    whole = 3 * 4 * sum(PARAMS)
+    for row in table[:2]:
+        assert (row["bytes_down"], row["bytes_up"], row["train_flops"]) == (whole, 0.0, 0.0)
+        assert row["train_s"] > 0  # charged for the work thrown away
+    for row in table[2:]:
+        assert (row["bytes_down"], row["bytes_up"]) == (whole, whole)

@@ -12,6 +12,7 @@ arXiv:2003.00295, Algorithm 2; Hsu et al., arXiv:1909.06335, FedAvgM):
 - ``adagrad``: v_t = v_{t-1} + Delta_t^2;
 - ``yogi``: v_t = v_{t-1} - (1 - beta_2) Delta_t^2 sign(v_{t-1} - Delta_t^2);
 - ``adam``: v_t = beta_2 v_{t-1} + (1 - beta_2) Delta_t^2;
+- ``amsgrad``: Adam's v_t, the step divided by v_hat_t = max(v_hat_{t-1}, v_t);
 
 and for the three adaptive ones m_t = beta_1 m_{t-1} + (1 - beta_1) Delta_t,
 x_{t+1} = x + eta m_t / (sqrt(v_t) + tau), with m_{-1} = 0 and v_{-1} = tau^2, no bias
@@ -158,10 +159,14 @@ class AdaptiveServerOptimizer(ServerOptimizer):
             state["v"] = torch.full_like(delta, o.tau**2)
         m = state["m"].mul_(o.beta1).add_(delta, alpha=1.0 - o.beta1)
         state["v"] = v = self.second_moment(state["v"], delta * delta)
-        return o.lr * m / (v.sqrt() + o.tau)
+        return o.lr * m / (self.normaliser(state, v).sqrt() + o.tau)
 
     def second_moment(self, v: torch.Tensor, squared: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+    def normaliser(self, state: dict, v: torch.Tensor) -> torch.Tensor:
+        """What the step divides by (its square root): v_t itself."""
+        return v
 
 
 @register("server_optimizer", "adagrad")
@@ -192,3 +197,17 @@ class ServerAdam(AdaptiveServerOptimizer):
 
     def second_moment(self, v, squared):
         return v.mul_(self.options.beta2).add_(squared, alpha=1.0 - self.options.beta2)
+
+
+@register("server_optimizer", "amsgrad")
+class ServerAMSGrad(ServerAdam):
+    """Adam's v_t, divided by v_hat_t = max(v_hat_{t-1}, v_t) (AMSGrad: Reddi, Kale and Kumar,
+    "On the Convergence of Adam and Beyond", ICLR 2018; FADAS's server step), so the
+    effective step of a coordinate never grows back after a large update."""
+
+    name = "amsgrad"
+
+    def normaliser(self, state: dict, v: torch.Tensor) -> torch.Tensor:
+        peak = state.get("v_hat")
+        state["v_hat"] = v.clone() if peak is None else torch.maximum(peak, v, out=peak)
+        return state["v_hat"]

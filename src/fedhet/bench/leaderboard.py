@@ -790,7 +790,8 @@ def _curves(entries: list[Entry], column: str = "test_accuracy") -> dict[str, tu
 
 def figures(board: Leaderboard, out: Path) -> list[Path]:
     """The score and the energy spent against simulated time per scenario, the expected best
-    validation value against the tuning trials, and the rank heat-map, as PNGs."""
+    validation value against the tuning trials, the megabytes each client moved, and the rank
+    heat-map, as PNGs."""
     from fedhet.studies.plots import _pyplot
 
     plt = _pyplot()
@@ -798,6 +799,7 @@ def figures(board: Leaderboard, out: Path) -> list[Path]:
     return [_curves_figure(plt, board, out / "leaderboard-curves.png", board.score.column, metric),
             _curves_figure(plt, board, out / "leaderboard-energy.png", "energy_total", "energy spent (J)"),
             _budget_figure(plt, board, out / "leaderboard-budget.png"),
+            _clients_figure(plt, board, out / "leaderboard-clients.png"),
             _ranks_figure(plt, board, out / "leaderboard-ranks.png")]  # fmt: skip
 
 
@@ -831,6 +833,39 @@ def budget_curves(board: Leaderboard, name: str) -> list[Any]:
     made = [curve(e.method, [t.trials for t in e.tunings], board.score.higher_is_better, name)
             for e in board.scenarios[name] if e.status == "ok"]  # fmt: skip
     return [c for c in made if c is not None]
+
+
+def _client_spend(entries: list[Entry], columns: tuple[str, ...]) -> dict[str, list[float]]:
+    """Per method, every client's sum of ``columns`` of clients.csv over its seed runs."""
+    import csv
+
+    out: dict[str, list[float]] = {}
+    for e in entries:
+        for folder in e.folders:
+            path = Path(folder) / "clients.csv"
+            if not path.is_file():
+                continue
+            with open(path, newline="", encoding="utf-8") as handle:
+                rows = list(csv.DictReader(handle))
+            if rows and all(c in rows[0] for c in columns):
+                out.setdefault(e.method, []).extend(sum(float(r[c] or 0.0) for c in columns) for r in rows)
+    return out
+
+
+def _clients_figure(plt, board: Leaderboard, path: Path) -> Path:
+    """Each scenario's per-client megabytes moved (clients.csv's bytes_down + bytes_up), a box
+    per method over its seed runs' clients."""
+    from fedhet.studies.plots import algorithm_color
+
+    def draw(ax, entries: list[Entry]) -> None:
+        spend = _client_spend(entries, ("bytes_down", "bytes_up"))
+        for position, (method, values) in enumerate(spend.items(), start=1):
+            box = ax.boxplot([v / 1e6 for v in values], positions=[position], widths=0.6, showfliers=False,
+                             patch_artist=True)  # fmt: skip
+            box["boxes"][0].set(facecolor=algorithm_color(method), alpha=0.5, label=method)
+        ax.set_xticks(range(1, len(spend) + 1), list(spend), rotation=45, ha="right", fontsize=7)
+
+    return _scenarios_figure(plt, board, path, draw, "", "MB moved per client")
 
 
 def _budget_figure(plt, board: Leaderboard, path: Path) -> Path:
@@ -985,6 +1020,7 @@ def write(board: Leaderboard, out: Path, header: dict, with_figures: bool = True
             f"![{board.score.metric} against simulated time](leaderboard-curves.png)\n\n"
             "![energy spent against simulated time](leaderboard-energy.png)\n\n"
             "![expected best validation value against tuning trials](leaderboard-budget.png)\n\n"
+            "![megabytes each client moved](leaderboard-clients.png)\n\n"
             "![ranks](leaderboard-ranks.png)\n"
         )
         lacking = without_curves(board)

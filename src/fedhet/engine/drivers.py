@@ -119,11 +119,10 @@ class RoundDriver:
         asked = requested & outcomes.participates
         duration = round_duration(plan.deadline, outcomes.finish_time[asked])
         tasks = self._tasks(world, state, context, asked, hooks)
-        spent = self._energy(world, state, context, requested, tasks, duration, hooks)
+        spent, charged = self._energy(world, state, context, requested, tasks, duration, hooks)
         if not (env.clock.fits(duration) and env.energy.fits(spent.total)):
             return None
-        for task in tasks:
-            env.traffic.sent(task)
+        env.traffic.sent_round(tasks, charged)
         received = self._aggregate(env, state, t, tasks, context, hooks, model)
         if isinstance(received, NonFinite):
             return received
@@ -168,8 +167,9 @@ class RoundDriver:
 
     @staticmethod
     def _energy(world, state, context: RoundContext, requested, tasks, duration: float, hooks: Hooks):
-        """The round's energy (:func:`spent_in_round`): every involved client but those the
-        rule says are still at work on an earlier task (charged when it began); a client
+        """The round's energy (:func:`spent_in_round`) and whom it charges (a mask): every
+        involved client but those the rule says are still at work on an earlier task
+        (charged when it began); a client
         sent its whole planned work that does not finish it by the deadline trains past the
         round and is charged all of it now; one sent a sub-model, its task's share of it (and
         one the rule sent no work because none fits, nothing)."""
@@ -188,7 +188,9 @@ class RoundDriver:
                 whole = work == (planned.local_steps, planned.depth, 1.0, 1.0)
                 late[c] = task.kind == "train" and whole and outcomes.full_time[c] > outcomes.finish_time[c]
                 share[c] = task.work_share
-        return spent_in_round(world.server_power, outcomes, charged, duration, late=late, share=share)
+        return spent_in_round(
+            world.server_power, outcomes, charged, duration, late=late, share=share
+        ), charged
 
     @staticmethod
     def _tasks(world, state, context: RoundContext, asked, hooks: Hooks) -> list:

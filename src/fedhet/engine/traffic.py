@@ -40,6 +40,19 @@ class TrafficAccount:
         """A task's download: the client's model (or sub-model) bytes."""
         self._add("bytes_down", task.client, download(self.world, task))
 
+    def sent_round(self, tasks: list[ClientTask], charged) -> None:
+        """A round's downloads: each task's, and the whole model for every other client the
+        round puts to work (``charged``, a mask over clients: a straggler whose work the rule
+        will discard still received the model, though the simulator computes nothing for it)."""
+        tasked = set()
+        for task in tasks:
+            self.sent(task)
+            tasked.add(task.client)
+        whole = 4.0 * (int(self.world.initial_params.numel()) + int(self.world.initial_buffers.numel()))
+        for client in np.flatnonzero(charged):
+            if int(client) not in tasked:
+                self._add("bytes_down", int(client), whole)
+
     def trained(self, update: ClientUpdate, batch_size: int) -> None:
         """The FLOPs of the local steps an update reports, on batches of ``batch_size``."""
         share = self._share(update.coverage.width)
