@@ -485,6 +485,7 @@ KILL_CASES = {
     # the peers and the server optimizer kind: their server state (sent models in flight,
     # moments) and client-side sampling must survive a kill
     "fedasync": {"algorithm": {"name": "fedasync", "max_concurrency": 3}},
+    "ringmaster": {"algorithm": {"name": "ringmaster", "delay_threshold": 3}},
     "fadas": {"algorithm": {"name": "fadas", "buffer_size": 3, "delay_threshold": 1, "eta": 0.05}},
     "timelyfl": {"algorithm": {"name": "timelyfl"}, "system": PER_STEP},
     "fjord": {"algorithm": {"name": "fjord"}, "system": PER_STEP},
