@@ -195,6 +195,23 @@ RULE_SETTINGS = {
     "ca2fl": ({}, STRAGGLERS, {"buffer_size": 4}),
     "fadas": ({}, STRAGGLERS, {"buffer_size": 4, "eta": 0.01}),
 }
+# Four clients on the per-step cost model, for hand-computed energy and traffic:
+# c_u = 0.0625 * 16 / P_u seconds per step with P = [0.5, 0.5, 1, 2] (the list [1, 1, 2, 4]
+# normalised to mean 1): 2, 2, 1, 0.5 s; two steps; communication 0.1..0.4 s
+FOUR_CLIENTS_PER_STEP = {
+    "data.num_clients": 4,
+    "run.rounds": 3,
+    "run.eval_every": 3,
+    "train.local_steps": 2,
+    "system.model": "per-step",
+    "system.time_per_sample_step": 0.0625,
+    "system.capability_profile": "list",
+    "system.capabilities": [1.0, 1.0, 2.0, 4.0],
+    "system.comm_times": [0.1, 0.2, 0.3, 0.4],
+    "system.deadline": 3.0,
+}
+
+
 RULE_MODELS = {"depthfl": {"name": "mlp-exits", "hidden": [8]}}  # a model with exits
 
 

@@ -10,6 +10,7 @@ import json
 
 import numpy as np
 import pytest
+from conftest import FOUR_CLIENTS_PER_STEP as PER_STEP
 from conftest import make_config
 
 from fedhet.engine.launch import run
@@ -17,21 +18,6 @@ from fedhet.engine.loop import RunLoop
 from fedhet.errors import FedhetError
 from fedhet.system.energy import PowerDraw, spent_in_round
 from fedhet.system.types import Outcomes
-
-# c_u = 0.0625 * 16 / P_u seconds per step with P = [0.5, 0.5, 1, 2] (the list [1, 1, 2, 4]
-# normalised to mean 1): 2, 2, 1, 0.5 s; two steps; communication 0.1..0.4 s
-PER_STEP = {
-    "data.num_clients": 4,
-    "run.rounds": 3,
-    "run.eval_every": 3,
-    "train.local_steps": 2,
-    "system.model": "per-step",
-    "system.time_per_sample_step": 0.0625,
-    "system.capability_profile": "list",
-    "system.capabilities": [1.0, 1.0, 2.0, 4.0],
-    "system.comm_times": [0.1, 0.2, 0.3, 0.4],
-    "system.deadline": 3.0,
-}
 
 
 def hand_energy(finish, comm, duration, watts=(2.0, 1.0, 0.27)):

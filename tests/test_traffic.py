@@ -10,26 +10,15 @@ from __future__ import annotations
 import csv
 
 import pytest
-from conftest import make_config
+from conftest import FOUR_CLIENTS_PER_STEP, make_config
 
 from fedhet.engine.launch import run
 
 LAYERS = [(64, 32), (32, 16), (16, 10)]  # digits' 8x8 inputs, the MLP's hidden (32, 16), 10 classes
 PARAMS = [i * o + o for i, o in LAYERS]  # 2080, 528, 170
 BATCH = 16
-# per-step cost model, clients 0 and 1 straggle (4.1 and 4.2 s of full work) at deadline 3 s
-PER_STEP = {
-    "data.num_clients": 4,
-    "run.rounds": 3,
-    "run.eval_every": 3,
-    "train.local_steps": 2,
-    "system.model": "per-step",
-    "system.time_per_sample_step": 0.0625,
-    "system.capability_profile": "list",
-    "system.capabilities": [1.0, 1.0, 2.0, 4.0],
-    "system.comm_times": [0.1, 0.2, 0.3, 0.4],
-    "system.deadline": 3.0,
-}
+# clients 0 and 1 straggle (4.1 and 4.2 s of full work) at the 3 s deadline
+PER_STEP = FOUR_CLIENTS_PER_STEP
 
 
 def step_flops(depth: int = 1) -> int:
