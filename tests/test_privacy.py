@@ -111,6 +111,20 @@ def test_a_resumed_run_goes_on_counting(tmp_path):
     assert (tmp_path / "cut" / "clients.csv").read_text() == (tmp_path / "whole" / "clients.csv").read_text()
 
 
+def test_a_run_the_budget_stopped_goes_on_when_resumed_with_a_larger_one(tmp_path):
+    """Stopped at epsilon_budget = 10, resumed with 20: it runs on to where a run with 20
+    from the start stops, with the same releases and epsilon."""
+    stopped = RunLoop(
+        make_config({**VARIED, "run.rounds": 60, "run.epsilon_budget": 10.0}), tmp_path / "x"
+    ).run()
+    assert stopped.summary["stopped_by"] == "epsilon_budget"
+    larger = make_config({**VARIED, "run.rounds": 60, "run.epsilon_budget": 20.0})
+    resumed = RunLoop(larger, tmp_path / "x").run(resume=True)
+    whole = run(larger, tmp_path / "whole")
+    assert resumed.summary["releases"] == whole.summary["releases"] > stopped.summary["releases"]
+    assert resumed.summary["epsilon"] == whole.summary["epsilon"] <= 20.0
+
+
 def test_a_budget_without_noise_or_below_one_release_is_one_line(tmp_path):
     with pytest.raises(ConfigError, match=r"run.epsilon_budget = 3: the run adds no noise to account"):
         run(make_config({"run.epsilon_budget": 3.0}), tmp_path / "plain")

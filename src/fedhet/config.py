@@ -277,8 +277,9 @@ class RunConfig(PluginSection):
     rounds: int = resumable(100)  # the number of rounds R (a time budget may stop it sooner)
     time_budget: float = 0.0  # simulated seconds; 0 = no budget (stop after `rounds`)
     energy_budget: float = 0.0  # joules spent by all clients together; 0 = no budget
-    # epsilon of clip-noise's privacy accounting (fedhet.engine.privacy); 0 = no budget
-    epsilon_budget: float = 0.0
+    # epsilon of clip-noise's privacy accounting (fedhet.engine.privacy); 0 = no budget; a
+    # resume may raise it, and a run it stopped goes on
+    epsilon_budget: float = resumable(0.0)
     eval_every: int = resumable(1)  # evaluate the global model every this many rounds (and the last)
     # torch threads: "auto" (work size, free cores), 0 = torch default, or a count
     threads: Any = resumable("auto")

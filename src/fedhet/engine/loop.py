@@ -175,6 +175,8 @@ class RunLoop:
         config = self.config
         state = self.state = self._restore(world, saved) if saved is not None else self._start(world)
         self.privacy = privacy_account(config, world, state)
+        if state.stopped_by == "epsilon_budget" and self.privacy is not None and self.privacy.fits_another():
+            state.stopped_by = None  # resumed with a larger run.epsilon_budget: the run goes on
         callbacks = self.callbacks()
         evaluation = self.evaluation = EvaluationService(
             make_evaluator(world), self.pool, world, self.run_dir, config.run.client_eval
