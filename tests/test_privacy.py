@@ -62,6 +62,10 @@ def test_each_reading_is_the_composition_of_the_runs_releases(tmp_path):
     assert summary["epsilon_rdp_poisson"] < summary["epsilon_rdp_no_amplification"]
     assert summary["epsilon"] == summary["epsilon_rdp_no_amplification"]  # the default reading
     assert result.metrics[-1]["epsilon"] == pytest.approx(summary["epsilon"])
+    for reading in ("no_amplification", "poisson", "without_replacement"):  # every reading, every row
+        assert result.metrics[-1][f"epsilon_{reading}"] == pytest.approx(summary[f"epsilon_rdp_{reading}"])
+        first = result.metrics[0][f"epsilon_{reading}"]
+        assert first == pytest.approx(_library_epsilon(reading.replace("_", "-"), sizes[:1], 10), rel=1e-9)
     assert summary["epsilon_pld_without_replacement"] is None  # no PLD for that event
     assert 0 < summary["epsilon_pld_poisson"] <= summary["epsilon_rdp_poisson"] * 1.01
 

@@ -63,8 +63,8 @@ class StepEnvironment:
 
 
 def privacy_column(env: StepEnvironment) -> dict:
-    """A row's ``epsilon`` so far (:mod:`fedhet.engine.privacy`), where the run noises updates."""
-    return {} if env.privacy is None else {"epsilon": env.privacy.used}
+    """A row's epsilons so far (:mod:`fedhet.engine.privacy`), where the run noises updates."""
+    return {} if env.privacy is None else env.privacy.row()
 
 
 def take_faults(pool) -> list:

@@ -135,6 +135,12 @@ class PrivacyAccount(Budget):
             releases, reading or self.reading, self.noise_multiplier, self.population, self.delta
         )
 
+    def row(self) -> dict[str, float]:
+        """A metrics row's epsilons so far: ``epsilon`` (the account's reading, what the
+        budget counts) and each reading's by Renyi DP."""
+        readings = {f"epsilon_{r.replace('-', '_')}": self.epsilon(r) for r in READINGS}
+        return {"epsilon": readings[f"epsilon_{self.reading.replace('-', '_')}"], **readings}
+
     def record(self, clients: list[int]) -> None:
         """A server step received noised updates from ``clients``."""
         if not clients:
