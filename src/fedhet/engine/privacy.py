@@ -114,6 +114,7 @@ class PrivacyAccount(Budget):
         state.setdefault("releases", [])  # per server step with noised updates: how many
         state.setdefault("participations", [0] * population)
         self.state, self.budget = state, budget
+        self.counts = Counter(int(n) for n in state["releases"])  # size -> releases, kept as they come
         self.noise_multiplier, self.delta, self.population, self.reading = (
             noise_multiplier,
             delta,
@@ -128,8 +129,9 @@ class PrivacyAccount(Budget):
     def epsilon(self, reading: str | None = None, more: int = 0) -> float:
         """Epsilon at ``delta`` so far under ``reading`` (the account's by default), with
         ``more`` a further release of that many updates."""
-        releases = Counter(int(n) for n in self.state["releases"])
+        releases = self.counts
         if more:
+            releases = Counter(self.counts)
             releases[more] += 1
         return rdp_epsilon(
             releases, reading or self.reading, self.noise_multiplier, self.population, self.delta
@@ -146,6 +148,7 @@ class PrivacyAccount(Budget):
         if not clients:
             return
         self.state["releases"].append(len(clients))
+        self.counts[len(clients)] += 1
         for client in clients:
             self.state["participations"][client] = int(self.state["participations"][client]) + 1
 
@@ -170,7 +173,7 @@ class PrivacyAccount(Budget):
 
     def summary(self) -> dict:
         """summary.json's privacy numbers: every reading by RDP and PLD, the clients'."""
-        releases = Counter(int(n) for n in self.state["releases"])
+        releases = self.counts
         args = (self.noise_multiplier, self.population, self.delta)
         out: dict = {"privacy_reading": self.reading, "epsilon": self.epsilon(), "delta": self.delta,
                      "noise_multiplier": self.noise_multiplier,
