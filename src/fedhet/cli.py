@@ -208,17 +208,31 @@ def _check_output_file(path: Path, what: str) -> None:
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
-    """Convert FedScale's pickled client_behave_trace into fedhet's trace format."""
-    from fedhet.system.traces import from_fedscale
+    """Convert FedScale's pickled client_behave_trace or FLASH's state_traces.json into
+    fedhet's trace format."""
+    source = Path(args.source)
+    flash = args.format == "flash" or (args.format == "auto" and source.suffix.lower() == ".json")
+    skipped = 0
+    if flash:
+        from fedhet.system.flash_trace import from_flash
 
-    trace = from_fedscale(args.fedscale)
+        trace, skipped = from_flash(source, args.clients)
+    else:
+        from fedhet.system.traces import from_fedscale
+
+        trace = from_fedscale(source)
+        if args.clients is not None:
+            if len(trace.intervals) < args.clients:
+                raise FedhetError(f"{source}: {len(trace.intervals)} clients, --clients {args.clients} asked")
+            trace.intervals = trace.intervals[: args.clients]
     try:
         Path(args.out).write_text(trace.to_text())
     except OSError as exc:
         raise FedhetError(f"{args.out}: cannot write ({exc.strerror or exc})") from None
     online = sum(trace.share(c) for c in range(len(trace.intervals))) / max(1, len(trace.intervals))
     clients = len(trace.intervals)
-    print(f"{args.out}: {clients} clients, period {trace.period:g} s, online {100 * online:.1f}% on average")
+    left_out = f"; {skipped} devices FLASH never picks left out" if skipped else ""
+    print(f"{args.out}: {clients} clients, period {trace.period:g} s, online {100 * online:.1f}% on average{left_out}")
     return 0
 
 
@@ -506,8 +520,11 @@ def _add_inspection(sub) -> None:
     p.add_argument("--out", help="write the times (JSON) for system.measured_times")
     p.set_defaults(func=cmd_calibrate)
 
-    p = sub.add_parser("trace", help="convert FedScale's availability trace into fedhet's trace format")
-    p.add_argument("fedscale", help="FedScale's pickled client_behave_trace")
+    p = sub.add_parser("trace", help="convert FedScale's or FLASH's availability trace into fedhet's trace format")
+    p.add_argument("source", help="FedScale's pickled client_behave_trace or FLASH's state_traces.json")
+    p.add_argument("--format", choices=("auto", "fedscale", "flash"), default="auto",
+                   help="the source's format (auto: FLASH for a .json file, else FedScale)")
+    p.add_argument("--clients", type=_positive_int, help="keep the first N clients (the run's data.num_clients)")
     p.add_argument("--out", required=True, help="the trace file to write (system.availability_trace)")
     p.set_defaults(func=cmd_trace)
     p = sub.add_parser("devices", help="convert FedScale's device capacities into fedhet's device profiles")
