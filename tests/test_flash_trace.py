@@ -86,7 +86,8 @@ def test_the_converted_trace_drives_a_run(tmp_path):
         "run": {"name": "t", "rounds": 12, "threads": 1},
         "data": {"dataset": "digits", "num_clients": 3, "fraction": 0.4},
         "model": {"name": "mlp", "hidden": [8]},
-        "system": {"model": "full", "deadline": 100.0, "availability": "trace", "availability_trace": str(out)},
+        "system": {"model": "full", "deadline": 100.0, "availability": "trace",
+                   "availability_trace": str(out)},
         "algorithm": {"name": "u-fedavg"},
     })  # fmt: skip
     result = RunLoop(config, tmp_path / "r").run()

@@ -487,6 +487,7 @@ KILL_CASES = {
     "fedasync": {"algorithm": {"name": "fedasync", "max_concurrency": 3}},
     "ringmaster": {"algorithm": {"name": "ringmaster", "delay_threshold": 3}},
     "fadas": {"algorithm": {"name": "fadas", "buffer_size": 3, "delay_threshold": 1, "eta": 0.05}},
+    "fedawe": {"algorithm": {"name": "fedawe"}},
     "timelyfl": {"algorithm": {"name": "timelyfl"}, "system": PER_STEP},
     "fjord": {"algorithm": {"name": "fjord"}, "system": PER_STEP},
     "depthfl": {"algorithm": {"name": "depthfl"}, "system": PER_STEP, "model": {"name": "mlp-exits"}},

@@ -232,7 +232,10 @@ def cmd_trace(args: argparse.Namespace) -> int:
     online = sum(trace.share(c) for c in range(len(trace.intervals))) / max(1, len(trace.intervals))
     clients = len(trace.intervals)
     left_out = f"; {skipped} devices FLASH never picks left out" if skipped else ""
-    print(f"{args.out}: {clients} clients, period {trace.period:g} s, online {100 * online:.1f}% on average{left_out}")
+    print(
+        f"{args.out}: {clients} clients, period {trace.period:g} s, online {100 * online:.1f}% on average"
+        + left_out
+    )
     return 0
 
 
@@ -520,11 +523,15 @@ def _add_inspection(sub) -> None:
     p.add_argument("--out", help="write the times (JSON) for system.measured_times")
     p.set_defaults(func=cmd_calibrate)
 
-    p = sub.add_parser("trace", help="convert FedScale's or FLASH's availability trace into fedhet's trace format")
+    p = sub.add_parser("trace", help="convert FedScale's or FLASH's availability trace into fedhet's format")
     p.add_argument("source", help="FedScale's pickled client_behave_trace or FLASH's state_traces.json")
-    p.add_argument("--format", choices=("auto", "fedscale", "flash"), default="auto",
-                   help="the source's format (auto: FLASH for a .json file, else FedScale)")
-    p.add_argument("--clients", type=_positive_int, help="keep the first N clients (the run's data.num_clients)")
+    p.add_argument(
+        "--format",
+        choices=("auto", "fedscale", "flash"),
+        default="auto",
+        help="the source's format (auto: FLASH for a .json file, else FedScale)",
+    )
+    p.add_argument("--clients", type=_positive_int, help="keep the first N clients (data.num_clients)")
     p.add_argument("--out", required=True, help="the trace file to write (system.availability_trace)")
     p.set_defaults(func=cmd_trace)
     p = sub.add_parser("devices", help="convert FedScale's device capacities into fedhet's device profiles")

@@ -174,6 +174,7 @@ CLIENT_CAPABILITIES = {
     "tracks_gradient_differences": "observe_gradients",
     "customises_loss": "local_loss",
     "selects_samples": "select_samples",
+    "starts_elsewhere": "start_point",
 }
 
 
@@ -190,11 +191,12 @@ class ClientPart(Part):
     its state, so a group computes it client by client) and ``scales_sub_models``."""
 
     hooks = ("gradient_correction", "local_loss", "select_samples", "finish_local_work", "observe_gradients",
-             "upload_payload")  # fmt: skip
+             "upload_payload", "start_point")  # fmt: skip
     corrects_gradients: ClassVar[bool] = False
     tracks_gradient_differences: ClassVar[bool] = False
     customises_loss: ClassVar[bool] = False
     selects_samples: ClassVar[bool] = False
+    starts_elsewhere: ClassVar[bool] = False
     local_loss_per_client: ClassVar[bool] = False
     # Whether a width-reduced sub-model divides its hidden outputs by its rate during local
     # training (HeteroFL's scaler); FjORD's ordered dropout does not.
@@ -237,9 +239,16 @@ class ClientPart(Part):
         trains on, from each example's loss at the received model (FedBalancer); None: all."""
         return None
 
+    def start_point(self, task: ClientTask, state: OwnState) -> torch.Tensor | None:
+        """The parameters (flat, all of them) the client's local steps start from instead of
+        the received ones (FedAWE's x_i, the model of the round after its last
+        participation); its delta is then w_u - start. None: the received ones."""
+        return None
+
     def finish_local_work(self, task: ClientTask, update: ClientUpdate, state: OwnState, region: slice,
                           local: torch.Tensor, anchor: torch.Tensor) -> None:  # fmt: skip
-        """After the local steps: update the client's own ``state`` and ``update.payload``."""
+        """After the local steps: update the client's own ``state`` and ``update.payload``
+        (``anchor``: the parameters the steps started from)."""
 
     def observe_gradients(self, task: ClientTask, state: OwnState, local_grad: torch.Tensor,
                           anchor_grad: torch.Tensor, distance: float) -> None:  # fmt: skip

@@ -19,6 +19,7 @@ class ClientRule(Protocol):
     tracks_gradient_differences: bool
     customises_loss: bool
     selects_samples: bool
+    starts_elsewhere: bool
     local_loss_per_client: ClassVar[bool]
     scales_sub_models: ClassVar[bool]
 
@@ -60,3 +61,5 @@ class ClientRule(Protocol):
     ) -> None: ...
 
     def upload_payload(self, covered: int) -> dict[str, int]: ...
+
+    def start_point(self, task: ClientTask, state: OwnState) -> torch.Tensor | None: ...

@@ -77,12 +77,17 @@ class _Group:
     kept: dict
     first: tuple | None = None  # a wall-clock task's timed first step: (loss, grads, x, y)
     shared: bool = False  # a group of one, trained in the working model's own storage
+    starts: torch.Tensor | None = None  # each row's own start (k x P; the rule's start_point)
 
     def __post_init__(self) -> None:
         pslice, bslice = self.view.param_slice, self.view.buffer_slice
         self.regions = self.rows[:, pslice]  # the covered columns of every row, and what was sent
         self.sent_region = self.params[pslice]
         self.buffer_regions, self.sent_buffers = self.buffer_rows[:, bslice], self.buffers[bslice]
+
+    def start(self, i: int) -> torch.Tensor:
+        """The parameters row ``i`` started from: its own start, else the received ones."""
+        return self.params if self.starts is None else self.starts[i]
 
     def fail(self, member: Member, exc: BaseException) -> None:
         """A client's hook raised: stop the run (``on_error`` raises), or leave the client
@@ -245,8 +250,9 @@ class LocalTrainer:
         lead = members[0].task
         if lead.coverage.width != 1.0 and (lead.coverage.depth != 1 or lead.time_limit):
             raise ValueError("a width-reduced sub-model trains every layer on the simulated clock")
-        if lead.time_limit and rule is not None and (rule.customises_loss or rule.selects_samples):
-            raise ValueError("a rule with its own local loss or samples trains on the simulated clock")
+        if lead.time_limit and rule is not None and (rule.customises_loss or rule.selects_samples
+                                                     or rule.starts_elsewhere):  # fmt: skip
+            raise ValueError("a rule with its own local loss, samples or start trains on the simulated clock")
         if rule is not None and rule.selects_samples:
             self._select_samples(members, params, buffers, rule)
         group = self._open(members, params, buffers, rule, on_error, snapshot)
@@ -321,8 +327,9 @@ class LocalTrainer:
             return None
         if len(members) > 1:
             members.sort(key=lambda m: -m.task.local_steps)  # stable: the working clients first
+        starts = self._starts(members, rule, params)
         if first is None:
-            flat.load(params, buffers)
+            flat.load(params if starts is None or len(members) > 1 else starts[0], buffers)
         if not flat.model.training:  # train()/eval() are set on the whole model, never on a part
             flat.model.train()
         scale = rule is None or rule.scales_sub_models
@@ -332,7 +339,8 @@ class LocalTrainer:
         if len(members) == 1:
             rows, buffer_rows = flat.params.unsqueeze(0), flat.buffers.unsqueeze(0)
         else:
-            rows = flat.params.detach().unsqueeze(0).repeat(len(members), 1)
+            source = flat.params.detach().unsqueeze(0) if starts is None else starts
+            rows = source.repeat(len(members), 1) if starts is None else source.clone()
             buffer_rows = flat.buffers.detach().unsqueeze(0).repeat(len(members), 1)
         kept = {id(m): {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in m.state.items()}
                 for m in members} if snapshot else {}  # fmt: skip
@@ -342,12 +350,28 @@ class LocalTrainer:
         stacked = len(members) > 1 and reason is None
         group = _Group(
             members, params, buffers, rows, buffer_rows, view, rule, stacked, on_error, kept, first,
-            shared=len(members) == 1,
+            shared=len(members) == 1, starts=starts,
         )  # fmt: skip
         self.optimizer.begin(
             [Namespace(m.state, OPTIMIZER) for m in members], flat.params.numel(), flat.device
         )
         return group
+
+    @staticmethod
+    def _starts(members: list[Member], rule: ClientRule | None, params: torch.Tensor) -> torch.Tensor | None:
+        """Each member's own start (the rule's ``start_point``, the received parameters where
+        it gives none), one row each; None when the rule starts every client at the received
+        ones."""
+        if rule is None or not rule.starts_elsewhere:
+            return None
+        rows = []
+        for member in members:
+            start = rule.start_point(member.task, Namespace(member.state, ALGORITHM))
+            if start is not None and start.shape != params.shape:
+                raise ValueError(f"start_point of client {member.task.client}: {tuple(start.shape)} for "
+                                 f"{tuple(params.shape)} parameters")  # fmt: skip
+            rows.append(params if start is None else start.to(params.device, params.dtype))
+        return torch.stack(rows)
 
     @staticmethod
     def _nothing(task: ClientTask, num_samples: int, params: torch.Tensor) -> ClientUpdate:
@@ -485,7 +509,7 @@ class LocalTrainer:
                 continue
             try:
                 own = Namespace(member.state, ALGORITHM)
-                correction = rule.gradient_correction(member.task, own, region, group.rows[i], group.params)
+                correction = rule.gradient_correction(member.task, own, region, group.rows[i], group.start(i))
                 if correction is not None:
                     grads[i].add_(correction)
             except Exception as exc:  # noqa: BLE001  (a rule's bug)
@@ -494,13 +518,15 @@ class LocalTrainer:
     def _observe(self, group: _Group, grads: torch.Tensor, x, y, own: bool) -> None:
         """AMSFL's gradient differences: each step's gradient beside the gradient at the
         received model on the same batch (step 1 starts there: its own gradient is it)."""
-        region, depth = group.view.param_slice, group.view.depth
-        anchor = group.params[region]
+        region, depth, count = group.view.param_slice, group.view.depth, len(grads)
+        anchor = group.params[region] if group.starts is None else group.starts[:count, region]
         if own:
             anchors = grads.clone()
         elif group.stacked:
-            count = len(grads)
-            rows = group.params.unsqueeze(0).expand(count, -1).clone()
+            own_starts = group.starts
+            rows = (
+                group.params.unsqueeze(0).expand(count, -1) if own_starts is None else own_starts[:count]
+            ).clone()
             buffer_rows = group.buffer_rows[:count].clone()
             loss_fn = self.gradients.shared_loss(group.members[0].task, None)
             anchors, _ = self.gradients.stacked(rows, buffer_rows, region.start, x, y, depth, loss_fn)
@@ -517,14 +543,15 @@ class LocalTrainer:
         """Row ``i``'s gradient at the received model, on the working model."""
         if not group.shared:
             self.flat.load(group.rows[i], group.buffer_rows[i])
-        return self.gradients.at_point(group.params[group.view.param_slice], x, y, group.view.depth)
+        return self.gradients.at_point(group.start(i)[group.view.param_slice], x, y, group.view.depth)
 
     def _close(self, group: _Group, i: int) -> ClientUpdate:
         """Client ``i``'s update from its row: the delta over its covered elements, the
         rule's ``finish_local_work`` (the postprocessors follow, for the whole group)."""
-        member, view, params, task = group.members[i], group.view, group.params, group.members[i].task
+        member, view, params, task = group.members[i], group.view, group.start(i), group.members[i].task
         with torch.no_grad():
-            delta = group.regions[i] - group.sent_region
+            sent = group.sent_region if group.starts is None else params[view.param_slice]
+            delta = group.regions[i] - sent
             if view.mask is not None:
                 delta.mul_(view.mask)  # elements outside the sub-model are not the client's
             delta_buffers = group.buffer_regions[i] - group.sent_buffers

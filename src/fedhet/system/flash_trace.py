@@ -56,8 +56,13 @@ class _DeviceState:
 
     def apply(self, state: str, where: str) -> None:
         """One state change (lower case), as FLASH reads it."""
-        flags = {"battery_charged_on": ("charging", True), "battery_charged_off": ("charging", False),
-                 "wifi": ("wifi", True), "screen_lock": ("locked", True), "screen_unlock": ("locked", False)}  # fmt: skip
+        flags = {
+            "battery_charged_on": ("charging", True),
+            "battery_charged_off": ("charging", False),
+            "wifi": ("wifi", True),
+            "screen_lock": ("locked", True),
+            "screen_unlock": ("locked", False),
+        }
         if state in flags:
             setattr(self, *flags[state])
         elif state in NETWORKS_OFF_WIFI:
@@ -136,7 +141,7 @@ def from_flash(path: str | Path, clients: int | None = None) -> tuple[Availabili
     for key in sorted(data, key=lambda k: (not k.isdigit(), int(k) if k.isdigit() else 0, k)):
         entry = data[key]
         if not isinstance(entry, dict) or not isinstance(entry.get("messages"), str):
-            raise DataError(f"{path}: device {key!r} has no \"messages\" text")
+            raise DataError(f'{path}: device {key!r} has no "messages" text')
         try:
             devices.append(device_intervals(entry["messages"], f"{path}: device {key!r}"))
         except _Unreadable:
@@ -144,6 +149,7 @@ def from_flash(path: str | Path, clients: int | None = None) -> tuple[Availabili
         if clients is not None and len(devices) == clients:
             break
     if not devices or (clients is not None and len(devices) < clients):
-        raise DataError(f"{path}: {len(devices)} readable devices, {clients or 1} needed ({skipped} unreadable)")
+        needed = clients or 1
+        raise DataError(f"{path}: {len(devices)} readable devices, {needed} needed ({skipped} left out)")
     period = max(span for _, span in devices)
     return AvailabilityTrace([_tiled(spans, span, period) for spans, span in devices], period), skipped
