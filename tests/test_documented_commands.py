@@ -263,7 +263,7 @@ def test_the_shipped_suites_load_and_check_every_configuration():
     if not FMNIST.is_dir():
         pytest.skip("needs Fashion-MNIST (apt-get install dataset-fashion-mnist)")
     suite = load_suite(ROOT / "suites" / "heterogeneity.toml")
-    assert len(suite.pairs()) == 191  # 29 methods x 7 scenarios, less the skipped
+    assert len(suite.pairs()) == 198  # 30 methods x 7 scenarios, less the skipped
     assert len(load_suite(ROOT / "suites" / "selection.toml").pairs()) == 258
     assert len(load_suite(ROOT / "suites" / "peers.toml").pairs()) == 57
     assert len(load_suite(ROOT / "suites" / "peers-cnn.toml").pairs()) == 46

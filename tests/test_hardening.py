@@ -488,6 +488,7 @@ KILL_CASES = {
     "ringmaster": {"algorithm": {"name": "ringmaster", "delay_threshold": 3}},
     "fadas": {"algorithm": {"name": "fadas", "buffer_size": 3, "delay_threshold": 1, "eta": 0.05}},
     "fedawe": {"algorithm": {"name": "fedawe"}},
+    "slt": {"algorithm": {"name": "slt", "stage_rounds": 40}, "system": {**PER_STEP, "deadline": 1.5}},
     "timelyfl": {"algorithm": {"name": "timelyfl"}, "system": PER_STEP},
     "fjord": {"algorithm": {"name": "fjord"}, "system": PER_STEP},
     "depthfl": {"algorithm": {"name": "depthfl"}, "system": PER_STEP, "model": {"name": "mlp-exits"}},

@@ -31,11 +31,15 @@ Payload = dict[str, Any]  # named tensors (float32) or scalars (int, float, str,
 class Coverage:
     """Which parameter elements a client trains or delivered: layers ``depth..L`` at width
     rate ``width``, the kept units of each hidden layer of K starting at unit ``offset`` mod K
-    (0: the leading ones, HeteroFL's; FedRolex rolls it). ``depth = L + 1`` covers nothing."""
+    (0: the leading ones, HeteroFL's; FedRolex rolls it). ``depth = L + 1`` covers nothing.
+    ``full_layers`` k: layers 1..k keep their whole width and only the layers above are at
+    ``width`` (SLT's configuration: layers below ``depth`` frozen, layer ``depth = k`` trained
+    whole, the head above it at the rate); 0: every hidden layer at ``width`` (HeteroFL's)."""
 
     depth: int = 1
     width: float = 1.0
     offset: int = 0
+    full_layers: int = 0
 
     def region(self, layout) -> slice:
         """The flat slice of the covered parameters in ``layout`` (a ModelLayout)."""
@@ -47,6 +51,26 @@ class Coverage:
 
     def is_full(self) -> bool:
         return self.depth == 1 and self.width == 1.0
+
+    def width_key(self) -> tuple[float, int, int]:
+        """(width, offset, full_layers): what decides the sub-model's elements
+        (:func:`fedhet.models.width.width_mask`)."""
+        return (float(self.width), int(self.offset), int(self.full_layers))
+
+    def as_scalars(self) -> dict:
+        """The coverage's fields as a message's scalars (``coverage.<field>``)."""
+        return {
+            "coverage.depth": self.depth,
+            "coverage.width": float(self.width),
+            "coverage.offset": int(self.offset),
+            "coverage.full_layers": int(self.full_layers),
+        }
+
+    @classmethod
+    def from_scalars(cls, data: dict) -> Coverage:
+        """The coverage a message's scalars carry (fields a message lacks take their defaults)."""
+        return cls(int(data["coverage.depth"]), float(data["coverage.width"]),
+                   int(data.get("coverage.offset", 0)), int(data.get("coverage.full_layers", 0)))  # fmt: skip
 
 
 def _payload_to_dict(payload: Payload, prefix: str, arrays: dict, scalars: dict) -> None:
@@ -112,9 +136,7 @@ class ClientTask:
             "lr": float(self.lr),
             "batch_size": self.batch_size,
             "local_steps": self.local_steps,
-            "coverage.depth": self.coverage.depth,
-            "coverage.width": float(self.coverage.width),
-            "coverage.offset": int(self.coverage.offset),
+            **self.coverage.as_scalars(),
             "deadline": float("nan") if self.deadline is None else float(self.deadline),
             "model_round": self.model_round,
             "kind": self.kind,
@@ -141,11 +163,7 @@ class ClientTask:
             lr=float(data["lr"]),
             batch_size=int(data["batch_size"]),
             local_steps=int(data["local_steps"]),
-            coverage=Coverage(
-                int(data["coverage.depth"]),
-                float(data["coverage.width"]),
-                int(data.get("coverage.offset", 0)),
-            ),  # fmt: skip
+            coverage=Coverage.from_scalars(data),
             deadline=None if np.isnan(deadline) else deadline,
             model_round=int(data["model_round"]),
             kind=str(data["kind"]),
@@ -212,9 +230,7 @@ class ClientUpdate:
     def to_dict(self) -> dict:
         scalars = {
             "client": self.client,
-            "coverage.depth": self.coverage.depth,
-            "coverage.width": float(self.coverage.width),
-            "coverage.offset": int(self.coverage.offset),
+            **self.coverage.as_scalars(),
             "steps": self.steps,
             "num_samples": self.num_samples,
             "loss": float(self.loss),
@@ -232,11 +248,7 @@ class ClientUpdate:
     def from_dict(cls, data: dict) -> ClientUpdate:
         return cls(
             client=int(data["client"]),
-            coverage=Coverage(
-                int(data["coverage.depth"]),
-                float(data["coverage.width"]),
-                int(data.get("coverage.offset", 0)),
-            ),  # fmt: skip
+            coverage=Coverage.from_scalars(data),
             steps=int(data["steps"]),
             num_samples=int(data["num_samples"]),
             loss=float(data["loss"]),

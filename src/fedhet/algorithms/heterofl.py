@@ -154,13 +154,14 @@ class HeteroFLAggregation(Aggregation):
             return params, buffers
         total = torch.zeros_like(params)
         holders = torch.zeros_like(params)
-        masks: dict[tuple[float, int], torch.Tensor] = {}
+        masks: dict[tuple[float, int, int], torch.Tensor] = {}
         for u in updates:
-            key = (u.coverage.width, u.coverage.offset)
+            key = u.coverage.width_key()
             if key not in masks:
                 masks[key] = width_mask(layout, *key).to(params.dtype)
-            total.add_(u.delta)
-            holders.add_(masks[key])
+            region = u.coverage.region(layout)  # layers depth..L (SLT freezes those below)
+            total[region].add_(u.delta)
+            holders[region].add_(masks[key][region])
         if self.options.aggregate == "padded":
             count = float(len(updates))
             return params * (holders / count) + total / count, buffers

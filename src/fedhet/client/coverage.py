@@ -18,17 +18,18 @@ class WidthMasks:
 
     def __init__(self, flat: FlatModel):
         self.flat = flat
-        self._masks: dict[tuple[float, int], torch.Tensor] = {}
+        self._masks: dict[tuple[float, int, int], torch.Tensor] = {}
 
-    def __call__(self, rate: float, offset: int = 0) -> torch.Tensor:
-        key = (rate, offset)
+    def __call__(self, rate: float, offset: int = 0, full_layers: int = 0) -> torch.Tensor:
+        key = (rate, offset, full_layers)
         if key not in self._masks:
-            self._masks[key] = width_mask(self.flat.layout, rate, offset).to(self.flat.device)
+            self._masks[key] = width_mask(self.flat.layout, *key).to(self.flat.device)
         return self._masks[key]
 
 
 class CoverageView:
-    """Layers ``depth..L`` of the working model at width ``rate`` (its units from ``offset``).
+    """Layers ``depth..L`` of the working model at width ``rate`` (its units from ``offset``;
+    layers 1..``full_layers`` whole).
 
     ``reached``: their parameters (autograd is asked for these only); ``region``: their
     flat values (a view into the working model); ``param_slice``/``buffer_slice``: where they
@@ -42,6 +43,7 @@ class CoverageView:
         masks: WidthMasks | None = None,
         scale: bool = True,
         offset: int = 0,
+        full_layers: int = 0,
     ):
         self.flat = flat
         self.scale = scale
@@ -49,7 +51,8 @@ class CoverageView:
         self.rate = rate
         self.param_slice = flat.param_slices.from_depth(depth)
         self.buffer_slice = flat.buffer_slices.from_depth(depth)
-        self.mask = None if rate == 1.0 else (masks or WidthMasks(flat))(rate, offset)
+        self.full_layers = full_layers
+        self.mask = None if rate == 1.0 else (masks or WidthMasks(flat))(rate, offset, full_layers)
         self.reached = flat.parameters_from_depth(depth)
         self.region = flat.params[self.param_slice]
         self._hooks: list = []
@@ -60,7 +63,7 @@ class CoverageView:
         if self.mask is not None:
             with torch.no_grad():
                 self.flat.params.mul_(self.mask)
-            self._hooks = scaler_hooks(self.flat.model, self.rate) if self.scale else []
+            self._hooks = scaler_hooks(self.flat.model, self.rate, self.full_layers) if self.scale else []
 
     def exit(self) -> None:
         for handle in self._hooks:
@@ -84,5 +87,5 @@ class CoverageView:
         """(w_u - w_t over the covered elements, the covered buffers' change)."""
         delta = self.region - params[self.param_slice]
         if self.mask is not None:
-            delta.mul_(self.mask)  # elements outside the sub-model are not the client's
+            delta.mul_(self.mask[self.param_slice])  # elements outside the sub-model are not the client's
         return delta, self.flat.buffers[self.buffer_slice] - buffers[self.buffer_slice]

@@ -225,7 +225,7 @@ class LocalTrainer:
         if cls.alone_reason(task, data) is not None:
             return None
         coverage = task.coverage
-        shape = (min(task.batch_size, len(data)), float(coverage.width), coverage.offset, coverage.depth)
+        shape = (min(task.batch_size, len(data)), *coverage.width_key(), coverage.depth)
         return (*shape, float(task.lr), scalar_payload(task))
 
     def train_group(
@@ -248,8 +248,11 @@ class LocalTrainer:
         for i, member in enumerate(members):
             member.position = i
         lead = members[0].task
-        if lead.coverage.width != 1.0 and (lead.coverage.depth != 1 or lead.time_limit):
-            raise ValueError("a width-reduced sub-model trains every layer on the simulated clock")
+        coverage = lead.coverage
+        if coverage.width != 1.0 and (coverage.depth > max(1, coverage.full_layers) or lead.time_limit):
+            raise ValueError(
+                "a width-reduced sub-model trains every layer above its whole ones on the simulated clock"
+            )
         if lead.time_limit and rule is not None and (rule.customises_loss or rule.selects_samples
                                                      or rule.starts_elsewhere):  # fmt: skip
             raise ValueError("a rule with its own local loss, samples or start trains on the simulated clock")
@@ -334,7 +337,8 @@ class LocalTrainer:
             flat.model.train()
         scale = rule is None or rule.scales_sub_models
         coverage = lead.task.coverage
-        view = CoverageView(flat, depth, coverage.width, self.masks, scale=scale, offset=coverage.offset)
+        view = CoverageView(flat, depth, coverage.width, self.masks, scale=scale, offset=coverage.offset,
+                            full_layers=coverage.full_layers)  # fmt: skip
         view.enter()  # a sub-model's mask on the working model, the scaler hooks on
         if len(members) == 1:
             rows, buffer_rows = flat.params.unsqueeze(0), flat.buffers.unsqueeze(0)
@@ -553,7 +557,7 @@ class LocalTrainer:
             sent = group.sent_region if group.starts is None else params[view.param_slice]
             delta = group.regions[i] - sent
             if view.mask is not None:
-                delta.mul_(view.mask)  # elements outside the sub-model are not the client's
+                delta.mul_(view.mask[view.param_slice])  # elements outside the sub-model are not the client's
             delta_buffers = group.buffer_regions[i] - group.sent_buffers
         update = ClientUpdate(
             client=task.client,

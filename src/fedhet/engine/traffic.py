@@ -34,7 +34,7 @@ class TrafficAccount:
         for name in TRAFFIC:
             state.setdefault(name, [0.0] * world.num_clients)
         self.state, self.world = state, world
-        self.shares: dict[float, float] = {}
+        self.shares: dict[tuple, float] = {}
 
     def sent(self, task: ClientTask) -> None:
         """A task's download: the client's model (or sub-model) bytes."""
@@ -55,24 +55,26 @@ class TrafficAccount:
 
     def trained(self, update: ClientUpdate, batch_size: int) -> None:
         """The FLOPs of the local steps an update reports, on batches of ``batch_size``."""
-        share = self._share(update.coverage.width)
+        share = self._share(update.coverage)
         self._add("train_flops", update.client, flops(self.world, update, batch_size, share))
 
     def uploaded(self, update: ClientUpdate) -> None:
         """An update's upload bytes, as it travels."""
         self._add("bytes_up", update.client, upload(self.world, update))
 
-    def _share(self, width: float) -> float:
-        """A width-``width`` sub-model's step as a share of the full model's (computed once)."""
+    def _share(self, coverage) -> float | None:
+        """A sub-model's step as a share of the full model's (computed once per shape);
+        None at full width."""
         from fedhet.models.cost import sub_model_step_share
 
-        if width >= 1.0:
-            return 1.0
-        if width not in self.shares:
-            self.shares[width] = sub_model_step_share(
-                self.world.flat.layout, self.world.layer_multiply_adds, width
+        if coverage.width >= 1.0:
+            return None
+        key = (float(coverage.width), int(coverage.full_layers), int(coverage.depth))
+        if key not in self.shares:
+            self.shares[key] = sub_model_step_share(
+                self.world.flat.layout, self.world.layer_multiply_adds, *key
             )
-        return self.shares[width]
+        return self.shares[key]
 
     def _add(self, name: str, client: int, amount: float) -> None:
         self.state[name][client] = float(self.state[name][client]) + float(amount)
@@ -89,19 +91,18 @@ def traffic_columns(account: dict, client: int) -> dict[str, float]:
     return {name: float(account[name][client]) if name in account else 0.0 for name in TRAFFIC}
 
 
-def _kept(world, width: float, offset: int, region: slice) -> int:
-    """The elements of ``region`` a width-``width`` sub-model keeps (all at full width)."""
-    if width >= 1.0:
+def _kept(world, coverage, region: slice) -> int:
+    """The elements of ``region`` the coverage's sub-model keeps (all at full width)."""
+    if coverage.width >= 1.0:
         return region.stop - region.start
-    mask = world.worker.masks(width, offset)
+    mask = world.worker.masks(*coverage.width_key())
     return int(mask[region].sum())
 
 
 def download(world, task: ClientTask) -> float:
     """Bytes the task sends the client: float32 parameters (a sub-model's only) and buffers."""
     everything = slice(0, int(world.initial_params.numel()))
-    coverage = task.coverage
-    params = _kept(world, coverage.width, coverage.offset, everything)
+    params = _kept(world, task.coverage, everything)
     return 4.0 * (params + int(world.initial_buffers.numel()))
 
 
@@ -112,19 +113,22 @@ def upload(world, update: ClientUpdate) -> float:
     if update.delta.numel() == 0:
         return 0.0
     region = update.coverage.region(world.flat.layout)
-    elements = _kept(world, update.coverage.width, update.coverage.offset, region)
+    elements = _kept(world, update.coverage, region)
     payload = [int(update.payload[key].numel()) for key in update.wire if key in update.payload]
     return float(
         payload_bytes(world.worker.postprocessors, elements, payload) + 4 * update.delta_buffers.numel()
     )
 
 
-def flops(world, update: ClientUpdate, batch_size: int, share: float = 1.0) -> float:
+def flops(world, update: ClientUpdate, batch_size: int, share: float | None = None) -> float:
     """FLOPs of the update's local steps on batches of ``batch_size`` (see the module's
-    docstring); ``share``: a sub-model's step as a share of the full model's."""
+    docstring); ``share``: a sub-model's step as a share of the full model's (None: the
+    full width, back-propagated to the update's depth)."""
     from fedhet.models.cost import training_step_flops
 
     depth = update.coverage.depth
     if update.steps <= 0 or depth > world.flat.num_layers:
         return 0.0
-    return float(update.steps * training_step_flops(world.layer_multiply_adds, batch_size, depth) * share)
+    if share is not None:
+        return float(update.steps * training_step_flops(world.layer_multiply_adds, batch_size) * share)
+    return float(update.steps * training_step_flops(world.layer_multiply_adds, batch_size, depth))

@@ -62,9 +62,14 @@ def training_step_flops(layer_multiply_adds: Sequence[float], batch: int, depth:
     return 2 * batch * (forward + weight_grads + input_grads)
 
 
-def sub_model_step_share(layout, layer_multiply_adds: Sequence[int], rate: float) -> float:
+def sub_model_step_share(
+    layout, layer_multiply_adds: Sequence[int], rate: float, full_layers: int = 0, depth: int = 1
+) -> float:
     """The FLOPs of one training step of HeteroFL's width-``rate`` sub-model as a share of
-    the full model's step (:func:`training_step_flops` at depth 1 on both sides).
+    the full model's step (:func:`training_step_flops`, the full model's at depth 1); with
+    ``full_layers`` k and ``depth`` d, SLT's configuration: layers 1..k whole, the layers
+    above at ``rate``, back-propagation down to layer d only (the frozen layers below d
+    cost their forward pass).
 
     A convolution's or linear map's multiply-adds are its weight elements times its output
     positions, and a sub-model keeps the positions, so layer l of the sub-model costs
@@ -78,7 +83,7 @@ def sub_model_step_share(layout, layer_multiply_adds: Sequence[int], rate: float
         raise ValueError(
             f"{len(layer_multiply_adds)} per-layer multiply-add counts for {layout.num_layers} layers"
         )
-    mask = width_mask(layout, rate)
+    mask = width_mask(layout, rate, 0, full_layers)
     scaled = []
     for layer, (shapes, count) in enumerate(zip(layout.param_shapes, layer_multiply_adds, strict=True)):
         offset = layout.param_slices.start(layer + 1)
@@ -91,4 +96,4 @@ def sub_model_step_share(layout, layer_multiply_adds: Sequence[int], rate: float
             offset += size
         scaled.append(count * held / total if total else 0.0)
     full = training_step_flops(layer_multiply_adds, batch=1)
-    return float(training_step_flops(scaled, batch=1)) / full if full else rate * rate
+    return float(training_step_flops(scaled, batch=1, depth=depth)) / full if full else rate * rate

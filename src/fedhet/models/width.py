@@ -30,20 +30,23 @@ def kept_indices(units: int, rate: float, offset: int = 0) -> torch.Tensor:
     return (torch.arange(kept_units(units, rate)) + offset) % units
 
 
-def width_mask(layout: ModelLayout, rate: float, offset: int = 0) -> torch.Tensor:
+def width_mask(layout: ModelLayout, rate: float, offset: int = 0, full_layers: int = 0) -> torch.Tensor:
     """Boolean mask over the flat parameters: the elements a sub-model of ``rate`` holds,
-    its hidden units chosen by :func:`kept_indices` (``offset``)."""
+    its hidden units chosen by :func:`kept_indices` (``offset``); layers 1..``full_layers``
+    keep all their units (SLT's frozen layers and the one it trains whole), so the first
+    layer above them reads every input."""
     if not layout.param_shapes:
         raise ValueError("the model layout has no parameter shapes")
     mask = torch.zeros(layout.num_params, dtype=torch.bool)
-    if rate >= 1.0:
+    if rate >= 1.0 or full_layers >= len(layout.param_shapes) - 1:
         return mask.fill_(True)
     last = len(layout.param_shapes) - 1
     previous: torch.Tensor | None = None  # the kept units of the layer before
     previous_units = 0
     for layer, shapes in enumerate(layout.param_shapes):
         units = next(s[0] for s in shapes if len(s) >= 2)
-        kept = torch.arange(units) if layer == last else kept_indices(units, rate, offset)
+        whole = layer == last or layer < full_layers
+        kept = torch.arange(units) if whole else kept_indices(units, rate, offset)
         start = layout.param_slices.start(layer + 1)
         for shape in shapes:
             block = torch.zeros(shape, dtype=torch.bool)
@@ -69,13 +72,14 @@ def _input_columns(kept: torch.Tensor, units: int, columns: int) -> torch.Tensor
     return (kept.unsqueeze(1) * per_unit + torch.arange(per_unit).unsqueeze(0)).reshape(-1)
 
 
-def scaler_hooks(model, rate: float) -> list:
+def scaler_hooks(model, rate: float, full_layers: int = 0) -> list:
     """HeteroFL's scaler: during a sub-model's training, every hidden Linear/Conv output is
-    divided by ``rate`` (the output layer's is not). Returns the hook handles to remove."""
+    divided by ``rate`` (the output layer's is not, nor those of layers 1..``full_layers``,
+    which keep their width). Returns the hook handles to remove."""
     from torch import nn
 
     handles = []
-    for block in model.blocks[:-1]:
+    for block in model.blocks[full_layers:-1]:
         for module in block.modules():
             if isinstance(module, nn.Linear | nn.Conv2d):
                 handles.append(module.register_forward_hook(lambda mod, inp, out: out / rate))
