@@ -78,6 +78,28 @@ def _seed_task(raw: dict, folder: str, fresh: bool, group: str) -> dict:
     return run(from_dict(raw), folder, resume=not fresh, overwrite=fresh, group=group).summary
 
 
+def _seeds_task(runs: list[tuple[dict, str, bool]], group: str) -> list[dict]:
+    """Run (or resume) a tuned setting's seed runs ((configuration, folder, fresh) each) in
+    lockstep as one computation (:func:`fedhet.engine.launch.run_together`); each one's
+    summary, or ``{"finished": False, "failed": why}`` (the others go on)."""
+    from fedhet.config import from_dict
+    from fedhet.engine.cohort import CohortRun
+    from fedhet.engine.launch import run_together
+
+    _quiet_runs()
+    cohort = [CohortRun(from_dict(raw), folder, resume=not fresh) for raw, folder, fresh in runs]
+    out = []
+    for result in run_together(cohort, group):
+        if isinstance(result, BaseException):
+            error = task_error(result)
+            if not isinstance(error, FedhetError):
+                raise error
+            out.append({"finished": False, "failed": str(error)})
+        else:
+            out.append(result.summary)
+    return out
+
+
 def _study_task(suite: Suite, tuning: Tuning, storage: str, out: str, prefix: str) -> StudyResult:
     _quiet_runs()
     return run_study(suite, tuning, storage, out, prefix)
@@ -314,8 +336,8 @@ class Bench:
                 future = executor.submit(_study_task, self.suite, tuning, self.storage,
                                          str(self.out / "trials"), self.prefix)  # fmt: skip
                 pending[future] = ("study", self._name(tuning))
-            for run in waiting_seeds:
-                pending[self._submit_seed(executor, run)] = ("seed", run)
+            for runs in self.seeds.values():
+                self._submit_seeds(executor, [r for r in runs if r.summary is None], pending)
             last_poll = 0.0
             while pending:
                 done, _ = wait(list(pending), timeout=1.0, return_when=FIRST_COMPLETED)
@@ -323,6 +345,8 @@ class Bench:
                     kind, what = pending.pop(future)
                     if kind == "study":
                         self._study_done(future, what, pairs[what], executor, pending)
+                    elif kind == "seeds":
+                        self._seeds_done(future, what)
                     else:
                         self._seed_done(future, what)
                 # the display reads the studies in work (Ray's futures do not say: all, less often)
@@ -342,6 +366,33 @@ class Bench:
 
     def _submit_seed(self, executor: Executor, run: SeedRun) -> Future:
         return executor.submit(_seed_task, run.raw, str(run.folder), run.fresh, self.group)
+
+    def _submit_seeds(self, executor: Executor, runs: list[SeedRun], pending: dict) -> None:
+        """A tuned setting's seed runs still to do: one task running them in lockstep
+        (``suite.lockstep``, two or more), else one task each."""
+        if self.suite.lockstep and len(runs) > 1:
+            work = [(r.raw, str(r.folder), r.fresh) for r in runs]
+            pending[executor.submit(_seeds_task, work, self.group)] = ("seeds", runs)
+            return
+        for run in runs:
+            pending[self._submit_seed(executor, run)] = ("seed", run)
+
+    def _seeds_done(self, future: Future, runs: list[SeedRun]) -> None:
+        try:
+            summaries = future.result()
+        except BrokenProcessPool:
+            raise
+        except Exception as exc:  # noqa: BLE001  (the task itself: every one of its runs failed)
+            error = task_error(exc)
+            if not isinstance(error, FedhetError):
+                raise
+            summaries = [{"finished": False, "failed": str(error)}] * len(runs)
+        for run, summary in zip(runs, summaries, strict=True):
+            run.summary = summary
+            if summary.get("failed"):
+                self.progress.lines.append(
+                    f"{run.scenario}/{run.method} seed {run.seed}: failed: {summary['failed']}"
+                )
 
     def _study_done(self, future: Future, name: str, tuning: Tuning, executor: Executor,
                     pending: dict) -> None:  # fmt: skip
@@ -369,9 +420,7 @@ class Bench:
         values = ", ".join(f"{k}={_short(v)}" for k, v in result.best_params.items())
         self.progress.lines.append(f"{name}: tuned, validation {result.best_value:.4f} ({values})")
         self._queue_seeds(tuning, result)
-        for run in self.seeds[name]:
-            if run.summary is None:
-                pending[self._submit_seed(executor, run)] = ("seed", run)
+        self._submit_seeds(executor, [r for r in self.seeds[name] if r.summary is None], pending)
 
     def _seed_done(self, future: Future, run: SeedRun) -> None:
         try:

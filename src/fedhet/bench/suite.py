@@ -74,7 +74,7 @@ DEFAULT_PARAMS = {
 SUITE_KEYS = {
     "name", "description", "methods", "trials", "seeds", "validation_fraction", "objective", "direction",
     "target", "base", "alpha", "random_trials", "pruner", "startup_trials", "warmup_steps",
-    "max_failures", "threads", "sampler_seed", "tuning_repeats", "reference",
+    "max_failures", "threads", "sampler_seed", "tuning_repeats", "reference", "lockstep",
 }  # fmt: skip
 SCENARIO_KEYS = {"description", "options", "skip"}
 
@@ -132,6 +132,7 @@ class Suite:
     sampler_seed: int = 1
     tuning_repeats: int = 1
     reference: str | None = None  # the method every effect is also stated against
+    lockstep: bool = True  # a tuned setting's seed runs train as one computation (engine.cohort)
     shared: list[Param] = field(default_factory=list)  # the knobs every method searches
     # (scenario, method label) -> keys a method searches that only its inert mechanisms read
     # there (:mod:`fedhet.algorithms.mechanisms`): not tuned in that scenario
@@ -576,6 +577,9 @@ def _settings(suite: Suite, table: dict, trials: int | None, seeds: int | None, 
     if not isinstance(alpha, float) or not 0 < alpha < 1:
         raise ConfigError(f"{where}: suite.alpha = {alpha!r}: a significance level in (0, 1)")
     suite.alpha = alpha
+    suite.lockstep = table.get("lockstep", True)
+    if not isinstance(suite.lockstep, bool):
+        raise ConfigError(f"{where}: suite.lockstep = {suite.lockstep!r}: true or false")
     suite.pruner = table.get("pruner", "median")
     if suite.pruner not in ("median", "none"):
         raise ConfigError(f"{where}: suite.pruner = {suite.pruner!r}: median or none")

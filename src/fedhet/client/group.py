@@ -57,6 +57,10 @@ class Member:
     budget: SimulatedBudget | WallClockBudget = field(default_factory=lambda: SimulatedBudget(0, 1))
     losses: list[float] = field(default_factory=list)
     failed: bool = False
+    # the model this client received when it is not the group's (runs trained as one
+    # computation: each client starts from its own run's global model)
+    start: torch.Tensor | None = None
+    start_buffers: torch.Tensor | None = None
 
 
 @dataclass

@@ -77,13 +77,18 @@ class _Group:
     kept: dict
     first: tuple | None = None  # a wall-clock task's timed first step: (loss, grads, x, y)
     shared: bool = False  # a group of one, trained in the working model's own storage
-    starts: torch.Tensor | None = None  # each row's own start (k x P; the rule's start_point)
+    starts: torch.Tensor | None = (
+        None  # each row's own start (k x P): its run's model, the rule's start_point
+    )
+    buffer_starts: torch.Tensor | None = None  # each row's own received buffers (k x B), likewise
 
     def __post_init__(self) -> None:
         pslice, bslice = self.view.param_slice, self.view.buffer_slice
         self.regions = self.rows[:, pslice]  # the covered columns of every row, and what was sent
         self.sent_region = self.params[pslice]
         self.buffer_regions, self.sent_buffers = self.buffer_rows[:, bslice], self.buffers[bslice]
+        if self.buffer_starts is not None:
+            self.sent_buffers = self.buffer_starts[:, bslice]  # one row each
 
     def start(self, i: int) -> torch.Tensor:
         """The parameters row ``i`` started from: its own start, else the received ones."""
@@ -282,11 +287,15 @@ class LocalTrainer:
         """Each client's data narrowed to the examples the rule selects from their losses
         at the received model (evaluated in eval mode, in chunks, without gradients)."""
         flat = self.flat
-        flat.load(params, buffers)
         flat.model.eval()
         try:
             with torch.no_grad():
+                loaded = None
                 for member in members:
+                    received = params if member.start is None else member.start
+                    if received is not loaded:  # the model it received
+                        flat.load(received, buffers if member.start_buffers is None else member.start_buffers)
+                        loaded = received
                     data = member.data
                     losses = [
                         self.objective.example_losses(flat.model(data.x[chunk], 1), data.y[chunk])
@@ -331,8 +340,11 @@ class LocalTrainer:
         if len(members) > 1:
             members.sort(key=lambda m: -m.task.local_steps)  # stable: the working clients first
         starts = self._starts(members, rule, params)
+        buffer_starts = self._buffer_starts(members, buffers)
         if first is None:
-            flat.load(params if starts is None or len(members) > 1 else starts[0], buffers)
+            one = len(members) == 1
+            flat.load(params if starts is None or not one else starts[0],
+                      buffers if buffer_starts is None or not one else buffer_starts[0])  # fmt: skip
         if not flat.model.training:  # train()/eval() are set on the whole model, never on a part
             flat.model.train()
         scale = rule is None or rule.scales_sub_models
@@ -340,12 +352,7 @@ class LocalTrainer:
         view = CoverageView(flat, depth, coverage.width, self.masks, scale=scale, offset=coverage.offset,
                             full_layers=coverage.full_layers)  # fmt: skip
         view.enter()  # a sub-model's mask on the working model, the scaler hooks on
-        if len(members) == 1:
-            rows, buffer_rows = flat.params.unsqueeze(0), flat.buffers.unsqueeze(0)
-        else:
-            source = flat.params.detach().unsqueeze(0) if starts is None else starts
-            rows = source.repeat(len(members), 1) if starts is None else source.clone()
-            buffer_rows = flat.buffers.detach().unsqueeze(0).repeat(len(members), 1)
+        rows, buffer_rows = self._rows(len(members), starts, buffer_starts, view)
         kept = {id(m): {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in m.state.items()}
                 for m in members} if snapshot else {}  # fmt: skip
         reason = self.gradients.row_reason(rule, lead.data.x) if len(members) > 1 else None
@@ -354,28 +361,59 @@ class LocalTrainer:
         stacked = len(members) > 1 and reason is None
         group = _Group(
             members, params, buffers, rows, buffer_rows, view, rule, stacked, on_error, kept, first,
-            shared=len(members) == 1, starts=starts,
+            shared=len(members) == 1, starts=starts, buffer_starts=buffer_starts,
         )  # fmt: skip
         self.optimizer.begin(
             [Namespace(m.state, OPTIMIZER) for m in members], flat.params.numel(), flat.device
         )
         return group
 
+    def _rows(
+        self, count: int, starts, buffer_starts, view: CoverageView
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The group's parameter and buffer rows: the working model's own storage for one
+        client; else each row from its own start (a sub-model's mask on it) or the loaded
+        model."""
+        flat = self.flat
+        if count == 1:
+            return flat.params.unsqueeze(0), flat.buffers.unsqueeze(0)
+        if starts is None:
+            rows = flat.params.detach().unsqueeze(0).repeat(count, 1)
+        else:
+            rows = starts.clone()
+            if view.mask is not None:
+                rows.mul_(view.mask)  # as enter() did to the working model
+        buffer_rows = (
+            flat.buffers.detach().unsqueeze(0).repeat(count, 1)
+            if buffer_starts is None
+            else buffer_starts.clone()
+        )
+        return rows, buffer_rows
+
     @staticmethod
     def _starts(members: list[Member], rule: ClientRule | None, params: torch.Tensor) -> torch.Tensor | None:
-        """Each member's own start (the rule's ``start_point``, the received parameters where
-        it gives none), one row each; None when the rule starts every client at the received
-        ones."""
-        if rule is None or not rule.starts_elsewhere:
+        """Each member's own start, one row each: the rule's ``start_point``, else the model
+        the member received (``member.start``, else the group's ``params``); None when every
+        member starts at ``params``."""
+        elsewhere = rule is not None and rule.starts_elsewhere
+        if not elsewhere and all(m.start is None for m in members):
             return None
         rows = []
         for member in members:
-            start = rule.start_point(member.task, Namespace(member.state, ALGORITHM))
+            received = params if member.start is None else member.start
+            start = rule.start_point(member.task, Namespace(member.state, ALGORITHM)) if elsewhere else None  # type: ignore[union-attr]
             if start is not None and start.shape != params.shape:
                 raise ValueError(f"start_point of client {member.task.client}: {tuple(start.shape)} for "
                                  f"{tuple(params.shape)} parameters")  # fmt: skip
-            rows.append(params if start is None else start.to(params.device, params.dtype))
+            rows.append(received if start is None else start.to(params.device, params.dtype))
         return torch.stack(rows)
+
+    @staticmethod
+    def _buffer_starts(members: list[Member], buffers: torch.Tensor) -> torch.Tensor | None:
+        """Each member's received buffers, one row each; None when all are the group's."""
+        if all(m.start_buffers is None for m in members):
+            return None
+        return torch.stack([buffers if m.start_buffers is None else m.start_buffers for m in members])
 
     @staticmethod
     def _nothing(task: ClientTask, num_samples: int, params: torch.Tensor) -> ClientUpdate:
@@ -443,14 +481,25 @@ class LocalTrainer:
             x, y = m.data.batch(m.rng, m.task.batch_size)
             return [x], [y]
         chosen = [m.data.draw(m.rng, m.task.batch_size) for m in members]
-        source = members[0].data
-        if all(m.data.x is source.x for m in members):  # one dataset: one gather
-            index = torch.from_numpy(np.concatenate(chosen)).to(source.x.device)
-            size = len(chosen[0])
-            return (source.x[index].view(len(members), size, *source.x.shape[1:]),
-                    source.y[index].view(len(members), size, *source.y.shape[1:]))  # fmt: skip
-        return (torch.stack([m.data.x[c] for m, c in zip(members, chosen, strict=True)]),
-                torch.stack([m.data.y[c] for m, c in zip(members, chosen, strict=True)]))  # fmt: skip
+        sources: dict[
+            tuple[int, int], list[int]
+        ] = {}  # one gather per dataset (runs in lockstep: one per run)
+        for j, m in enumerate(members):
+            sources.setdefault((id(m.data.x), id(m.data.y)), []).append(j)
+        size, first = len(chosen[0]), members[0].data
+        if len(sources) == 1:
+            index = torch.from_numpy(np.concatenate(chosen)).to(first.x.device)
+            return (first.x[index].view(len(members), size, *first.x.shape[1:]),
+                    first.y[index].view(len(members), size, *first.y.shape[1:]))  # fmt: skip
+        x = first.x.new_empty((len(members), size, *first.x.shape[1:]))
+        y = first.y.new_empty((len(members), size, *first.y.shape[1:]))
+        for positions in sources.values():
+            data = members[positions[0]].data
+            index = torch.from_numpy(np.concatenate([chosen[j] for j in positions])).to(data.x.device)
+            rows = torch.tensor(positions, device=x.device)
+            x[rows] = data.x[index].view(len(positions), size, *data.x.shape[1:])
+            y[rows] = data.y[index].view(len(positions), size, *data.y.shape[1:])
+        return x, y
 
     def _gradients(self, group: _Group, active: int, x, y, first) -> torch.Tensor:
         """The working rows' gradients over the covered region (k x m); each client's loss
@@ -558,7 +607,8 @@ class LocalTrainer:
             delta = group.regions[i] - sent
             if view.mask is not None:
                 delta.mul_(view.mask[view.param_slice])  # elements outside the sub-model are not the client's
-            delta_buffers = group.buffer_regions[i] - group.sent_buffers
+            sent_buffers = group.sent_buffers if group.buffer_starts is None else group.sent_buffers[i]
+            delta_buffers = group.buffer_regions[i] - sent_buffers
         update = ClientUpdate(
             client=task.client,
             coverage=replace(task.coverage, depth=view.depth) if group.first else task.coverage,

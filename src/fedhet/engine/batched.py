@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -66,6 +66,7 @@ class BatchedPool(InProcessPool):
 
     clients_per_batch = 0
     stacked = "auto"
+    client_side: str | None = None  # Request.client_side, computed once
 
     def attach(self, world) -> None:
         super().attach(world)
@@ -86,57 +87,131 @@ class BatchedPool(InProcessPool):
     ) -> Iterator[ClientUpdate]:
         if self.side is None:
             raise RuntimeError("the batched pool runs tasks once attached to its world")
-        tasks, trainer = list(tasks), self.side.world.worker
-        done: dict[int, ClientUpdate | None] = {}
-        groups: dict[tuple, list[int]] = {}
-        for i, task in enumerate(tasks):
-            key = trainer.group_key(task, self.side.world.client_data(task.client))
-            groups.setdefault(("alone", i) if key is None else key, []).append(i)
-        limit = self.clients_per_batch or len(tasks)
-        for key, members in groups.items():
-            if key[0] == "alone":  # a probe, a wall-clock task, no local work
-                task = tasks[members[0]]
-                done[members[0]] = self._execute(task, params, buffers)
-                self.tasks_alone += 1
-                self.alone_reasons[
-                    trainer.alone_reason(task, self.side.world.client_data(task.client)) or ""
-                ] += 1
-                continue
-            for first in range(0, len(members), limit):
-                chunk = members[first : first + limit]
-                if len(chunk) == 1:  # a group of one trains as a task alone does
-                    self.tasks_alone += 1
-                    self.alone_reasons[GROUP_OF_ONE] += 1
-                else:
-                    self.tasks_batched += len(chunk)
-                for i, update in zip(
-                    chunk, self._group([tasks[i] for i in chunk], params, buffers), strict=True
-                ):
-                    done[i] = update
-        for i in range(len(tasks)):
-            update = done.pop(i)
+        for update in self.train(Request(self, list(tasks), params, buffers)):
             if update is not None:
                 yield update
 
-    def _group(self, tasks: list[ClientTask], params, buffers) -> list[ClientUpdate | None]:
-        side = self.side
+    def train(self, request: Request) -> list[ClientUpdate | None]:
+        """The request's updates in task order (None: the client failed): one run's round
+        as groups of its own (:func:`train_requests`); runs in lockstep train theirs together
+        (:class:`fedhet.engine.cohort.CohortPool`)."""
+        return train_requests([request])[0]
+
+    def alone(self, task: ClientTask, params, buffers) -> ClientUpdate | None:
+        """A task that trains by itself (a probe, a wall-clock task, no local work), counted."""
+        assert self.side is not None
+        self.tasks_alone += 1
+        self.alone_reasons[
+            self.side.world.worker.alone_reason(task, self.side.world.client_data(task.client)) or ""
+        ] += 1
+        return self._execute(task, params, buffers)
+
+    def count(self, tasks: int, grouped: bool) -> None:
+        """``tasks`` of this run trained in a group of two or more, or a group of one."""
+        if grouped:
+            self.tasks_batched += tasks
+        else:
+            self.tasks_alone += tasks
+            self.alone_reasons[GROUP_OF_ONE] += tasks
+
+
+@dataclass
+class Request:
+    """One run's round of tasks for the grouped computation: its pool (world, client states,
+    seed, counters), its tasks and global model. ``errors`` collects its clients' failures
+    when the computation spans several runs: each run then handles its own."""
+
+    pool: BatchedPool
+    tasks: list[ClientTask]
+    params: torch.Tensor
+    buffers: torch.Tensor
+    errors: list[tuple[ClientTask, BaseException]] = field(default_factory=list)
+
+    @property
+    def world(self):
+        assert self.pool.side is not None
+        return self.pool.side.world
+
+    @property
+    def client_side(self) -> str:
+        """What decides how its clients compute besides a task's shape: the run's model,
+        ``[train]`` (optimizer, postprocessors) and ``[algorithm]`` sections. Runs group
+        their clients together only where these are the same (one trainer and rule serve
+        a group)."""
+        if self.pool.client_side is None:
+            import json
+
+            document = self.world.config.to_dict()
+            sections = {key: document.get(key) for key in ("model", "train", "algorithm")}
+            self.pool.client_side = json.dumps(sections, sort_keys=True, default=str)
+        return self.pool.client_side
+
+
+def train_requests(requests: list[Request]) -> list[list[ClientUpdate | None]]:
+    """Every request's updates in its task order: the tasks of all requests grouped by
+    shape (:meth:`~fedhet.client.LocalTrainer.group_key`), at most ``clients_per_batch`` to a
+    group, each group one computation of one trainer, each client from its own run's model;
+    probes, wall-clock tasks and tasks with no local work alone, in their own run. One run's
+    round is the case of one request."""
+    done: list[list[ClientUpdate | None]] = [[None] * len(r.tasks) for r in requests]
+    groups: dict[tuple, list[tuple[int, int]]] = {}
+    for k, request in enumerate(requests):
+        world = request.world
+        for i, task in enumerate(request.tasks):
+            key = world.worker.group_key(task, world.client_data(task.client))
+            groups.setdefault(("alone", k, i) if key is None else (request.client_side, *key), []).append(
+                (k, i)
+            )
+    limit = requests[0].pool.clients_per_batch or sum(len(r.tasks) for r in requests)
+    for key, positions in groups.items():
+        if key[0] == "alone":
+            k, i = positions[0]
+            request = requests[k]
+            done[k][i] = request.pool.alone(request.tasks[i], request.params, request.buffers)
+            continue
+        for first in range(0, len(positions), limit):
+            chunk = positions[first : first + limit]
+            for (k, i), update in zip(chunk, _train_group(requests, chunk), strict=True):
+                done[k][i] = update
+    return done
+
+
+def _train_group(requests: list[Request], chunk: list[tuple[int, int]]) -> list[ClientUpdate | None]:
+    """One group (positions (request, task)) as one computation of the first request's
+    trainer and rule; a client of another run than the first starts from its run's model.
+    A client's failure: its run's (at once for one run; recorded when runs share the group)."""
+    lead = requests[chunk[0][0]]
+    runs = Counter(k for k, _ in chunk)
+    mixed = len(runs) > 1
+    owners: dict[int, Request] = {}
+    members = []
+    for k, i in chunk:
+        request, task = requests[k], requests[k].tasks[i]
+        side = request.pool.side
         assert side is not None
-        world = side.world
+        member = Member(task, side.world.client_data(task.client), request.pool.states.of(task.client),
+                        seeding.client_stream(side.seed, task.round, task.client, "training"))  # fmt: skip
+        if request is not lead:
+            member.start, member.start_buffers = request.params, request.buffers
+        owners[id(task)] = request
+        members.append(member)
+    for k, count in runs.items():
+        requests[k].pool.count(count, grouped=len(chunk) > 1)
 
-        def failed(task: ClientTask, exc: BaseException) -> None:
-            client_failed(self, exc, task.client, task.round)
+    def failed(task: ClientTask, exc: BaseException) -> None:
+        owner = owners[id(task)]
+        if mixed:
+            owner.errors.append((task, exc))
+        else:
+            client_failed(owner.pool, exc, task.client, task.round)
 
-        members = [
-            Member(t, world.client_data(t.client), self.states.of(t.client),
-                   seeding.client_stream(side.seed, t.round, t.client, "training"))
-            for t in tasks
-        ]  # fmt: skip
-        updates = world.worker.train_group(
-            members, params, buffers, world.algorithm.client, failed, snapshot=self.on_client_error == "skip"
-        )
-        for task in tasks:
-            self.states.park(task.client)  # on the host until their next task (a GPU run)
-        return updates
+    snapshot = mixed or any(requests[k].pool.on_client_error == "skip" for k in runs)
+    world = lead.world
+    updates = world.worker.train_group(members, lead.params, lead.buffers, world.algorithm.client, failed,
+                                       snapshot=snapshot)  # fmt: skip
+    for k, i in chunk:
+        requests[k].pool.states.park(requests[k].tasks[i].client)  # on the host until their next task
+    return updates
 
 
 register("pool")(BatchedPool)

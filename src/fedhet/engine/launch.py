@@ -158,3 +158,44 @@ def run(
     """Run ``config`` on its engine (``run.engine``); ``kwargs`` are :class:`Launch`'s."""
     engine = check(config)
     return engine.run(config, out_dir, Launch(resume=resume, overwrite=overwrite, **kwargs))
+
+
+def runs_in_lockstep(config: Config) -> str | None:
+    """Why ``config`` cannot run in lockstep with others (:func:`run_together`); None: it can
+    (the embedded engine, its clients in this process, times not measured on this host)."""
+    if config.run.engine != "embedded":
+        return f"run.engine = {config.run.engine!r}"
+    if config.run.pool not in ("auto", "in-process", "batched"):
+        return f"run.pool = {config.run.pool!r}"
+    if config.system.model == "wall-clock":
+        return "system.model = 'wall-clock' times each task on this host, one at a time"
+    return None
+
+
+def run_together(runs: Sequence, group: str | None = None) -> list:
+    """Run several configurations (:class:`~fedhet.engine.cohort.CohortRun`: configuration,
+    folder, resume) of one method and shape: in lockstep as one computation
+    (:mod:`fedhet.engine.cohort`) where every one allows it (:func:`runs_in_lockstep`),
+    else one after another. Each one's :class:`RunResult`, or the exception that ended it:
+    one run's failure does not stop the others."""
+    from fedhet.engine.cohort import run_cohort
+
+    out: list = [None] * len(runs)
+    ready = []
+    for k, one in enumerate(runs):
+        try:
+            check(one.config)
+            ready.append(k)
+        except Exception as exc:  # noqa: BLE001  (this run's, in its place)
+            out[k] = exc
+    if len(ready) > 1 and all(runs_in_lockstep(runs[k].config) is None for k in ready):
+        for k, result in zip(ready, run_cohort([runs[k] for k in ready], group), strict=True):
+            out[k] = result
+        return out
+    for k in ready:
+        one = runs[k]
+        try:
+            out[k] = run(one.config, one.folder, resume=one.resume, overwrite=not one.resume, group=group)
+        except Exception as exc:  # noqa: BLE001  (this run's, in its place)
+            out[k] = exc
+    return out

@@ -143,7 +143,7 @@ class RunLoop:
         pool: ClientPool | None = None
         try:
             pool = self._build_pool()  # the configured pool starts while the world is built
-            self.world = world = build_world(config)
+            self.world = world = self._build_world()
             pool.attach(world)
             self.pool = pool
             with serving_on(world.device):  # the server's hooks create tensors on the run's device
@@ -151,6 +151,10 @@ class RunLoop:
         finally:
             if pool is not None:
                 pool.close()
+
+    def _build_world(self) -> World:
+        """The run's world (:func:`fedhet.world.build_world`)."""
+        return build_world(self.config)
 
     def _one_at_a_time(self, total: int) -> dict[str, int]:
         """The batched pool's tasks that trained one client at a time, by reason; one line
@@ -328,6 +332,9 @@ class RunLoop:
             summary["tasks_grouped"] = grouped
             summary["tasks_alone"] = getattr(self.pool, "tasks_alone", 0)
             summary["tasks_one_at_a_time"] = self._one_at_a_time(grouped + summary["tasks_alone"])
+        lockstep = getattr(self.pool, "lockstep_runs", None)
+        if lockstep:  # trained as one computation with the other runs of its cohort
+            summary["lockstep_runs"] = lockstep
         if self.caveats:
             summary["caveats"] = self.caveats
         inert = inert_mechanisms(config, world)
