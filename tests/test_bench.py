@@ -139,6 +139,15 @@ def test_a_bench_killed_during_tuning_and_seeds_resumes_to_the_same_leaderboard(
     assert (out / "leaderboard.csv").read_text() == (smoke_bench / "leaderboard.csv").read_text()
 
 
+def test_a_tuned_settings_seed_runs_train_in_lockstep(smoke_bench):
+    """suite.lockstep (the default): each tuned setting's two seed runs ran as one
+    computation, and say so in their summaries."""
+    import json
+
+    summaries = [json.loads(p.read_text()) for p in smoke_bench.glob("seeds/**/seed-*/summary.json")]
+    assert summaries and all(s.get("lockstep_runs") == 2 for s in summaries)
+
+
 @pytest.mark.slow
 @pytest.mark.extended
 def test_parallel_and_ray_benches_give_the_same_leaderboard(tmp_path, smoke_bench):
