@@ -8,6 +8,9 @@ score with what the data asks for, never with a hard-coded loss:
   integer labels (they also drive the label partitions: dirichlet, shards, label-swap).
 - :class:`Regression`: mean squared error on the (standardised) targets; metrics ``loss``
   (MSE) and ``rmse``, in the target's own units (``target_scale``); no labels to split by.
+- :class:`NextToken`: a language model's; every position predicts the next token; metrics
+  ``loss`` (cross-entropy per token), ``perplexity`` (the score, lower is better) and
+  ``accuracy``.
 
 In a run, each metric becomes the metrics.csv column ``test_<metric>`` (and the summary's
 ``final_test_<metric>`` / ``best_test_<metric>``); per-client evaluation writes the same
@@ -173,6 +176,71 @@ class Regression(Task):
 
     def value_range(self, metric: str) -> tuple[float, float]:
         return (0.0, math.inf) if metric == "rmse" else super().value_range(metric)
+
+
+class NextToken(Task):
+    """A language model's task: every position of a sequence predicts the token after it.
+    Outputs are (batch, positions, vocabulary) logits, targets (batch, positions) token
+    indices; the loss is the mean cross-entropy per token, ``perplexity`` its exponential
+    (the score, lower is better), ``accuracy`` the share of next tokens that are the argmax."""
+
+    name = "next-token"
+    score = "perplexity"
+    higher_is_better = False
+    labels = False
+
+    @staticmethod
+    def _flat(output: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return output.reshape(-1, output.shape[-1]), target.reshape(-1).long()
+
+    def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(*self._flat(output, target))
+
+    def example_losses(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Each sequence's mean cross-entropy per token."""
+        losses = F.cross_entropy(*self._flat(output, target), reduction="none")
+        return losses.view(target.shape[0], -1).mean(1)
+
+    def distillation(self, student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy of each position's prediction with the teacher's softmax there."""
+        vocabulary = student.shape[-1]
+        return F.cross_entropy(
+            student.reshape(-1, vocabulary), teacher.reshape(-1, vocabulary).softmax(dim=1)
+        )
+
+    def divergences(self, outputs: list[torch.Tensor]) -> Iterator[torch.Tensor]:
+        """KL(softmax z_j || softmax z_i) per position, averaged over the positions."""
+        flat = [z.reshape(-1, z.shape[-1]) for z in outputs]
+        students = [F.log_softmax(z, dim=1) for z in flat]
+        teachers = [z.detach().softmax(dim=1) for z in flat]
+        for i, student in enumerate(students):
+            for j, teacher in enumerate(teachers):
+                if i != j:
+                    yield F.kl_div(student, teacher, reduction="batchmean")
+
+    def batch_sums(self, output: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
+        logits, tokens = self._flat(output, target)
+        return {
+            "loss": float(F.cross_entropy(logits, tokens, reduction="sum")),
+            "correct": int((logits.argmax(1) == tokens).sum()),
+            "tokens": int(tokens.numel()),
+        }
+
+    def metrics(self, sums: dict[str, float], count: int) -> dict[str, float]:
+        tokens = max(1, int(sums["tokens"]))
+        loss = sums["loss"] / tokens
+        return {"loss": loss, "perplexity": math.exp(min(loss, 700.0)), "accuracy": sums["correct"] / tokens}
+
+    def metric_names(self) -> tuple[str, ...]:
+        return ("loss", "perplexity", "accuracy")
+
+    def value_range(self, metric: str) -> tuple[float, float]:
+        if metric == "perplexity":
+            return (1.0, math.inf)
+        return (0.0, 1.0) if metric == "accuracy" else super().value_range(metric)
+
+    def higher_is_better_for(self, metric: str) -> bool | None:
+        return True if metric == "accuracy" else super().higher_is_better_for(metric)
 
 
 def default_task() -> Task:
