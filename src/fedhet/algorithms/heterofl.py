@@ -32,6 +32,7 @@ from fedhet.algorithms.sub_models import (
     fitting_level,
     knowledge_state,
     largest_fitting,
+    require_unit_layers,
 )
 from fedhet.checks import one_of
 from fedhet.errors import ConfigError
@@ -130,6 +131,7 @@ class HeteroFLAggregation(Aggregation):
     def init_state(self, setting) -> dict:
         """Prices every rate once: {rate: cost share of a full step} (kept in the state, so a
         resumed run uses the prices it started with)."""
+        require_unit_layers(setting.layout, self.rule.name)
         return {"rate_cost": self.rate_costs(setting.layout, setting.layer_multiply_adds),
                 **knowledge_state(setting)}  # fmt: skip
 

@@ -44,6 +44,7 @@ from fedhet.algorithms.sub_models import (
     fitting_level,
     knowledge_state,
     largest_fitting,
+    require_unit_layers,
 )
 from fedhet.checks import one_of
 from fedhet.errors import ConfigError, FedhetError
@@ -142,6 +143,7 @@ class SLTAggregation(HeteroFLAggregation):
     prices and the run's length kept in the state (a resumed run keeps them)."""
 
     def init_state(self, setting) -> dict:
+        require_unit_layers(setting.layout, self.rule.name)
         return {
             "slt_costs": stage_costs(setting.layout, setting.layer_multiply_adds, self.options.rates),
             "slt_rounds": int(setting.rounds),

@@ -27,6 +27,7 @@ from dataclasses import replace
 import numpy as np
 
 from fedhet.algorithms.parts import Planner, Reporting
+from fedhet.errors import ConfigError
 
 KNOWLEDGE = ("history", "profile", "oracle")
 PROFILE_DRAWS = 32  # draws of a random system model averaged into a client's expected time
@@ -45,6 +46,17 @@ def largest_fitting(costs: Mapping, full_time: float, deadline: float | None):
         return max(costs)
     fitting = [level for level, cost in costs.items() if cost * full_time <= deadline * slack]
     return max(fitting) if fitting else None
+
+
+def require_unit_layers(layout, rule: str) -> None:
+    """A width rule needs a model whose layers are chains of units (its masks keep the
+    leading units of each); one line otherwise (a transformer's heads are not units)."""
+    if not layout.unit_layers:
+        raise ConfigError(
+            f"algorithm {rule!r} trains width-reduced sub-models, which cut the units of Linear and "
+            "Conv layers; this model has other layers (embeddings, attention, LayerNorm): choose a "
+            "depth rule (salf, adel-fl, depthfl, timelyfl) or drop"
+        )
 
 
 def knowledge_state(setting) -> dict:

@@ -26,6 +26,7 @@ not match, examples of different shapes.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -37,6 +38,7 @@ import torch
 
 from fedhet.checks import path_option
 from fedhet.data.dataset import Dataset, DatasetSource
+from fedhet.data.task import NextToken
 from fedhet.errors import DataError
 from fedhet.registry import register
 
@@ -49,15 +51,19 @@ _WORD = re.compile(r"[a-z0-9']+")
 @dataclass
 class LeafOptions:
     """``data_dir``: the LEAF data folder (with ``train/`` and ``test/``);
-    ``hashed_features``: the bag-of-words size of text examples (Sent140)."""
+    ``hashed_features``: the bag-of-words size of text examples (Sent140); ``target``:
+    ``"label"`` (LEAF's own: one label per example) or ``"sequence"`` (character examples,
+    Shakespeare: every position's next character, a language model's next-token task)."""
 
     data_dir: str = path_option()
     hashed_features: int = 1024
+    target: str = "label"
 
     def validate(self) -> None:
-        from fedhet.checks import at_least
+        from fedhet.checks import at_least, one_of
 
         at_least("data.hashed_features", self.hashed_features, 1)
+        one_of("data.target", self.target, ("label", "sequence"))
 
 
 def _letter(char: str, where: str) -> int:
@@ -185,6 +191,28 @@ def load_leaf(data_dir: str, hashed_features: int = 1024) -> Dataset:
     )
 
 
+def as_sequences(dataset: Dataset) -> Dataset:
+    """Character examples as next-token sequences: an example's targets are its characters
+    from the second on, then its label (the character after them): LEAF's Shakespeare as a
+    language model's task (:class:`~fedhet.data.task.NextToken`) over its 80 letters."""
+    if dataset.x_train.dim() != 2 or int(dataset.y_train.max()) >= len(LEAF_LETTERS):
+        raise DataError(
+            f"{dataset.provenance.get('folder', 'leaf')}: data.target = 'sequence' needs character "
+            "examples (LEAF's Shakespeare)"
+        )
+
+    def shifted(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x[:, 1:].long(), y.view(-1, 1)], dim=1)
+
+    return dataclasses.replace(
+        dataset,
+        y_train=shifted(dataset.x_train, dataset.y_train),
+        y_test=shifted(dataset.x_test, dataset.y_test),
+        num_classes=len(LEAF_LETTERS),
+        task=NextToken(),
+    )
+
+
 @register("dataset")
 class Leaf(DatasetSource):
     """A LEAF-format folder (FEMNIST, Shakespeare, Sent140, ...): the data's own users."""
@@ -194,7 +222,8 @@ class Leaf(DatasetSource):
 
     @classmethod
     def build(cls, options: LeafOptions, ctx=None) -> Dataset:
-        return load_leaf(options.data_dir, options.hashed_features)
+        dataset = load_leaf(options.data_dir, options.hashed_features)
+        return as_sequences(dataset) if options.target == "sequence" else dataset
 
     @classmethod
     def source_files(cls, options: LeafOptions) -> Path | None:

@@ -83,6 +83,10 @@ class ModelLayout:
     buffer_slices: LayerSlices
     param_shapes: tuple = ()  # per layer, the shapes of its parameters in flat order
     exit_levels: tuple = ()  # a multi-exit model's depth level of each layer (DepthFL); () otherwise
+    # whether every layer is a chain of units (Linear, Conv with their BatchNorm): what the
+    # width masks of sub-models (HeteroFL's, FjORD's, SLT's heads) cut; False for a
+    # transformer (embeddings, attention heads, LayerNorm)
+    unit_layers: bool = True
 
     @property
     def num_layers(self) -> int:
@@ -95,6 +99,18 @@ class ModelLayout:
     @property
     def num_buffers(self) -> int:
         return self.buffer_slices.start(self.num_layers + 1)
+
+
+UNIT_MODULES = (nn.Linear, nn.Conv2d, nn.BatchNorm1d, nn.BatchNorm2d)
+
+
+def _unit_layers(model: LayeredModel) -> bool:
+    """Whether every module holding parameters is a Linear, a Conv or a BatchNorm."""
+    return all(
+        isinstance(module, UNIT_MODULES)
+        for module in model.modules()
+        if any(True for _ in module.parameters(recurse=False))
+    )
 
 
 class FlatModel:
@@ -142,7 +158,7 @@ class FlatModel:
         self.buffer_slices = LayerSlices(tuple(buffer_bounds))
         shapes = tuple(tuple(tuple(p.shape) for p in params) for params in self.layer_params)
         levels = tuple(getattr(model, "exit_levels", ()))  # models/exits.py
-        self.layout = ModelLayout(self.param_slices, self.buffer_slices, shapes, levels)
+        self.layout = ModelLayout(self.param_slices, self.buffer_slices, shapes, levels, _unit_layers(model))
         device = next(model.parameters()).device if param_chunks else torch.device("cpu")
         self.params = torch.cat(param_chunks).clone() if param_chunks else torch.zeros(0)
         self.buffers = torch.cat(buffer_chunks).clone() if buffer_chunks else torch.zeros(0, device=device)

@@ -1,0 +1,157 @@
+"""A causal transformer on text (fedhet.models.transformer, fedhet.data.text, the NextToken
+task): windows whose targets are the characters one on, a play's roles as users;
+perplexity is exp of the mean cross-entropy per token; a position never sees the tokens
+after it; the embedding, blocks and head are layer groups that truncated back-propagation
+cuts between; LEAF's Shakespeare gives sequences; a short federated run learns."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from fedhet.client import ClientData, LocalTrainer
+from fedhet.config import from_dict
+from fedhet.data.task import NextToken
+from fedhet.data.text import load_text, speakers
+from fedhet.engine.launch import run
+from fedhet.errors import ConfigError, DataError
+from fedhet.messages import ClientTask, Coverage
+from fedhet.models import FlatModel, build_model
+
+PLAY = """First Citizen:
+Before we proceed any further, hear me speak.
+
+All:
+Speak, speak.
+
+First Citizen:
+You are all resolved rather to die than to famish?
+"""
+
+
+def test_windows_targets_vocabulary_and_speakers(tmp_path):
+    path = tmp_path / "play.txt"
+    path.write_text(PLAY)
+    owner, names = speakers(PLAY)
+    assert names == ["", "First Citizen", "All"] and owner[0] == 1 and owner[PLAY.index("Speak,")] == 2
+    data = load_text(str(path), context=8, test_fraction=0.25)
+    vocabulary = sorted(set(PLAY))
+    assert data.num_classes == len(vocabulary) and data.input_shape == (8,)
+    windows = (len(PLAY) - 1) // 8
+    assert len(data.x_train) + len(data.x_test) == windows and len(data.x_test) == round(0.25 * windows)
+    decode = lambda row: "".join(vocabulary[int(i)] for i in row)  # noqa: E731
+    for x, y in zip(data.x_train, data.y_train, strict=True):
+        text = decode(x)
+        assert decode(y)[:-1] == text[1:]  # the target at position t is the input at t + 1
+        assert text in PLAY
+    assert set(data.user_names) <= {"First Citizen", "All"}  # the roles, as users
+    again = load_text(str(path), context=8, test_fraction=0.25)
+    assert torch.equal(again.x_test, data.x_test)  # the split is the file's, not the run's
+    with pytest.raises(DataError, match="fewer than 2 windows"):
+        load_text(str(path), context=len(PLAY))
+
+
+def test_perplexity_is_exp_of_the_mean_cross_entropy_per_token():
+    """Two sequences of two tokens over a vocabulary of 2, logits (0, 0) everywhere but one
+    position sure of the right token (log 1 ~ 0): per-token losses log 2, log 2, log 2, ~0."""
+    task = NextToken()
+    logits = torch.zeros(2, 2, 2)
+    logits[1, 1] = torch.tensor([0.0, 50.0])
+    target = torch.tensor([[0, 1], [1, 1]])
+    sums = task.batch_sums(logits, target)
+    metrics = task.metrics(sums, count=2)
+    assert sums["tokens"] == 4
+    assert metrics["loss"] == pytest.approx(3 * math.log(2) / 4, rel=1e-6)
+    assert metrics["perplexity"] == pytest.approx(math.exp(3 * math.log(2) / 4), rel=1e-6)
+    assert task.example_losses(logits, target).tolist() == pytest.approx([math.log(2), math.log(2) / 2])
+    assert task.higher_is_better_for("perplexity") is False and task.higher_is_better_for("accuracy")
+
+
+def test_a_position_never_sees_the_tokens_after_it():
+    torch.manual_seed(0)
+    model = build_model("transformer", (12,), 20)
+    x = torch.randint(0, 20, (3, 12)).float()
+    changed = x.clone()
+    changed[:, 7:] = (changed[:, 7:] + 5) % 20
+    model.eval()
+    with torch.no_grad():
+        a, b = model(x), model(changed)
+    assert a.shape == (3, 12, 20)
+    torch.testing.assert_close(a[:, :7], b[:, :7])
+    assert not torch.allclose(a[:, 7:], b[:, 7:])
+
+
+def test_truncated_back_propagation_trains_the_blocks_nearest_the_output():
+    """Embedding, 2 blocks, head: L = 4. A step at depth 3 delivers layers 3..4 only, and
+    there it equals the full step's (a layer's gradient does not depend on whether the
+    layers below it are trained)."""
+    torch.manual_seed(0)
+    flat = FlatModel(build_model("transformer", (12,), 20))
+    assert flat.num_layers == 4
+    trainer = LocalTrainer(flat, objective=NextToken())
+    params, buffers = flat.params.detach().clone(), flat.buffers.detach().clone()
+    data = ClientData(torch.randint(0, 20, (8, 12)).float(), torch.randint(0, 20, (8, 12)), np.arange(8))
+
+    def delta(depth: int) -> torch.Tensor:
+        task = ClientTask(0, 0, 0.1, 8, 1, Coverage(depth))
+        return trainer.train(task, params, buffers, data, {}, np.random.default_rng(0)).delta
+
+    full, cut = delta(1), delta(3)
+    region = flat.layout.param_slices.from_depth(3)
+    assert cut.numel() == region.stop - region.start
+    torch.testing.assert_close(cut, full[region], atol=1e-6, rtol=1e-5)
+
+
+def test_leaf_shakespeare_as_sequences(tmp_path):
+    from test_tasks import _write_leaf
+
+    lines = {"u1": (["to be or not to b", "hat is the questi"], ["e", "o"]),
+             "u2": (["ll the world's a ", "nd all the men an"], ["s", "d"])}  # fmt: skip
+    for split in ("train", "test"):
+        _write_leaf(tmp_path / "shakespeare", lines, split, files=1)
+    config = {"dataset": "leaf", "data_dir": str(tmp_path / "shakespeare"), "target": "sequence"}
+    from fedhet.data.leaf import LEAF_LETTERS, Leaf, LeafOptions
+
+    data = Leaf.build(LeafOptions(config["data_dir"], target="sequence"))
+    assert data.task.name == "next-token" and data.num_classes == len(LEAF_LETTERS)
+    decode = lambda row: "".join(LEAF_LETTERS[int(i)] for i in row)  # noqa: E731
+    assert decode(data.y_train[0]) == "o be or not to be"
+    with pytest.raises(ConfigError, match="data.target"):
+        LeafOptions(config["data_dir"], target="words").validate()
+
+
+def test_a_short_federated_run_of_the_transformer_learns(tmp_path):
+    """SALF, half of 8 roles straggling, 12 rounds on the shipped text: the test perplexity
+    falls well below the vocabulary's (a uniform guess), and the summary scores by it."""
+    config = from_dict({
+        "run": {"name": "lm", "seed": 1, "rounds": 12, "eval_every": 6, "threads": 1},
+        "data": {"dataset": "text", "partition": "natural", "num_clients": 8, "context": 32},
+        "model": {"name": "transformer", "width": 32, "blocks": 2, "heads": 2},
+        "train": {"lr": 0.003, "optimizer": "adam", "batch_size": 8, "local_steps": 2},
+        "system": {"model": "straggler-ratio", "straggler_ratio": 0.5, "deadline": 1.0},
+        "algorithm": {"name": "salf"},
+    })  # fmt: skip
+    result = run(config, tmp_path / "lm")
+    vocabulary = json.loads((tmp_path / "lm" / "summary.json").read_text())
+    first, last = result.metrics[5]["test_perplexity"], result.metrics[-1]["test_perplexity"]
+    assert last < 0.5 * 59 and last <= first * 1.05
+    assert "final_test_perplexity" in vocabulary and result.summary["final_test_perplexity"] == last
+
+
+@pytest.mark.parametrize("rule", ["heterofl", "fjord", "slt"])
+def test_width_rules_are_refused_on_a_model_whose_layers_are_not_units(tmp_path, rule):
+    """Width masks keep the leading units of Linear and Conv layers; a transformer's
+    embeddings, attention heads and LayerNorms are no such units: one line, before round 1."""
+    config = from_dict({
+        "run": {"name": "w", "rounds": 2, "threads": 1},
+        "data": {"dataset": "text", "num_clients": 4, "context": 16},
+        "model": {"name": "transformer", "width": 16, "heads": 2, "blocks": 1},
+        "system": {"model": "straggler-ratio", "straggler_ratio": 0.5, "deadline": 1.0},
+        "algorithm": {"name": rule},
+    })  # fmt: skip
+    with pytest.raises(ConfigError, match=f"algorithm '{rule}' trains width-reduced sub-models"):
+        run(config, tmp_path / rule)
