@@ -155,3 +155,72 @@ def test_width_rules_are_refused_on_a_model_whose_layers_are_not_units(tmp_path,
     })  # fmt: skip
     with pytest.raises(ConfigError, match=f"algorithm '{rule}' trains width-reduced sub-models"):
         run(config, tmp_path / rule)
+
+
+# --- LoRA ------------------------------------------------------------------------------------
+
+
+def _lora_config(**run_keys):
+    return from_dict({
+        "run": {"name": "lora", "seed": 1, "rounds": 8, "eval_every": 4, "threads": 1, **run_keys},
+        "data": {"dataset": "text", "partition": "natural", "num_clients": 8, "context": 32},
+        "model": {"name": "transformer", "width": 32, "blocks": 2, "heads": 2, "lora_rank": 2,
+                  "pretrain_steps": 30, "pretrain_fraction": 0.5},
+        "train": {"lr": 0.01, "optimizer": "adam", "batch_size": 8, "local_steps": 2},
+        "system": {"model": "straggler-ratio", "straggler_ratio": 0.5, "deadline": 1.0},
+        "algorithm": {"name": "salf"},
+    })  # fmt: skip
+
+
+def test_lora_adapters_are_the_only_parameters_and_start_as_the_base():
+    from fedhet.models.transformer import with_lora
+
+    torch.manual_seed(0)
+    base = build_model("transformer", (12,), 20)
+    x = torch.randint(0, 20, (2, 12)).float()
+    base.eval()
+    with torch.no_grad():
+        before = base(x)
+    model = with_lora(base, rank=2, alpha=4.0)
+    flat = FlatModel(model)
+    # per block: qkv 64 -> 192, out 64 -> 64, mlp 64 -> 256 -> 64: r (in + out) each
+    per_block = 2 * ((64 + 192) + (64 + 64) + (64 + 256) + (256 + 64))
+    assert flat.params.numel() == 2 * per_block
+    bounds = flat.layout.param_slices.bounds
+    assert bounds[0][0] == bounds[0][1] and bounds[-1][0] == bounds[-1][1]  # embedding, head: frozen
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), before)  # B = 0: the adapted model is the base
+
+
+def test_the_base_is_pretrained_once_on_examples_no_client_gets(tmp_path, monkeypatch):
+    from fedhet.world import build_world
+
+    monkeypatch.setenv("FEDHET_CACHE", str(tmp_path / "cache"))
+    config = _lora_config()
+    world = build_world(config)
+    cached = list((tmp_path / "cache" / "pretrained").glob("*.pt"))
+    assert len(cached) == 1
+    full = load_text("", 32, 0.1).num_train
+    assert sum(len(c) for c in world.client_indices) <= full - round(0.5 * full)
+    stamp = cached[0].stat().st_mtime_ns
+    again = build_world(config)  # read from the cache: the same base
+    frozen = [p for p in world.flat.model.parameters() if not p.requires_grad]
+    for a, b in zip(frozen, [p for p in again.flat.model.parameters() if not p.requires_grad], strict=True):
+        assert torch.equal(a, b)
+    after = list((tmp_path / "cache" / "pretrained").glob("*.pt"))
+    assert after == cached and after[0].stat().st_mtime_ns == stamp  # read, not written again
+
+
+def test_a_lora_run_trains_grouped_keeps_the_base_and_resumes(tmp_path, monkeypatch):
+    from fedhet.engine.loop import RunLoop
+
+    monkeypatch.setenv("FEDHET_CACHE", str(tmp_path / "cache"))
+    alone = run(_lora_config(pool="in-process"), tmp_path / "alone")
+    grouped = run(_lora_config(pool="batched"), tmp_path / "grouped")
+    assert grouped.summary["tasks_grouped"] > 0
+    for a, b in zip(alone.metrics, grouped.metrics, strict=True):
+        if a.get("test_perplexity") is not None:
+            assert b["test_perplexity"] == pytest.approx(a["test_perplexity"], rel=1e-4)
+    RunLoop(_lora_config(pool="in-process"), tmp_path / "cut").run(stop_after=3)
+    resumed = RunLoop(_lora_config(pool="in-process"), tmp_path / "cut").run(resume=True)
+    assert resumed.metrics == alone.metrics

@@ -245,6 +245,7 @@ def build_world(config: Config, client_side: bool = False, dataset: Dataset | No
     by the run with its worker processes."""
     if dataset is None:
         dataset = open_configured_dataset(config)
+    dataset, pretraining = set_aside_for_pretraining(config, dataset)
     dataset = subsample(dataset, config.data.fraction, seeding.stream(config.run.seed, "data-fraction"))
     dataset = split_validation(
         dataset, config.data.validation_fraction, seeding.stream(config.run.seed, "validation")
@@ -254,10 +255,7 @@ def build_world(config: Config, client_side: bool = False, dataset: Dataset | No
     parts, holdout = client_holdout(config, parts)
     device = config.run.torch_device
     make_deterministic(device)
-    torch.manual_seed(seeding.torch_seed(config.run.seed, "init"))
-    model = config.model.entry("name").cls.build(
-        config.model.options("name"), ModelContext(dataset.input_shape, dataset.num_classes)
-    )
+    model = _build_model(config, dataset, pretraining)
     algorithm_entry = resolve("algorithm", config.algorithm_name, "algorithm.name")
     channels_last = check_memory_format(config, algorithm_entry.cls)
     layer_multiply_adds = tuple(multiply_adds(model, dataset.input_shape))  # on the CPU, before moving
@@ -282,6 +280,39 @@ def build_world(config: Config, client_side: bool = False, dataset: Dataset | No
         server_optimizer=server_optimizer(config, algorithm),
         power=None if client_side else power_draw(config, sizes),
     )  # fmt: skip
+
+
+def set_aside_for_pretraining(config: Config, dataset: Dataset) -> tuple[Dataset, tuple | None]:
+    """The training examples the model pre-trains a base on, centrally, set aside before the
+    clients are formed (no client gets them; :meth:`fedhet.models.zoo.ZooModel.
+    pretraining_share`): the dataset without them, and them as (x, y); None when the model
+    pre-trains nothing."""
+    share_of = getattr(config.model.entry("name").cls, "pretraining_share", None)
+    share = share_of(config.model.options("name")) if share_of is not None else 0.0
+    if not share:
+        return dataset, None
+    from fedhet.models.lora import held_out_share
+
+    held = torch.from_numpy(held_out_share(dataset.num_train, share))
+    keep = torch.ones(dataset.num_train, dtype=torch.bool)
+    keep[held] = False
+    users = dataset.train_users
+    rest = dataclasses.replace(
+        dataset, x_train=dataset.x_train[keep], y_train=dataset.y_train[keep],
+        train_users=None if users is None else users[keep],
+    )  # fmt: skip
+    return rest, (dataset.x_train[held], dataset.y_train[held])
+
+
+def _build_model(config: Config, dataset: Dataset, pretraining: tuple | None):
+    """The run's model: its pre-trained base first where it has one (a fixed stream:
+    every seed the same base), then what the run's own initial stream draws."""
+    entry, options = config.model.entry("name"), config.model.options("name")
+    context = ModelContext(dataset.input_shape, dataset.num_classes)
+    if pretraining is not None:
+        context.pretrained = entry.cls.pretrain(options, context, *pretraining, dataset.task)
+    torch.manual_seed(seeding.torch_seed(config.run.seed, "init"))
+    return entry.cls.build(options, context)
 
 
 def power_draw(config: Config, client_sizes: np.ndarray) -> PowerDraw:

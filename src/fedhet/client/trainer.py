@@ -334,7 +334,10 @@ class LocalTrainer:
             depth = lead.task.coverage.depth
             for member in members:
                 member.budget = self.budget_for(member.task)
-        if depth > flat.num_layers or lead.task.local_steps <= 0:
+        reached = flat.param_slices.from_depth(min(depth, flat.num_layers + 1))
+        if depth > flat.num_layers or lead.task.local_steps <= 0 or reached.stop == reached.start:
+            # nothing to train: no layer reached, no step, or the layers reached hold no
+            # trainable parameter (a frozen head: LoRA's)
             lead.task = replace(lead.task, coverage=replace(lead.task.coverage, depth=depth))
             return None
         if len(members) > 1:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
@@ -94,6 +95,24 @@ class LMHead(nn.Module):
         return self.projection(self.norm(x))
 
 
+def with_lora(model: LayeredModel, rank: int, alpha: float) -> LayeredModel:
+    """``model`` with every parameter frozen and LoRA adapters (:mod:`fedhet.models.lora`) on
+    each block's projections: attention's ``qkv`` and ``out``, the MLP's two layers; the
+    model itself, changed in place."""
+    from fedhet.models.lora import LoRALinear
+
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for block in model.modules():
+        if isinstance(block, TransformerBlock):
+            attention, mlp = block.attention, block.mlp
+            attention.qkv = LoRALinear(attention.qkv, rank, alpha)  # type: ignore[assignment]
+            attention.out = LoRALinear(attention.out, rank, alpha)  # type: ignore[assignment]
+            mlp[0] = LoRALinear(cast(nn.Linear, mlp[0]), rank, alpha)
+            mlp[2] = LoRALinear(cast(nn.Linear, mlp[2]), rank, alpha)
+    return model
+
+
 def causal_transformer(input_shape: Sequence[int], vocabulary: int, width: int = 64, blocks: int = 2,
                        heads: int = 4, mlp_ratio: int = 4) -> LayeredModel:  # fmt: skip
     """The embedding, ``blocks`` transformer blocks and the head as L = blocks + 2 layer
@@ -114,14 +133,35 @@ def causal_transformer(input_shape: Sequence[int], vocabulary: int, width: int =
 class TransformerOptions:
     """``width``: the model's width (64); ``blocks``: transformer blocks (2); ``heads``:
     attention heads (4, dividing the width); ``mlp_ratio``: the MLP's width over the
-    model's (4)."""
+    model's (4). ``lora_rank`` r > 0: the base is frozen and the clients train LoRA adapters
+    of rank r on every block's projections, scaled by ``lora_alpha`` / r (16)
+    (:mod:`fedhet.models.lora`); ``pretrain_steps`` > 0: the base is first pre-trained
+    centrally for that many Adam steps (``pretrain_lr`` 0.003, batches of ``pretrain_batch``
+    32) on a share ``pretrain_fraction`` (0.25) of the training examples that no client gets,
+    and cached."""
 
     width: int = 64
     blocks: int = 2
     heads: int = 4
     mlp_ratio: int = 4
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    pretrain_steps: int = 0
+    pretrain_fraction: float = 0.25
+    pretrain_lr: float = 0.003
+    pretrain_batch: int = 32
 
     def validate(self) -> None:
+        if self.lora_rank < 0 or self.pretrain_steps < 0 or self.pretrain_batch < 1:
+            raise ConfigError(
+                f"model.lora_rank = {self.lora_rank}, pretrain_steps = {self.pretrain_steps}, "
+                f"pretrain_batch = {self.pretrain_batch}: must be >= 0, >= 0 and >= 1"
+            )
+        if not 0 < self.pretrain_fraction < 1 or not self.pretrain_lr > 0 or not self.lora_alpha > 0:
+            raise ConfigError(
+                f"model.pretrain_fraction = {self.pretrain_fraction}, pretrain_lr = {self.pretrain_lr}, "
+                f"lora_alpha = {self.lora_alpha}: need a fraction in (0, 1) and positive rates"
+            )
         for key in ("width", "blocks", "heads", "mlp_ratio"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65_536:
@@ -138,6 +178,28 @@ class Transformer(ZooModel):
     Options = TransformerOptions
 
     @classmethod
-    def build(cls, options: TransformerOptions, ctx) -> LayeredModel:
+    def pretraining_share(cls, options: TransformerOptions) -> float:
+        return float(options.pretrain_fraction) if options.pretrain_steps else 0.0
+
+    @classmethod
+    def pretrain(cls, options: TransformerOptions, ctx, x, y, task) -> LayeredModel:
+        """The base pre-trained on the set-aside examples (cached: :mod:`fedhet.models.lora`)."""
+        from fedhet.models.lora import pretrained_base
+
+        shape = {k: getattr(options, k) for k in ("width", "blocks", "heads", "mlp_ratio")}
+        shape.update(input=list(ctx.input_shape), vocabulary=ctx.num_classes)
+        return pretrained_base(  # type: ignore[return-value]  # the base cls._base builds
+            lambda: cls._base(options, ctx), shape,
+            x, y, task.loss, options.pretrain_steps, options.pretrain_lr, options.pretrain_batch,
+        )  # fmt: skip
+
+    @staticmethod
+    def _base(options: TransformerOptions, ctx) -> LayeredModel:
         return causal_transformer(ctx.input_shape, ctx.num_classes, options.width, options.blocks,
                                   options.heads, options.mlp_ratio)  # fmt: skip
+
+    @classmethod
+    def build(cls, options: TransformerOptions, ctx) -> LayeredModel:
+        """The (pre-trained) base, with LoRA adapters where ``lora_rank`` > 0."""
+        model = ctx.pretrained if ctx.pretrained is not None else cls._base(options, ctx)
+        return with_lora(model, options.lora_rank, options.lora_alpha) if options.lora_rank else model

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -173,10 +174,12 @@ def vgg(
 
 @dataclass
 class ModelContext:
-    """What a model is built for: one example's shape and the number of classes."""
+    """What a model is built for: one example's shape and the number of classes; where the
+    model pre-trains a base centrally (:meth:`ZooModel.pretraining_share`), that base."""
 
     input_shape: tuple[int, ...]
     num_classes: int
+    pretrained: Any = None
 
 
 @dataclass
@@ -204,6 +207,18 @@ class ZooModel:
     # only layers the grouped kernels batch on the CPU (fedhet.client.grouped: dense and
     # per-example ones), so that the batched pool pays there (run.pool = "auto" picks it)
     batches_on_cpu: bool = False
+
+    @classmethod
+    def pretraining_share(cls, options) -> float:
+        """The share of the training examples set aside, before clients are formed, to
+        pre-train a base centrally (:meth:`pretrain`); 0: none (the default)."""
+        return 0.0
+
+    @classmethod
+    def pretrain(cls, options, ctx: ModelContext, x: torch.Tensor, y: torch.Tensor, task) -> Any:
+        """The base pre-trained on the examples set aside (``ctx.pretrained`` for
+        :meth:`build`)."""
+        raise NotImplementedError(f"model {cls.name!r} pre-trains nothing")
 
     @classmethod
     def build(cls, options, ctx: ModelContext) -> LayeredModel:
