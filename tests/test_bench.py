@@ -139,6 +139,7 @@ def test_a_bench_killed_during_tuning_and_seeds_resumes_to_the_same_leaderboard(
     assert (out / "leaderboard.csv").read_text() == (smoke_bench / "leaderboard.csv").read_text()
 
 
+@pytest.mark.extended
 def test_a_tuned_settings_seed_runs_train_in_lockstep(smoke_bench):
     """suite.lockstep (the default): each tuned setting's two seed runs ran as one
     computation, and say so in their summaries."""
