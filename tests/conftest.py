@@ -25,7 +25,13 @@ REPO = Path(__file__).resolve().parents[1]
 
 def pytest_collection_modifyitems(config, items):
     """The longer real runs (marked slow) first, in their order, then the rest: on two
-    xdist workers they run beside the short tests instead of ending the suite alone."""
+    xdist workers they run beside the short tests instead of ending the suite alone. A test
+    that reads the session's smoke bench must be of the second tier: the bench is made by
+    the session-scoped fixture, before the default tier's guard below could see it."""
+    unmarked = [i.nodeid for i in items if "smoke_bench" in getattr(i, "fixturenames", ())
+                and i.get_closest_marker("extended") is None]  # fmt: skip
+    if unmarked:
+        raise pytest.UsageError(f"{unmarked[0]} reads the smoke bench: mark it extended (the second tier)")
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
