@@ -218,7 +218,16 @@ FOUR_CLIENTS_PER_STEP = {
 }
 
 
-RULE_MODELS = {"depthfl": {"name": "mlp-exits", "hidden": [8]}}  # a model with exits
+RULE_MODELS = {  # a model of the kind the rule needs
+    "depthfl": {"name": "mlp-exits", "hidden": [8]},  # classifiers after its blocks
+    "hetlora": {"name": "transformer", "width": 16, "heads": 2, "blocks": 1, "lora_rank": 4},  # adapters
+}
+RULE_DATA = {"hetlora": {"dataset": "text", "context": 16}}  # what the rule's model reads
+
+
+def rule_data(name: str, data: dict) -> dict:
+    """``data`` with the dataset rule ``name``'s model needs (its text, for adapters)."""
+    return {**data, **RULE_DATA.get(name, {})}
 
 
 def rule_setting(name: str) -> tuple[dict, dict, dict]:

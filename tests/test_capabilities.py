@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import RULE_MODELS, rule_setting
+from conftest import RULE_MODELS, rule_data, rule_setting
 
 from fedhet.algorithms.base import Algorithm, check_algorithm_class
 from fedhet.algorithms.fedavg import FedAvg
@@ -240,8 +240,9 @@ def test_plan_is_pure(name):
 
     run_keys, system, options = rule_setting(name)
     model = RULE_MODELS.get(name, BASE.get("model", {"name": "mlp"}))
+    data = rule_data(name, BASE["data"])
     config = from_dict({**BASE, "run": {**BASE["run"], **run_keys}, "system": system, "model": model,
-                        "algorithm": {"name": name, **options}})  # fmt: skip
+                        "data": data, "algorithm": {"name": name, **options}})  # fmt: skip
     world = build_world(config)
     setting = world.setting()
     probes = world.algorithm.probe_tasks(setting)

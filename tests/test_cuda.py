@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import RULE_MODELS, rule_setting
+from conftest import RULE_MODELS, rule_data, rule_setting
 
 from fedhet.config import from_dict
 from fedhet.engine.loop import RunLoop
@@ -35,7 +35,7 @@ def _config(name: str, device: str, pool: str = "in-process", train: dict | None
                 **keys,
                 **run_keys,
             },  # fmt: skip
-            "data": {"dataset": "digits", "num_clients": 8, "fraction": 0.5},
+            "data": rule_data(name, {"dataset": "digits", "num_clients": 8, "fraction": 0.5}),
             "model": RULE_MODELS.get(name, {"name": "mlp", "hidden": [16]}),
             "train": {"lr": 0.1, "batch_size": 8, "local_steps": 2, **(train or {})},
             "algorithm": {"name": name, **options},

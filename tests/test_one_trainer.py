@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import RULE_MODELS, rule_setting
+from conftest import RULE_MODELS, rule_data, rule_setting
 
 from fedhet.algorithms.fedavg import FedAvg
 from fedhet.config import from_dict
@@ -37,7 +37,7 @@ def _config(name: str, pool: str):
     return from_dict(
         {
             "run": {"name": "one", "seed": 3, "rounds": 3, "threads": 1, "pool": pool, **keys},
-            "data": {"dataset": "digits", "num_clients": 8, "fraction": 0.5},
+            "data": rule_data(name, {"dataset": "digits", "num_clients": 8, "fraction": 0.5}),
             "model": RULE_MODELS.get(name, {"name": "mlp", "hidden": [16]}),
             "train": {"lr": 0.1, "batch_size": 8, "local_steps": 2},
             "algorithm": {"name": name, **options},

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from fedhet.algorithms.base import register
 from fedhet.algorithms.heterofl import HeteroFL, HeteroFLAggregation, HeteroFLOptions
 from fedhet.algorithms.parts import ClientPart
+from fedhet.algorithms.sub_models import require_unit_layers
 from fedhet.errors import ConfigError
 from fedhet.models.width import ordered_dropout_hooks, width_mask
 
@@ -98,6 +99,11 @@ class FjORDClient(ClientPart):
 
 class FjORDAggregation(HeteroFLAggregation):
     """FjORD's aggregation: each width's elements averaged over the clients that trained them."""
+
+    def init_state(self, setting) -> dict:
+        """Ordered dropout drops units of the blocks' outputs: a model of units only."""
+        require_unit_layers(setting.layout, self.rule.name, ranks=False)
+        return super().init_state(setting)
 
     def aggregate(self, params, buffers, updates, state, context, layout):
         """w[e] + sum_u n_u Delta_u[e] / sum_{u holds e} n_u (FjORD Sec. 3.2); elements held

@@ -48,14 +48,16 @@ def largest_fitting(costs: Mapping, full_time: float, deadline: float | None):
     return max(fitting) if fitting else None
 
 
-def require_unit_layers(layout, rule: str) -> None:
+def require_unit_layers(layout, rule: str, ranks: bool = True) -> None:
     """A width rule needs a model whose layers are chains of units (its masks keep the
-    leading units of each); one line otherwise (a transformer's heads are not units)."""
-    if not layout.unit_layers:
+    leading units of each), or, with ``ranks``, adapters with a rank axis (the masks then
+    keep their leading ranks); one line otherwise (a transformer's heads are not units)."""
+    if not layout.unit_layers and not (ranks and layout.rank_axes):
         raise ConfigError(
             f"algorithm {rule!r} trains width-reduced sub-models, which cut the units of Linear and "
-            "Conv layers; this model has other layers (embeddings, attention, LayerNorm): choose a "
-            "depth rule (salf, adel-fl, depthfl, timelyfl) or drop"
+            "Conv layers (or the ranks of LoRA adapters); this model has other layers (embeddings, "
+            "attention, LayerNorm) and no adapters: choose a depth rule (salf, adel-fl, depthfl, "
+            "timelyfl) or drop"
         )
 
 

@@ -63,7 +63,12 @@ class CoverageView:
         if self.mask is not None:
             with torch.no_grad():
                 self.flat.params.mul_(self.mask)
-            self._hooks = scaler_hooks(self.flat.model, self.rate, self.full_layers) if self.scale else []
+            ranked = bool(self.flat.layout.rank_axes)  # rank sub-models (LoRA) scale no output
+            self._hooks = (
+                scaler_hooks(self.flat.model, self.rate, self.full_layers)
+                if self.scale and not ranked
+                else []
+            )
 
     def exit(self) -> None:
         for handle in self._hooks:

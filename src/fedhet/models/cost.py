@@ -79,6 +79,10 @@ def sub_model_step_share(
     of shallow models (MLP 784-32-16-10 at r = 0.5: 0.49, not 0.25)."""
     from fedhet.models.width import width_mask
 
+    if layout.rank_axes:
+        # adapters' ranks: the base's arithmetic (every Linear counted) is the step's, the
+        # adapters' few multiply-adds are not counted: a truncated rank costs the same
+        return 1.0
     if len(layer_multiply_adds) != layout.num_layers:
         raise ValueError(
             f"{len(layer_multiply_adds)} per-layer multiply-add counts for {layout.num_layers} layers"

@@ -87,6 +87,9 @@ class ModelLayout:
     # width masks of sub-models (HeteroFL's, FjORD's, SLT's heads) cut; False for a
     # transformer (embeddings, attention heads, LayerNorm)
     unit_layers: bool = True
+    # parameters with a rank axis (LoRA's A: rows, B: columns): (flat start, shape, axis)
+    # each; a sub-model of rate r keeps the leading ranks of each (HetLoRA's truncation)
+    rank_axes: tuple = ()
 
     @property
     def num_layers(self) -> int:
@@ -158,11 +161,25 @@ class FlatModel:
         self.buffer_slices = LayerSlices(tuple(buffer_bounds))
         shapes = tuple(tuple(tuple(p.shape) for p in params) for params in self.layer_params)
         levels = tuple(getattr(model, "exit_levels", ()))  # models/exits.py
-        self.layout = ModelLayout(self.param_slices, self.buffer_slices, shapes, levels, _unit_layers(model))
+        self.layout = ModelLayout(
+            self.param_slices, self.buffer_slices, shapes, levels, _unit_layers(model), self._rank_axes()
+        )
         device = next(model.parameters()).device if param_chunks else torch.device("cpu")
         self.params = torch.cat(param_chunks).clone() if param_chunks else torch.zeros(0)
         self.buffers = torch.cat(buffer_chunks).clone() if buffer_chunks else torch.zeros(0, device=device)
         self._point_into_flat(buffer_owners)
+
+    def _rank_axes(self) -> tuple:
+        """(flat start, shape, axis) of each parameter that declares a rank axis
+        (``rank_axis``: a LoRA adapter's), in flat order."""
+        out, start = [], 0
+        for params in self.layer_params:
+            for p in params:
+                axis = getattr(p, "rank_axis", None)
+                if axis is not None:
+                    out.append((start, tuple(p.shape), int(axis)))
+                start += p.numel()
+        return tuple(out)
 
     def _point_into_flat(self, buffer_owners: list) -> None:
         """Make every parameter and float buffer of the model a view of its region of the

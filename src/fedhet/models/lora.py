@@ -49,6 +49,7 @@ class LoRALinear(nn.Module):
             p.requires_grad_(False)
         self.lora_a = nn.Parameter(torch.empty(rank, base.in_features))
         self.lora_b = nn.Parameter(torch.zeros(base.out_features, rank))
+        self.lora_a.rank_axis, self.lora_b.rank_axis = 0, 1  # type: ignore[attr-defined]  # HetLoRA's sub-models
         nn.init.kaiming_uniform_(self.lora_a, a=math.sqrt(5))
         self.scale = alpha / rank
 

@@ -37,6 +37,8 @@ def width_mask(layout: ModelLayout, rate: float, offset: int = 0, full_layers: i
     layer above them reads every input."""
     if not layout.param_shapes:
         raise ValueError("the model layout has no parameter shapes")
+    if layout.rank_axes and rate < 1.0:
+        return rank_mask(layout, rate, offset)
     mask = torch.zeros(layout.num_params, dtype=torch.bool)
     if rate >= 1.0 or full_layers >= len(layout.param_shapes) - 1:
         return mask.fill_(True)
@@ -62,6 +64,21 @@ def width_mask(layout: ModelLayout, rate: float, offset: int = 0, full_layers: i
             mask[start : start + block.numel()] = block.reshape(-1)
             start += block.numel()
         previous, previous_units = kept, units
+    return mask
+
+
+def rank_mask(layout: ModelLayout, rate: float, offset: int = 0) -> torch.Tensor:
+    """The elements a sub-model of ``rate`` holds in a model whose parameters have a rank
+    axis (LoRA's adapters, ``layout.rank_axes``): of each, the ranks :func:`kept_indices`
+    chooses along that axis (HetLoRA's truncation: A's leading rows, B's leading columns);
+    every other parameter whole."""
+    mask = torch.ones(layout.num_params, dtype=torch.bool)
+    for start, shape, axis in layout.rank_axes:
+        block = torch.zeros(shape, dtype=torch.bool)
+        kept = kept_indices(shape[axis], rate, offset)
+        block.index_fill_(axis, kept, True)
+        size = block.numel()
+        mask[start : start + size] = block.reshape(-1)
     return mask
 
 
