@@ -221,8 +221,15 @@ FOUR_CLIENTS_PER_STEP = {
 RULE_MODELS = {  # a model of the kind the rule needs
     "depthfl": {"name": "mlp-exits", "hidden": [8]},  # classifiers after its blocks
     "hetlora": {"name": "transformer", "width": 16, "heads": 2, "blocks": 1, "lora_rank": 4},  # adapters
+    "fedra": {
+        "name": "transformer",
+        "width": 16,
+        "heads": 2,
+        "blocks": 2,
+        "lora_rank": 4,
+    },  # skippable blocks
 }
-RULE_DATA = {"hetlora": {"dataset": "text", "context": 16}}  # what the rule's model reads
+RULE_DATA = {name: {"dataset": "text", "context": 16} for name in ("hetlora", "fedra")}  # what they read
 
 
 def rule_data(name: str, data: dict) -> dict:

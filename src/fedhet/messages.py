@@ -34,12 +34,15 @@ class Coverage:
     (0: the leading ones, HeteroFL's; FedRolex rolls it). ``depth = L + 1`` covers nothing.
     ``full_layers`` k: layers 1..k keep their whole width and only the layers above are at
     ``width`` (SLT's configuration: layers below ``depth`` frozen, layer ``depth = k`` trained
-    whole, the head above it at the rate); 0: every hidden layer at ``width`` (HeteroFL's)."""
+    whole, the head above it at the rate); 0: every hidden layer at ``width`` (HeteroFL's).
+    ``layers``: a bit set of the layers the client runs (bit l - 1 for layer l; FedRA's
+    random allocation): the others are skipped in its forward pass and not trained; 0: all."""
 
     depth: int = 1
     width: float = 1.0
     offset: int = 0
     full_layers: int = 0
+    layers: int = 0
 
     def region(self, layout) -> slice:
         """The flat slice of the covered parameters in ``layout`` (a ModelLayout)."""
@@ -50,12 +53,17 @@ class Coverage:
         return layout.buffer_slices.from_depth(self.depth)
 
     def is_full(self) -> bool:
-        return self.depth == 1 and self.width == 1.0
+        return self.depth == 1 and self.width == 1.0 and not self.layers
 
-    def width_key(self) -> tuple[float, int, int]:
-        """(width, offset, full_layers): what decides the sub-model's elements
+    def width_key(self) -> tuple[float, int, int, int]:
+        """(width, offset, full_layers, layers): what decides the sub-model's elements
         (:func:`fedhet.models.width.width_mask`)."""
-        return (float(self.width), int(self.offset), int(self.full_layers))
+        return (float(self.width), int(self.offset), int(self.full_layers), int(self.layers))
+
+    @property
+    def masked(self) -> bool:
+        """Whether the client holds part of the covered layers only (a width or a layer set)."""
+        return self.width < 1.0 or bool(self.layers)
 
     def as_scalars(self) -> dict:
         """The coverage's fields as a message's scalars (``coverage.<field>``)."""
@@ -64,13 +72,15 @@ class Coverage:
             "coverage.width": float(self.width),
             "coverage.offset": int(self.offset),
             "coverage.full_layers": int(self.full_layers),
+            "coverage.layers": int(self.layers),
         }
 
     @classmethod
     def from_scalars(cls, data: dict) -> Coverage:
         """The coverage a message's scalars carry (fields a message lacks take their defaults)."""
         return cls(int(data["coverage.depth"]), float(data["coverage.width"]),
-                   int(data.get("coverage.offset", 0)), int(data.get("coverage.full_layers", 0)))  # fmt: skip
+                   int(data.get("coverage.offset", 0)), int(data.get("coverage.full_layers", 0)),
+                   int(data.get("coverage.layers", 0)))  # fmt: skip
 
 
 def _payload_to_dict(payload: Payload, prefix: str, arrays: dict, scalars: dict) -> None:

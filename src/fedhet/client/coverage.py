@@ -18,10 +18,10 @@ class WidthMasks:
 
     def __init__(self, flat: FlatModel):
         self.flat = flat
-        self._masks: dict[tuple[float, int, int], torch.Tensor] = {}
+        self._masks: dict[tuple[float, int, int, int], torch.Tensor] = {}
 
-    def __call__(self, rate: float, offset: int = 0, full_layers: int = 0) -> torch.Tensor:
-        key = (rate, offset, full_layers)
+    def __call__(self, rate: float, offset: int = 0, full_layers: int = 0, layers: int = 0) -> torch.Tensor:
+        key = (rate, offset, full_layers, layers)
         if key not in self._masks:
             self._masks[key] = width_mask(self.flat.layout, *key).to(self.flat.device)
         return self._masks[key]
@@ -44,6 +44,7 @@ class CoverageView:
         scale: bool = True,
         offset: int = 0,
         full_layers: int = 0,
+        layers: int = 0,
     ):
         self.flat = flat
         self.scale = scale
@@ -51,8 +52,9 @@ class CoverageView:
         self.rate = rate
         self.param_slice = flat.param_slices.from_depth(depth)
         self.buffer_slice = flat.buffer_slices.from_depth(depth)
-        self.full_layers = full_layers
-        self.mask = None if rate == 1.0 else (masks or WidthMasks(flat))(rate, offset, full_layers)
+        self.full_layers, self.layers = full_layers, layers
+        masked = rate != 1.0 or layers
+        self.mask = (masks or WidthMasks(flat))(rate, offset, full_layers, layers) if masked else None
         self.reached = flat.parameters_from_depth(depth)
         self.region = flat.params[self.param_slice]
         self._hooks: list = []
@@ -66,14 +68,20 @@ class CoverageView:
             ranked = bool(self.flat.layout.rank_axes)  # rank sub-models (LoRA) scale no output
             self._hooks = (
                 scaler_hooks(self.flat.model, self.rate, self.full_layers)
-                if self.scale and not ranked
+                if self.scale and not ranked and self.rate != 1.0
                 else []
+            )
+        if self.layers:  # FedRA: the layers outside the set are skipped in the forward pass
+            count = self.flat.num_layers
+            self.flat.model.skipped = frozenset(
+                l for l in range(1, count + 1) if not self.layers >> (l - 1) & 1
             )
 
     def exit(self) -> None:
         for handle in self._hooks:
             handle.remove()
         self._hooks = []
+        self.flat.model.skipped = frozenset()
 
     def restrict(self, grad: torch.Tensor) -> torch.Tensor:
         """The gradient over the covered elements only (in place)."""

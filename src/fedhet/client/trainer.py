@@ -353,7 +353,7 @@ class LocalTrainer:
         scale = rule is None or rule.scales_sub_models
         coverage = lead.task.coverage
         view = CoverageView(flat, depth, coverage.width, self.masks, scale=scale, offset=coverage.offset,
-                            full_layers=coverage.full_layers)  # fmt: skip
+                            full_layers=coverage.full_layers, layers=coverage.layers)  # fmt: skip
         view.enter()  # a sub-model's mask on the working model, the scaler hooks on
         rows, buffer_rows = self._rows(len(members), starts, buffer_starts, view)
         kept = {id(m): {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in m.state.items()}

@@ -67,9 +67,9 @@ class TrafficAccount:
         None at full width."""
         from fedhet.models.cost import sub_model_step_share
 
-        if coverage.width >= 1.0:
+        if not coverage.masked:
             return None
-        key = (float(coverage.width), int(coverage.full_layers), int(coverage.depth))
+        key = (float(coverage.width), int(coverage.full_layers), int(coverage.depth), int(coverage.layers))
         if key not in self.shares:
             self.shares[key] = sub_model_step_share(
                 self.world.flat.layout, self.world.layer_multiply_adds, *key
@@ -93,7 +93,7 @@ def traffic_columns(account: dict, client: int) -> dict[str, float]:
 
 def _kept(world, coverage, region: slice) -> int:
     """The elements of ``region`` the coverage's sub-model keeps (all at full width)."""
-    if coverage.width >= 1.0:
+    if not coverage.masked:
         return region.stop - region.start
     mask = world.worker.masks(*coverage.width_key())
     return int(mask[region].sum())

@@ -63,7 +63,12 @@ def training_step_flops(layer_multiply_adds: Sequence[float], batch: int, depth:
 
 
 def sub_model_step_share(
-    layout, layer_multiply_adds: Sequence[int], rate: float, full_layers: int = 0, depth: int = 1
+    layout,
+    layer_multiply_adds: Sequence[int],
+    rate: float,
+    full_layers: int = 0,
+    depth: int = 1,
+    layers: int = 0,
 ) -> float:
     """The FLOPs of one training step of HeteroFL's width-``rate`` sub-model as a share of
     the full model's step (:func:`training_step_flops`, the full model's at depth 1); with
@@ -79,6 +84,11 @@ def sub_model_step_share(
     of shallow models (MLP 784-32-16-10 at r = 0.5: 0.49, not 0.25)."""
     from fedhet.models.width import width_mask
 
+    if layers:  # FedRA's layer set: the layers outside it are not run at all
+        kept = [m if layers >> i & 1 else 0 for i, m in enumerate(layer_multiply_adds)]
+        first = next((i + 1 for i in range(len(kept)) if layers >> i & 1 and i + 1 >= depth), depth)
+        full = training_step_flops(layer_multiply_adds, batch=1)
+        return float(training_step_flops(kept, batch=1, depth=first)) / full if full else 1.0
     if layout.rank_axes:
         # adapters' ranks: the base's arithmetic (every Linear counted) is the step's, the
         # adapters' few multiply-adds are not counted: a truncated rank costs the same

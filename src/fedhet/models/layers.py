@@ -14,6 +14,7 @@ running statistics) live in a second flat vector with the same per-layer slices.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +28,7 @@ class LayeredModel(nn.Module):
         super().__init__()
         self.blocks = nn.ModuleList(blocks)
         self.channels_last = False  # images enter in channels-last memory order (FlatModel)
+        self.skipped: frozenset[int] = frozenset()  # layers (1-based) a task runs without (FedRA)
 
     @property
     def num_layers(self) -> int:
@@ -42,7 +44,12 @@ class LayeredModel(nn.Module):
         """
         if self.channels_last and x.dim() == 4:
             x = x.contiguous(memory_format=torch.channels_last)
-        blocks = self.blocks._modules.values()  # iterated: slicing a ModuleList builds a new one
+        blocks: Iterable[nn.Module] = (
+            self.blocks._modules.values()
+        )  # iterated: slicing a ModuleList builds a new one
+        if self.skipped:  # layers a task runs without: each must keep its input's shape
+            blocks = [b for layer, b in enumerate(blocks, start=1) if layer not in self.skipped]
+            depth -= sum(1 for layer in self.skipped if layer < depth)
         if depth > 1:
             with torch.no_grad():
                 for block in itertools.islice(blocks, depth - 1):
@@ -90,6 +97,9 @@ class ModelLayout:
     # parameters with a rank axis (LoRA's A: rows, B: columns): (flat start, shape, axis)
     # each; a sub-model of rate r keeps the leading ranks of each (HetLoRA's truncation)
     rank_axes: tuple = ()
+    # per layer, whether a task may run without it (a residual block that keeps its input's
+    # shape: a transformer block; FedRA's allocation)
+    skippable: tuple = ()
 
     @property
     def num_layers(self) -> int:
@@ -161,8 +171,15 @@ class FlatModel:
         self.buffer_slices = LayerSlices(tuple(buffer_bounds))
         shapes = tuple(tuple(tuple(p.shape) for p in params) for params in self.layer_params)
         levels = tuple(getattr(model, "exit_levels", ()))  # models/exits.py
+        skippable = tuple(bool(getattr(block, "skippable", False)) for block in model.blocks)
         self.layout = ModelLayout(
-            self.param_slices, self.buffer_slices, shapes, levels, _unit_layers(model), self._rank_axes()
+            self.param_slices,
+            self.buffer_slices,
+            shapes,
+            levels,
+            _unit_layers(model),
+            self._rank_axes(),
+            skippable,
         )
         device = next(model.parameters()).device if param_chunks else torch.device("cpu")
         self.params = torch.cat(param_chunks).clone() if param_chunks else torch.zeros(0)

@@ -69,6 +69,8 @@ class CausalSelfAttention(nn.Module):
 class TransformerBlock(nn.Module):
     """x + attention(LayerNorm(x)), then + MLP(LayerNorm(.)) (pre-norm, GELU)."""
 
+    skippable = True  # residual, the input's shape kept: a task may run without it (FedRA)
+
     def __init__(self, width: int, heads: int, mlp_ratio: int):
         super().__init__()
         self.norm1 = nn.LayerNorm(width)

@@ -30,13 +30,17 @@ def kept_indices(units: int, rate: float, offset: int = 0) -> torch.Tensor:
     return (torch.arange(kept_units(units, rate)) + offset) % units
 
 
-def width_mask(layout: ModelLayout, rate: float, offset: int = 0, full_layers: int = 0) -> torch.Tensor:
+def width_mask(
+    layout: ModelLayout, rate: float, offset: int = 0, full_layers: int = 0, layers: int = 0
+) -> torch.Tensor:
     """Boolean mask over the flat parameters: the elements a sub-model of ``rate`` holds,
     its hidden units chosen by :func:`kept_indices` (``offset``); layers 1..``full_layers``
     keep all their units (SLT's frozen layers and the one it trains whole), so the first
     layer above them reads every input."""
     if not layout.param_shapes:
         raise ValueError("the model layout has no parameter shapes")
+    if layers:
+        return layer_mask(layout, layers) & width_mask(layout, rate, offset, full_layers)
     if layout.rank_axes and rate < 1.0:
         return rank_mask(layout, rate, offset)
     mask = torch.zeros(layout.num_params, dtype=torch.bool)
@@ -64,6 +68,15 @@ def width_mask(layout: ModelLayout, rate: float, offset: int = 0, full_layers: i
             mask[start : start + block.numel()] = block.reshape(-1)
             start += block.numel()
         previous, previous_units = kept, units
+    return mask
+
+
+def layer_mask(layout: ModelLayout, layers: int) -> torch.Tensor:
+    """The parameters of the layers in the bit set ``layers`` (bit l - 1 for layer l)."""
+    mask = torch.zeros(layout.num_params, dtype=torch.bool)
+    for layer in range(1, layout.num_layers + 1):
+        if layers >> (layer - 1) & 1:
+            mask[layout.param_slices.of(layer)] = True
     return mask
 
 
