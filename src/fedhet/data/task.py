@@ -202,21 +202,13 @@ class NextToken(Task):
         return losses.view(target.shape[0], -1).mean(1)
 
     def distillation(self, student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
-        """Cross-entropy of each position's prediction with the teacher's softmax there."""
+        """Classification's, with every position a prediction of its own."""
         vocabulary = student.shape[-1]
-        return F.cross_entropy(
-            student.reshape(-1, vocabulary), teacher.reshape(-1, vocabulary).softmax(dim=1)
-        )
+        return Classification().distillation(student.reshape(-1, vocabulary), teacher.reshape(-1, vocabulary))
 
     def divergences(self, outputs: list[torch.Tensor]) -> Iterator[torch.Tensor]:
-        """KL(softmax z_j || softmax z_i) per position, averaged over the positions."""
-        flat = [z.reshape(-1, z.shape[-1]) for z in outputs]
-        students = [F.log_softmax(z, dim=1) for z in flat]
-        teachers = [z.detach().softmax(dim=1) for z in flat]
-        for i, student in enumerate(students):
-            for j, teacher in enumerate(teachers):
-                if i != j:
-                    yield F.kl_div(student, teacher, reduction="batchmean")
+        """Classification's, with every position a prediction of its own (averaged over them)."""
+        return Classification().divergences([z.reshape(-1, z.shape[-1]) for z in outputs])
 
     def batch_sums(self, output: torch.Tensor, target: torch.Tensor) -> dict[str, float]:
         logits, tokens = self._flat(output, target)

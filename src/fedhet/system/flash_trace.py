@@ -68,22 +68,16 @@ class _DeviceState:
         elif state in NETWORKS_OFF_WIFI:
             self.wifi = False
         elif state.endswith("%"):
-            if not _is_number(state[:-1]):
-                raise _Unreadable  # FLASH cannot read the battery level: it gives up on the device
+            try:
+                float(state[:-1])
+            except ValueError:
+                raise _Unreadable from None  # FLASH cannot read the battery level: it gives up on the device
         elif state not in ("screen_on", "screen_off"):  # the screen's light does not decide
             raise DataError(f"{where}: unknown device state {state!r}")
 
     @property
     def ready(self) -> bool:
         return self.locked and self.wifi and self.charging
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
 
 
 def device_intervals(messages: str, where: str) -> tuple[list[tuple[float, float]], float]:
