@@ -228,8 +228,17 @@ RULE_MODELS = {  # a model of the kind the rule needs
         "blocks": 2,
         "lora_rank": 4,
     },  # skippable blocks
+    "flora": {  # adapters merged into a base held in the global model
+        "name": "transformer",
+        "width": 16,
+        "heads": 2,
+        "blocks": 1,
+        "lora_rank": 4,
+        "lora_base": "global",
+    },
 }
-RULE_DATA = {name: {"dataset": "text", "context": 16} for name in ("hetlora", "fedra")}  # what they read
+# what they read: a text
+RULE_DATA = {name: {"dataset": "text", "context": 16} for name in ("hetlora", "fedra", "flora")}
 
 
 def rule_data(name: str, data: dict) -> dict:

@@ -32,7 +32,7 @@ from typing import ClassVar
 import torch
 
 from fedhet.algorithms.base import Algorithm, register
-from fedhet.algorithms.heterofl import DEFAULT_RATES
+from fedhet.algorithms.heterofl import DEFAULT_RATES, check_rates
 from fedhet.algorithms.parts import Aggregation, ClientPart
 from fedhet.algorithms.sub_models import (
     KNOWLEDGE,
@@ -62,12 +62,7 @@ class FIARSEOptions:
 
     def validate(self) -> None:
         one_of("algorithm.planner_knowledge", self.planner_knowledge, KNOWLEDGE)
-        rates = self.rates
-        numbers = all(isinstance(r, int | float) and not isinstance(r, bool) and 0 < r <= 1 for r in rates)
-        if not rates or not numbers:
-            raise ConfigError(f"algorithm.rates = {rates!r}: need rates in (0, 1]")
-        if 1 not in rates:
-            raise ConfigError(f"algorithm.rates = {rates!r}: must include 1 (the full model)")
+        check_rates(self.rates)
         one_of("algorithm.scope", self.scope, ("layer", "model"))
         if not 0 < self.server_lr < float("inf"):
             raise ConfigError(f"algorithm.server_lr = {self.server_lr!r}: must be > 0")

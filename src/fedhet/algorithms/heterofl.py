@@ -70,19 +70,25 @@ class HeteroFLOptions:
         one_of("algorithm.planner_knowledge", self.planner_knowledge, KNOWLEDGE)
         if self.bn_examples < 0:
             raise ConfigError(f"algorithm.bn_examples = {self.bn_examples}: must be >= 0 (0 = all)")
-        rates = self.rates
-        if not rates or not all(
-            isinstance(r, int | float) and not isinstance(r, bool) and 0 < r <= 1 for r in rates
-        ):
-            raise ConfigError(f"algorithm.rates = {rates!r}: need rates in (0, 1]")
-        if 1 not in rates:
-            raise ConfigError(f"algorithm.rates = {rates!r}: must include 1 (the full model)")
+        check_rates(self.rates)
         one_of("algorithm.width_rule", self.width_rule, WIDTH_RULES)
         one_of("algorithm.sub_model_cost", self.sub_model_cost, SUB_MODEL_COSTS)
         one_of("algorithm.aggregate", self.aggregate, AGGREGATIONS)
         rate = self.fixed_rate
         if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate <= 1:
             raise ConfigError(f"algorithm.fixed_rate = {rate!r}: must be in (0, 1]")
+
+
+def check_rates(rates) -> None:
+    """Refuse, in one line, rates that are not numbers in (0, 1] including 1."""
+    if (
+        not isinstance(rates, list)
+        or not rates
+        or not all(isinstance(r, int | float) and not isinstance(r, bool) and 0 < r <= 1 for r in rates)
+    ):
+        raise ConfigError(f"algorithm.rates = {rates!r}: need rates in (0, 1]")
+    if 1 not in rates:
+        raise ConfigError(f"algorithm.rates = {rates!r}: must include 1 (the full model)")
 
 
 class HeteroFLPlanner(KnowledgePlanner):

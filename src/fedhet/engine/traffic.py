@@ -9,7 +9,9 @@ resumed run goes on counting).
 - **Bytes up** (client to server): what a delivered update carries, as it travels: the
   parameters of the layers it reached (``depth..L``; a sub-model's elements only), the
   payload vectors its rule sends with it, each after the postprocessors (a compressor's
-  bits, :func:`fedhet.client.postprocess.payload_bytes`), and its float buffers.
+  bits, :func:`fedhet.client.postprocess.payload_bytes`), and its float buffers but those
+  local training never changes (a LoRA base held in the global model: the server sends it,
+  the client has nothing of it to return).
 - **Training FLOPs**: of the local steps a delivered update reports, each
   :func:`fedhet.models.cost.training_step_flops` on the task's batch at the depth it
   reached (a sub-model's steps scaled by :func:`fedhet.models.cost.sub_model_step_share`).
@@ -115,8 +117,19 @@ def upload(world, update: ClientUpdate) -> float:
     region = update.coverage.region(world.flat.layout)
     elements = _kept(world, update.coverage, region)
     payload = [int(update.payload[key].numel()) for key in update.wire if key in update.payload]
-    return float(
-        payload_bytes(world.worker.postprocessors, elements, payload) + 4 * update.delta_buffers.numel()
+    buffers = update.delta_buffers.numel() - untrained_buffers(
+        world.flat.layout, update.coverage.buffer_region(world.flat.layout)
+    )
+    return float(payload_bytes(world.worker.postprocessors, elements, payload) + 4 * buffers)
+
+
+def untrained_buffers(layout, region: slice) -> int:
+    """The float buffer elements in ``region`` that local training never changes: the base
+    weights of LoRA projections held in the global model (``model.lora_base = "global"``)."""
+    return sum(
+        adapter.b_shape[0] * adapter.a_shape[1]
+        for adapter in layout.adapters
+        if adapter.weight >= 0 and region.start <= adapter.weight < region.stop
     )
 
 

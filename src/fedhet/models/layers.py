@@ -83,6 +83,20 @@ class LayerSlices:
 
 
 @dataclass(frozen=True)
+class Adapter:
+    """Where one LoRA projection lives in the flat vectors: its A (rank x in) at parameter
+    index ``a``, its B (out x rank) at ``b``, its base weight (out x in) at buffer index
+    ``weight`` (-1: a frozen base outside the global model), and its scale alpha / r."""
+
+    a: int
+    a_shape: tuple[int, int]
+    b: int
+    b_shape: tuple[int, int]
+    weight: int
+    scale: float
+
+
+@dataclass(frozen=True)
 class ModelLayout:
     """Where each layer lives in the flat parameter and buffer vectors."""
 
@@ -100,6 +114,8 @@ class ModelLayout:
     # per layer, whether a task may run without it (a residual block that keeps its input's
     # shape: a transformer block; FedRA's allocation)
     skippable: tuple = ()
+    # every LoRA projection, in flat order (FLoRA merges B A into the weight)
+    adapters: tuple[Adapter, ...] = ()
 
     @property
     def num_layers(self) -> int:
@@ -180,6 +196,7 @@ class FlatModel:
             _unit_layers(model),
             self._rank_axes(),
             skippable,
+            self._adapters(buffer_owners),
         )
         device = next(model.parameters()).device if param_chunks else torch.device("cpu")
         self.params = torch.cat(param_chunks).clone() if param_chunks else torch.zeros(0)
@@ -197,6 +214,27 @@ class FlatModel:
                     out.append((start, tuple(p.shape), int(axis)))
                 start += p.numel()
         return tuple(out)
+
+    def _adapters(self, buffer_owners: list) -> tuple[Adapter, ...]:
+        """Each LoRA projection's :class:`Adapter` (modules holding ``lora_a``, ``lora_b``, a
+        ``base`` and a ``scale``), in module order."""
+        starts, off = {}, 0
+        for p in itertools.chain.from_iterable(self.layer_params):
+            starts[id(p)] = off
+            off += p.numel()
+        buffer_starts, off = {}, 0
+        for module, name, shape in buffer_owners:
+            buffer_starts[(id(module), name)] = off
+            off += int(torch.Size(shape).numel())
+        found = []
+        for module in self.model.modules():
+            a, b = getattr(module, "lora_a", None), getattr(module, "lora_b", None)
+            if a is None or b is None or id(a) not in starts or id(b) not in starts:
+                continue
+            weight = buffer_starts.get((id(module.base), "weight"), -1)
+            found.append(Adapter(starts[id(a)], tuple(a.shape), starts[id(b)], tuple(b.shape), weight,
+                                 float(module.scale)))  # type: ignore[arg-type]  # fmt: skip
+        return tuple(sorted(found, key=lambda adapter: adapter.a))
 
     def _point_into_flat(self, buffer_owners: list) -> None:
         """Make every parameter and float buffer of the model a view of its region of the

@@ -40,13 +40,22 @@ PRETRAIN_STREAM = 20231  # the fixed seed of the held-out share and the base's i
 
 
 class LoRALinear(nn.Module):
-    """A frozen Linear plus a trainable low-rank update (alpha / r) B A."""
+    """A frozen Linear plus a trainable low-rank update (alpha / r) B A.
 
-    def __init__(self, base: nn.Linear, rank: int, alpha: float):
+    ``base_in_state``: the base's weight becomes a float buffer, so it lives in the model's
+    flat buffer vector: part of the global model the server holds, sends each round and may
+    change (FLoRA merges the round's adapters into it); otherwise it is a frozen parameter,
+    the same on every client for the whole run."""
+
+    def __init__(self, base: nn.Linear, rank: int, alpha: float, base_in_state: bool = False):
         super().__init__()
         self.base = base
         for p in base.parameters():
             p.requires_grad_(False)
+        if base_in_state:
+            weight = base.weight.detach().clone()
+            del base.weight
+            base.register_buffer("weight", weight)
         self.lora_a = nn.Parameter(torch.empty(rank, base.in_features))
         self.lora_b = nn.Parameter(torch.zeros(base.out_features, rank))
         self.lora_a.rank_axis, self.lora_b.rank_axis = 0, 1  # type: ignore[attr-defined]  # HetLoRA's sub-models

@@ -24,10 +24,13 @@ from typing import cast
 import torch
 from torch import nn
 
+from fedhet.checks import one_of
 from fedhet.errors import ConfigError
 from fedhet.models.layers import LayeredModel
 from fedhet.models.zoo import ZooModel
 from fedhet.registry import register
+
+LORA_BASES = ("frozen", "global")
 
 
 class TokenEmbedding(nn.Module):
@@ -97,10 +100,11 @@ class LMHead(nn.Module):
         return self.projection(self.norm(x))
 
 
-def with_lora(model: LayeredModel, rank: int, alpha: float) -> LayeredModel:
+def with_lora(model: LayeredModel, rank: int, alpha: float, base_in_state: bool = False) -> LayeredModel:
     """``model`` with every parameter frozen and LoRA adapters (:mod:`fedhet.models.lora`) on
     each block's projections: attention's ``qkv`` and ``out``, the MLP's two layers; the
-    model itself, changed in place."""
+    model itself, changed in place. ``base_in_state``: those projections' weights are
+    buffers of the global model (``model.lora_base = "global"``)."""
     from fedhet.models.lora import LoRALinear
 
     for p in model.parameters():
@@ -108,10 +112,10 @@ def with_lora(model: LayeredModel, rank: int, alpha: float) -> LayeredModel:
     for block in model.modules():
         if isinstance(block, TransformerBlock):
             attention, mlp = block.attention, block.mlp
-            attention.qkv = LoRALinear(attention.qkv, rank, alpha)  # type: ignore[assignment]
-            attention.out = LoRALinear(attention.out, rank, alpha)  # type: ignore[assignment]
-            mlp[0] = LoRALinear(cast(nn.Linear, mlp[0]), rank, alpha)
-            mlp[2] = LoRALinear(cast(nn.Linear, mlp[2]), rank, alpha)
+            attention.qkv = LoRALinear(attention.qkv, rank, alpha, base_in_state)  # type: ignore[assignment]
+            attention.out = LoRALinear(attention.out, rank, alpha, base_in_state)  # type: ignore[assignment]
+            mlp[0] = LoRALinear(cast(nn.Linear, mlp[0]), rank, alpha, base_in_state)
+            mlp[2] = LoRALinear(cast(nn.Linear, mlp[2]), rank, alpha, base_in_state)
     return model
 
 
@@ -140,7 +144,10 @@ class TransformerOptions:
     (:mod:`fedhet.models.lora`); ``pretrain_steps`` > 0: the base is first pre-trained
     centrally for that many Adam steps (``pretrain_lr`` 0.003, batches of ``pretrain_batch``
     32) on a share ``pretrain_fraction`` (0.25) of the training examples that no client gets,
-    and cached."""
+    and cached. ``lora_base``: ``"frozen"`` (the base is fixed for the whole run, outside
+    the global model) or ``"global"`` (the adapted projections' weights are part of the
+    global model the server sends each round and may change: FLoRA merges adapters into
+    them)."""
 
     width: int = 64
     blocks: int = 2
@@ -148,6 +155,7 @@ class TransformerOptions:
     mlp_ratio: int = 4
     lora_rank: int = 0
     lora_alpha: float = 16.0
+    lora_base: str = "frozen"
     pretrain_steps: int = 0
     pretrain_fraction: float = 0.25
     pretrain_lr: float = 0.003
@@ -164,6 +172,7 @@ class TransformerOptions:
                 f"model.pretrain_fraction = {self.pretrain_fraction}, pretrain_lr = {self.pretrain_lr}, "
                 f"lora_alpha = {self.lora_alpha}: need a fraction in (0, 1) and positive rates"
             )
+        one_of("model.lora_base", self.lora_base, LORA_BASES)
         for key in ("width", "blocks", "heads", "mlp_ratio"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65_536:
@@ -204,4 +213,6 @@ class Transformer(ZooModel):
     def build(cls, options: TransformerOptions, ctx) -> LayeredModel:
         """The (pre-trained) base, with LoRA adapters where ``lora_rank`` > 0."""
         model = ctx.pretrained if ctx.pretrained is not None else cls._base(options, ctx)
-        return with_lora(model, options.lora_rank, options.lora_alpha) if options.lora_rank else model
+        if not options.lora_rank:
+            return model
+        return with_lora(model, options.lora_rank, options.lora_alpha, options.lora_base == "global")
