@@ -224,3 +224,44 @@ def test_a_lora_run_trains_grouped_keeps_the_base_and_resumes(tmp_path, monkeypa
     RunLoop(_lora_config(pool="in-process"), tmp_path / "cut").run(stop_after=3)
     resumed = RunLoop(_lora_config(pool="in-process"), tmp_path / "cut").run(resume=True)
     assert resumed.metrics == alone.metrics
+
+
+def test_a_straggler_trains_the_adapters_of_the_blocks_it_reached():
+    """On a LoRA model (embedding, 2 blocks with adapters, head: L = 4), a task at depth 3
+    delivers block 2's adapters alone, equal there to the full step's; SALF and ADEL-FL use
+    this through their coverage, no rule of their own for adapters."""
+    from fedhet.models.transformer import with_lora
+
+    torch.manual_seed(0)
+    flat = FlatModel(with_lora(build_model("transformer", (12,), 20), rank=2, alpha=4.0))
+    trainer = LocalTrainer(flat, objective=NextToken())
+    params = flat.params.detach().clone() + 0.01  # B off zero, so that A moves too
+    data = ClientData(torch.randint(0, 20, (8, 12)).float(), torch.randint(0, 20, (8, 12)), np.arange(8))
+
+    def delta(depth: int) -> torch.Tensor:
+        task = ClientTask(0, 0, 0.1, 8, 1, Coverage(depth))
+        return trainer.train(task, params, flat.buffers.clone(), data, {}, np.random.default_rng(0)).delta
+
+    full, cut = delta(1), delta(3)
+    region = flat.layout.param_slices.from_depth(3)
+    assert (
+        region.stop - region.start
+        == flat.layout.param_slices.of(3).stop - flat.layout.param_slices.of(3).start
+    )
+    assert cut.numel() == region.stop - region.start > 0  # block 2's adapters; the head holds none
+    torch.testing.assert_close(cut, full[region], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rule", ["salf", "adel-fl"])
+def test_salf_and_adel_fl_run_on_adapters_with_stragglers(tmp_path, monkeypatch, rule):
+    monkeypatch.setenv("FEDHET_CACHE", str(tmp_path / "cache"))
+    document = _lora_config().to_dict()
+    document["algorithm"] = {"name": rule}
+    if rule == "adel-fl":  # its planner needs the exponential time model and a budget
+        document["system"] = {"model": "exponential", "deadline": 0.0}
+        document["run"].update(rounds=8, time_budget=16.0)
+    done = run(from_dict(document), tmp_path / rule)
+    depths = [row["mean_depth"] for row in done.metrics]
+    assert max(depths) > 1  # some clients reached only the blocks nearest the output
+    first, last = (row["test_perplexity"] for row in (done.metrics[3], done.metrics[-1]))
+    assert math.isfinite(first) and math.isfinite(last)
