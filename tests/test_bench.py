@@ -449,6 +449,24 @@ def test_a_rule_edited_between_two_benches_runs_again_alone(tmp_path, smoke_benc
     rerun = bench(tmp_path / "a", FIXED, "--rerun", "fedavg")
     assert "bench: fedavg: --rerun: its studies and seeds run again" in rerun.stderr
     assert _rows(tmp_path / "a") == after  # the same code runs the same trials and seeds
+    # an edit that changes the rule's code but not its behaviour: its canary says so, and
+    # its studies and seeds are kept (a field re-run survives commits that change no method)
+    settled = _without_code(tmp_path / "a")
+    kept = bench(tmp_path / "a", FIXED + "  # the same step, written again")
+    assert "run again" not in kept.stderr
+    assert (
+        "bench: Edited: its code changed since its studies ran, its behaviour (canary) did not" in kept.stderr
+    )
+    assert _without_code(tmp_path / "a") == settled
+
+
+def _without_code(out: Path) -> dict[str, dict]:
+    """Each row of leaderboard.csv without its ``code`` column (the fingerprint of the code
+    that read it)."""
+    import csv
+
+    rows = csv.DictReader((out / "leaderboard.csv").open())
+    return {f"{r['scenario']},{r['method']}": {k: v for k, v in r.items() if k != "code"} for r in rows}
 
 
 def test_selections_cross_every_round_rule_and_skips_and_options_follow(tmp_path):

@@ -117,6 +117,7 @@ class Bench:
         self.skip = set(skip)  # methods whose rows come from elsewhere (--against): not run
         self.live = True  # a live display reads the running studies' trials from the database
         self.rerun = set(rerun)  # method labels tuned and run again whatever their code
+        self.kept: set[str] = set()  # methods whose studies a change of code left (same canary)
         self.on_progress = on_progress or (lambda progress: None)
         self.progress = Progress()
         self.studies: dict[str, StudyResult] = {}
@@ -236,29 +237,46 @@ class Bench:
 
     def _current_study(self, tuning: Tuning, again: dict[str, str]):
         """The tuning's study, started afresh (its trials, trial runs and seed runs removed)
-        when the method's code changed since it ran or ``--rerun`` names it; ``again``
-        collects why, per method."""
+        when ``--rerun`` names its method, or when the method's code changed since it ran and
+        so did its behaviour (its canary, :mod:`fedhet.bench.canary`; a study from before
+        canaries runs again on any change of code); ``again`` collects why, per method. A
+        study kept through a change of code is said once per method."""
         import shutil
 
+        from fedhet.bench.canary import canary_fingerprint
         from fedhet.bench.study import code_fingerprint
         from fedhet.studies.trials import delete_study
 
         method = tuning.method
         code = code_fingerprint(method)
+        canary = canary_fingerprint(self.suite, tuning.scenario, method)
         study = open_study(self.suite, tuning, self.storage, self.prefix)
         stored = study.user_attrs.get("code")
         why = "--rerun" if method.label in self.rerun else ""
         if not why and stored is not None and stored != code and study.get_trials(deepcopy=False):
-            why = "its code changed since its studies ran"
+            if study.user_attrs.get("canary") == canary:
+                self._say_kept(method.label)
+            else:
+                why = "its code changed since its studies ran"
         if why:
             again[method.label] = why
             delete_study(study.study_name, self.storage)
             for part in ("trials", "seeds"):
                 shutil.rmtree(tuning.folder(self.out / part), ignore_errors=True)
             study = open_study(self.suite, tuning, self.storage, self.prefix)
-        if study.user_attrs.get("code") != code:
-            study.set_user_attr("code", code)
+        for key, value in (("code", code), ("canary", canary)):
+            if study.user_attrs.get(key) != value:
+                study.set_user_attr(key, value)
         return study
+
+    def _say_kept(self, label: str) -> None:
+        if label not in self.kept:
+            self.kept.add(label)
+            log.warning(
+                "bench: %s: its code changed since its studies ran, its behaviour (canary) did not: "
+                "its studies and seeds are kept",
+                label,
+            )
 
     def _check_engines(self) -> None:
         """Every scenario's engine takes the bench's placement (``--jobs``, ``--ray``)."""
