@@ -110,6 +110,20 @@ def on_device(dataset: Dataset, device: torch.device) -> Dataset:
     )
 
 
+def as_feature_rows(dataset: Dataset, parts: list, holdout: list, labels: torch.Tensor):
+    """The clients' training and held-out examples as rows of ``dataset.x_train`` (where a
+    split chose the training examples as rows: :attr:`Dataset.train_rows`), and the
+    training labels at those rows (rows no client has hold zeros), so that a client's data
+    indexes the shared features and its labels alike."""
+    rows = dataset.train_rows
+    if rows is None:
+        return parts, holdout, labels
+    index = rows.numpy()
+    at_rows = torch.zeros((int(dataset.x_train.shape[0]), *labels.shape[1:]), dtype=labels.dtype)
+    at_rows[rows] = labels
+    return [index[p] for p in parts], [index[h] for h in holdout], at_rows
+
+
 def open_configured_dataset(config: Config) -> Dataset:
     """The dataset ``data.dataset`` names, as its plug-in loads it (kept in memory per
     process: a second call reads nothing)."""
@@ -253,6 +267,7 @@ def build_world(config: Config, client_side: bool = False, dataset: Dataset | No
     check_targets(config, dataset.task)
     parts, train_labels = build_partition(config, dataset)
     parts, holdout = client_holdout(config, parts)
+    parts, holdout, train_labels = as_feature_rows(dataset, parts, holdout, train_labels)
     device = config.run.torch_device
     make_deterministic(device)
     model = _build_model(config, dataset, pretraining)
@@ -296,12 +311,7 @@ def set_aside_for_pretraining(config: Config, dataset: Dataset) -> tuple[Dataset
     held = torch.from_numpy(held_out_share(dataset.num_train, share))
     keep = torch.ones(dataset.num_train, dtype=torch.bool)
     keep[held] = False
-    users = dataset.train_users
-    rest = dataclasses.replace(
-        dataset, x_train=dataset.x_train[keep], y_train=dataset.y_train[keep],
-        train_users=None if users is None else users[keep],
-    )  # fmt: skip
-    return rest, (dataset.x_train[held], dataset.y_train[held])
+    return dataset.selected(keep.nonzero().squeeze(1)), (dataset.train_features(held), dataset.y_train[held])
 
 
 def _build_model(config: Config, dataset: Dataset, pretraining: tuple | None):

@@ -3,7 +3,7 @@ of dataset plug-ins (:mod:`fedhet.registry`, kind ``dataset``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -37,6 +37,11 @@ class Dataset:
     # one of its own users (data.partition = "natural") and trains on all its rows, this many,
     # in one batch (train.batch_size >= it); a run that breaks it is told so
     whole_user_batches: int = 0
+    # the rows of ``x_train`` that are the training examples, where a split chose them without
+    # copying the features (``data.fraction``, ``data.validation_fraction``, a pre-training
+    # share): the decoded features stay one tensor, shared by the runs of a process;
+    # ``y_train`` and ``train_users`` hold those rows' values, in that order. None: every row.
+    train_rows: torch.Tensor | None = None
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -45,7 +50,30 @@ class Dataset:
 
     @property
     def num_train(self) -> int:
-        return int(self.x_train.shape[0])
+        """The number of training examples (rows of ``y_train``)."""
+        return int(self.y_train.shape[0])
+
+    def rows(self, positions) -> torch.Tensor:
+        """The rows of ``x_train`` holding the training examples at ``positions`` (0-based
+        in ``y_train``'s order)."""
+        positions = torch.as_tensor(positions, dtype=torch.long)
+        return positions if self.train_rows is None else self.train_rows[positions]
+
+    def train_features(self, positions) -> torch.Tensor:
+        """The features of the training examples at ``positions`` (a copy)."""
+        return self.x_train[self.rows(positions)]
+
+    def selected(self, positions) -> Dataset:
+        """The dataset whose training examples are those at ``positions`` (in that order):
+        their labels and users taken, their features left where they are (rows)."""
+        positions = torch.as_tensor(positions, dtype=torch.long)
+        users = self.train_users
+        return replace(
+            self,
+            y_train=self.y_train[positions],
+            train_users=None if users is None else users[positions],
+            train_rows=self.rows(positions),
+        )
 
 
 class DatasetSource:

@@ -355,27 +355,21 @@ class CIFAR10(ImageFolder):
 
 
 def subsample(dataset: Dataset, fraction: float, rng: np.random.Generator) -> Dataset:
-    """Keep a random ``fraction`` of the train and of the test examples."""
+    """Keep a random ``fraction`` of the train and of the test examples (the training
+    examples as rows of the same features: :meth:`Dataset.selected`)."""
     if fraction >= 1.0:
         return dataset
     keep_tr = np.sort(rng.permutation(dataset.num_train)[: max(1, round(fraction * dataset.num_train))])
     n_te = int(dataset.x_test.shape[0])
     keep_te = np.sort(rng.permutation(n_te)[: max(1, round(fraction * n_te))])
-    users = dataset.train_users
-    return replace(
-        dataset,
-        x_train=dataset.x_train[keep_tr],
-        y_train=dataset.y_train[keep_tr],
-        x_test=dataset.x_test[keep_te],
-        y_test=dataset.y_test[keep_te],
-        train_users=None if users is None else users[keep_tr],
-    )
+    return replace(dataset.selected(keep_tr), x_test=dataset.x_test[keep_te], y_test=dataset.y_test[keep_te])
 
 
 def split_validation(dataset: Dataset, fraction: float, rng: np.random.Generator) -> Dataset:
     """Hold out a random ``fraction`` of the training examples as the set a run evaluates
     on (in place of the test split), for tuning without looking at the test set; the rest
-    is what the clients share. ``fraction`` 0 returns the dataset as it is."""
+    is what the clients share, as rows of the same features (:meth:`Dataset.selected`: no
+    copy of them). ``fraction`` 0 returns the dataset as it is."""
     if not fraction:
         return dataset
     n = dataset.num_train
@@ -387,14 +381,10 @@ def split_validation(dataset: Dataset, fraction: float, rng: np.random.Generator
         )
     order = rng.permutation(n)
     validation, train = np.sort(order[:held]), np.sort(order[held:])
-    users = dataset.train_users
     return replace(
-        dataset,
-        x_train=dataset.x_train[train],
-        y_train=dataset.y_train[train],
-        x_test=dataset.x_train[validation],
-        y_test=dataset.y_train[validation],
-        train_users=None if users is None else users[train],
+        dataset.selected(train),
+        x_test=dataset.train_features(validation),
+        y_test=dataset.y_train[torch.from_numpy(validation)],
     )
 
 
@@ -406,7 +396,9 @@ NORMALIZATIONS = ("dataset", "half", "none")
 
 def normalize_images(dataset: Dataset, mode: str) -> Dataset:
     """Normalise a dataset's [0, 1] pixels by ``mode`` (one of :data:`NORMALIZATIONS`), per
-    channel; statistics come from the training split only, so no test information leaks."""
+    channel; statistics come from the training split only, so no test information leaks.
+    In place: the loader's tensors, just decoded, are the ones normalised (no second copy
+    of the images at the load's peak), so pass a dataset nothing else holds."""
     if mode not in NORMALIZATIONS:
         raise DataError(f"unknown normalisation {mode!r} (known: {', '.join(NORMALIZATIONS)})")
     if not dataset.images or mode == "none":
@@ -421,8 +413,8 @@ def normalize_images(dataset: Dataset, mode: str) -> Dataset:
         std = torch.tensor([float(ch.std()) or 1.0 for ch in channels]).view(1, -1, 1, 1)
     return replace(
         dataset,
-        x_train=(dataset.x_train - mean).div_(std),  # one new tensor, divided in place
-        x_test=(dataset.x_test - mean).div_(std),
+        x_train=dataset.x_train.sub_(mean).div_(std),
+        x_test=dataset.x_test.sub_(mean).div_(std),
         images=False,
     )
 
