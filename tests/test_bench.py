@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import (
+    BENCH_PLUGIN,
     BENCH_PLUGIN_RULE,
     SMOKE_BENCH_ARGS,
     SMOKE_SUITE,
@@ -151,6 +152,34 @@ def test_a_tuned_settings_seed_runs_train_in_lockstep(smoke_bench):
 
 @pytest.mark.slow
 @pytest.mark.extended
+def test_a_methods_tuning_repeats_run_their_trials_in_lockstep(tmp_path, smoke_bench):
+    """suite.lockstep with trials not pruned: the k-th trials of a method's two tunings ran
+    as one computation (their summaries say so), and ask for the values a bench without
+    lockstep asks for, scoring them the same within the rounding of a bigger group."""
+    import json
+    import tomllib
+
+    import tomli_w
+
+    trials = sorted(smoke_bench.glob("trials/**/trial-*/summary.json"))
+    assert trials and all(json.loads(p.read_text()).get("lockstep_runs") == 2 for p in trials)
+    document = tomllib.loads(SMOKE.read_text())
+    document["suite"]["lockstep"] = False
+    suite = tmp_path / "smoke-alone.toml"
+    suite.write_bytes(tomli_w.dumps(document).encode())
+    argv = ["bench", str(suite), *SMOKE_BENCH_ARGS, "--out", str(tmp_path / "alone"), "--quiet"]
+    status, stderr = fedhet_in_process(argv, paths=(BENCH_PLUGIN,))
+    assert status == 0, stderr[-3000:]
+    alone = sorted((tmp_path / "alone").glob("trials/**/trial-*/summary.json"))
+    assert [p.relative_to(tmp_path / "alone") for p in alone] == [p.relative_to(smoke_bench) for p in trials]
+    for mine, theirs in zip(trials, alone, strict=True):
+        a, b = json.loads(mine.read_text()), json.loads(theirs.read_text())
+        assert "lockstep_runs" not in b
+        assert a["final_test_accuracy"] == pytest.approx(b["final_test_accuracy"], abs=0.02), mine
+
+
+@pytest.mark.slow
+@pytest.mark.extended
 def test_parallel_and_ray_benches_give_the_same_leaderboard(tmp_path, smoke_bench):
     """Copies of the finished bench with two methods tuned and run again, with ``--jobs 2``
     and as Ray tasks: the same leaderboard."""
@@ -266,6 +295,21 @@ def test_holm_decisions_agree_with_scipy_and_intervals_stay_in_the_seeds_range()
     assert math.isclose(overall["farther"].mean_rank, 4.0)
 
 
+def test_lockstep_auto_is_on_for_a_gpu_only(tmp_path):
+    """suite.lockstep = "auto" (the default) runs in lockstep where the runs' device is a GPU,
+    not on the CPU, where it measured slower; true and false are as written."""
+    from fedhet.bench.suite import load_suite
+
+    text = SMOKE.read_text()
+    for value, device, expected in (('"auto"', "cpu", False), ('"auto"', "cuda", True), ("true", "cpu", True),
+                                    ("false", "cuda", False)):  # fmt: skip
+        path = tmp_path / "suite.toml"
+        path.write_text(text.replace("lockstep = true", f"lockstep = {value}", 1))
+        suite = load_suite(path)
+        suite.base.setdefault("run", {})["device"] = device
+        assert suite.in_lockstep() is expected, (value, device)
+
+
 def _suite(tmp_path: Path, text: str) -> Path:
     base = SMOKE.read_text()
     path = tmp_path / "suite.toml"
@@ -281,6 +325,7 @@ def _suite(tmp_path: Path, text: str) -> Path:
         (('"system.straggler_ratio" = 0.5', '"system.straggler_rate" = 0.5'),
          "scenarios.random-50: system.straggler_rate"),
         (("seeds = 3", "seeds = 0"), "suite.seeds = 0"),
+        (("lockstep = true", 'lockstep = "always"'), 'suite.lockstep = \'always\': true, false or "auto"'),
         (("[algorithm_params", "[algorithm_params"), None),
     ],
 )  # fmt: skip

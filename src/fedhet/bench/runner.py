@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedhet.bench.study import StudyResult, open_study, run_study, status
+from fedhet.bench.study import StudyResult, open_study, run_studies_together, run_study, status
 from fedhet.bench.suite import Suite, Tuning
 from fedhet.data.task import Score
 from fedhet.errors import FedhetError
@@ -103,6 +103,13 @@ def _seeds_task(runs: list[tuple[dict, str, bool]], group: str) -> list[dict]:
 def _study_task(suite: Suite, tuning: Tuning, storage: str, out: str, prefix: str) -> StudyResult:
     _quiet_runs()
     return run_study(suite, tuning, storage, out, prefix)
+
+
+def _studies_task(suite: Suite, tunings: list[Tuning], storage: str, out: str,
+                  prefix: str) -> list[StudyResult]:  # fmt: skip
+    """The repeats of one method and scenario, their k-th trials in lockstep."""
+    _quiet_runs()
+    return run_studies_together(suite, tunings, storage, out, prefix)
 
 
 class Bench:
@@ -350,10 +357,8 @@ class Bench:
         executor = Executor(self.jobs, self.ray, core_budget=0)  # runs use suite.threads
         pairs = {self._name(t): t for t in self._tunings()}
         try:
-            for tuning in todo:
-                future = executor.submit(_study_task, self.suite, tuning, self.storage,
-                                         str(self.out / "trials"), self.prefix)  # fmt: skip
-                pending[future] = ("study", self._name(tuning))
+            for batch in self._study_batches(todo):
+                self._submit_studies(executor, batch, pending)
             for runs in self.seeds.values():
                 self._submit_seeds(executor, [r for r in runs if r.summary is None], pending)
             last_poll = 0.0
@@ -363,12 +368,15 @@ class Bench:
                     kind, what = pending.pop(future)
                     if kind == "study":
                         self._study_done(future, what, pairs[what], executor, pending)
+                    elif kind == "studies":
+                        self._studies_done(future, what, pairs, executor, pending)
                     elif kind == "seeds":
                         self._seeds_done(future, what)
                     else:
                         self._seed_done(future, what)
                 # the display reads the studies in work (Ray's futures do not say: all, less often)
-                running = {w for f, (k, w) in pending.items() if k == "study" and (self.ray or f.running())}
+                running = {n for f, (k, w) in pending.items() if k in ("study", "studies")
+                           and (self.ray or f.running()) for n in ([w] if k == "study" else w)}  # fmt: skip
                 if self.live and time.monotonic() - last_poll > (10.0 if self.ray else 2.0):
                     self._poll(running)
                     last_poll = time.monotonic()
@@ -382,13 +390,33 @@ class Bench:
         finally:
             executor.close()
 
+    def _study_batches(self, todo: list[Tuning]) -> list[list[Tuning]]:
+        """The studies to run, in batches: the repeats of one method and scenario together
+        (their k-th trials in lockstep: ``suite.lockstep``, with trials not pruned), else
+        each alone."""
+        if not (self.suite.in_lockstep() and self.suite.pruner == "none"):
+            return [[t] for t in todo]
+        batches: dict[tuple[str, str], list[Tuning]] = {}
+        for tuning in todo:
+            batches.setdefault((tuning.scenario.name, tuning.method.label), []).append(tuning)
+        return list(batches.values())
+
+    def _submit_studies(self, executor: Executor, batch: list[Tuning], pending: dict) -> None:
+        out = str(self.out / "trials")
+        if len(batch) == 1:
+            future = executor.submit(_study_task, self.suite, batch[0], self.storage, out, self.prefix)
+            pending[future] = ("study", self._name(batch[0]))
+            return
+        future = executor.submit(_studies_task, self.suite, batch, self.storage, out, self.prefix)
+        pending[future] = ("studies", [self._name(t) for t in batch])
+
     def _submit_seed(self, executor: Executor, run: SeedRun) -> Future:
         return executor.submit(_seed_task, run.raw, str(run.folder), run.fresh, self.group)
 
     def _submit_seeds(self, executor: Executor, runs: list[SeedRun], pending: dict) -> None:
         """A tuned setting's seed runs still to do: one task running them in lockstep
         (``suite.lockstep``, two or more), else one task each."""
-        if self.suite.lockstep and len(runs) > 1:
+        if self.suite.in_lockstep() and len(runs) > 1:
             work = [(r.raw, str(r.folder), r.fresh) for r in runs]
             pending[executor.submit(_seeds_task, work, self.group)] = ("seeds", runs)
             return
@@ -414,17 +442,35 @@ class Bench:
 
     def _study_done(self, future: Future, name: str, tuning: Tuning, executor: Executor,
                     pending: dict) -> None:  # fmt: skip
+        results = self._task_results(future, [name])
+        if results is not None:
+            self._study_result(name, tuning, results[0], executor, pending)
+
+    def _studies_done(self, future: Future, names: list[str], pairs: dict, executor: Executor,
+                      pending: dict) -> None:  # fmt: skip
+        results = self._task_results(future, names, many=True)
+        for name, result in zip(names, results or [], strict=False):
+            self._study_result(name, pairs[name], result, executor, pending)
+
+    def _task_results(self, future: Future, names: list[str], many: bool = False) -> list | None:
+        """A study task's results (one per study), or None with each study's error kept when
+        the task failed (one task's failure: the others go on)."""
         try:
-            result: StudyResult = future.result()
+            result = future.result()
         except BrokenProcessPool:
             raise
         except Exception as exc:  # noqa: BLE001  (one study's failure: the others go on)
             error = task_error(exc)
             if not isinstance(error, FedhetError):
                 raise
-            self.study_errors[name] = str(error)
-            self.progress.lines.append(f"{name}: failed: {error}")
-            return
+            for name in names:
+                self.study_errors[name] = str(error)
+                self.progress.lines.append(f"{name}: failed: {error}")
+            return None
+        return list(result) if many else [result]
+
+    def _study_result(self, name: str, tuning: Tuning, result: StudyResult, executor: Executor,
+                      pending: dict) -> None:  # fmt: skip
         self.studies[name] = result
         if result.not_applicable:
             self.not_applicable[name] = result.not_applicable

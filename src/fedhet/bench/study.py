@@ -239,13 +239,13 @@ def _index(study) -> int:
     return len(study.get_trials(deepcopy=False)) - len(interrupted(study))
 
 
-def run_study(suite: Suite, tuning: Tuning, storage: str, out: str, prefix: str = "") -> StudyResult:
-    """Run the tuning's remaining trials (in this process, one after another, each sampler
-    seeded by the repeat's seed and the trial's index); return where it stands. Each trial
-    is a run folder ``<out>/<scenario>/<method>[/tuning-r]/trial-<n>``."""
+def _tuner(suite: Suite, tuning: Tuning, storage: str, out: str, prefix: str):
+    """The tuning's study opened (trials a kill interrupted queued again, a stop lifted: it
+    may have been fixed) with its trials' makings; each trial a run folder
+    ``<out>/<scenario>/<method>[/tuning-r]/trial-<n>``."""
     import optuna
 
-    from fedhet.studies.trials import requeue_interrupted, run_trial, run_trials
+    from fedhet.studies.trials import requeue_interrupted
 
     scenario, method = tuning.scenario, tuning.method
     study = open_study(suite, tuning, storage, prefix)
@@ -254,7 +254,6 @@ def run_study(suite: Suite, tuning: Tuning, storage: str, out: str, prefix: str 
         study.set_user_attr("stopped", "")
         study.set_user_attr("not_applicable", "")
     params = suite.params_for(scenario, method)  # less the knobs of mechanisms inert here
-    space, group = _space(suite, params), f"bench-{suite.name}"
 
     def make_run(values: dict, number: int):
         name = tuning.run_name(f"trial-{number}")
@@ -267,9 +266,15 @@ def run_study(suite: Suite, tuning: Tuning, storage: str, out: str, prefix: str 
         return optuna.samplers.TPESampler(seed=(seed + _index(study)) % 2**32,
                                           n_startup_trials=suite.random_trials)  # fmt: skip
 
+    from fedhet.studies.trials import StudyTrials
+
     remaining = suite.trials - status(study, suite.trials).counted
-    end = run_trials(study, remaining, lambda trial: run_trial(trial, params, space, make_run, group),
-                     suite.max_failures, sampler_for=sampler_for, config_error_stops=True)  # fmt: skip
+    return StudyTrials(study, remaining, params, _space(suite, params), make_run, sampler_for)
+
+
+def _finished(study, end, suite: Suite) -> StudyResult:
+    """Where the study stands after its trial loop ended as ``end`` says (a method that
+    does not apply, or too many failures in a row, recorded on the study)."""
     if end.not_applicable:
         study.set_user_attr("not_applicable", end.not_applicable)
         study.set_user_attr("stopped", f"does not run in this scenario: {end.not_applicable}")
@@ -278,3 +283,36 @@ def run_study(suite: Suite, tuning: Tuning, storage: str, out: str, prefix: str 
             "stopped", f"{end.failed_in_a_row} trials in a row failed; the last: {end.reason}"
         )
     return status(study, suite.trials)
+
+
+def run_study(suite: Suite, tuning: Tuning, storage: str, out: str, prefix: str = "") -> StudyResult:
+    """Run the tuning's remaining trials (in this process, one after another, each sampler
+    seeded by the repeat's seed and the trial's index); return where it stands."""
+    from fedhet.studies.trials import run_trial, run_trials
+
+    tuner, group = _tuner(suite, tuning, storage, out, prefix), f"bench-{suite.name}"
+    end = run_trials(tuner.study, tuner.trials,
+                     lambda trial: run_trial(trial, tuner.params, tuner.space, tuner.make_run, group),
+                     suite.max_failures, sampler_for=tuner.sampler_for, config_error_stops=True)  # fmt: skip
+    return _finished(tuner.study, end, suite)
+
+
+def run_studies_together(suite: Suite, tunings: list[Tuning], storage: str, out: str,
+                         prefix: str = "") -> list[StudyResult]:  # fmt: skip
+    """Run the remaining trials of several tunings of one method and scenario (its repeats)
+    with the k-th trial of each in lockstep, as one computation
+    (:func:`fedhet.engine.launch.run_together`): each study asks, is told and stops as
+    :func:`run_study` would (the same samplers, so the same values for the same outcomes);
+    the runs differ from runs alone only in the rounding of a bigger group. Trials are not
+    pruned here (the bench does this with ``suite.pruner = "none"`` only)."""
+    from fedhet.engine.cohort import CohortRun
+    from fedhet.engine.launch import run_together
+    from fedhet.studies.trials import run_trials_together
+
+    def run_many(runs: list) -> list:
+        results = run_together([CohortRun(config, folder) for config, folder in runs], f"bench-{suite.name}")
+        return [r if isinstance(r, BaseException) else r.summary for r in results]
+
+    loops = [_tuner(suite, t, storage, out, prefix) for t in tunings]
+    run_trials_together(loops, run_many, suite.max_failures, config_error_stops=True)
+    return [_finished(loop.study, loop.end, suite) for loop in loops]

@@ -132,7 +132,11 @@ class Suite:
     sampler_seed: int = 1
     tuning_repeats: int = 1
     reference: str | None = None  # the method every effect is also stated against
-    lockstep: bool = True  # a tuned setting's seed runs train as one computation (engine.cohort)
+    # whether a tuned setting's seed runs train as one computation (engine.cohort), and so
+    # do the k-th trials of a method's tuning repeats where trials are not pruned: true,
+    # false, or "auto" (on a GPU, where a bigger group pays; on the CPU it measured slower,
+    # docs/performance.md section 15)
+    lockstep: bool | str = "auto"
     shared: list[Param] = field(default_factory=list)  # the knobs every method searches
     # (scenario, method label) -> keys a method searches that only its inert mechanisms read
     # there (:mod:`fedhet.algorithms.mechanisms`): not tuned in that scenario
@@ -152,6 +156,16 @@ class Suite:
     def pairs(self) -> list[tuple[Scenario, Method]]:
         """Every (scenario, method) that runs: the product, less each scenario's skips."""
         return [(s, m) for s in self.scenarios for m in self.methods if m.label not in s.skip]
+
+    def in_lockstep(self) -> bool:
+        """Whether runs train in lockstep (``lockstep``; ``"auto"``: when the base
+        configuration's ``run.device`` is, or resolves to, a GPU)."""
+        if isinstance(self.lockstep, bool):
+            return self.lockstep
+        from fedhet.device import resolve_device
+
+        run = self.base.get("run", {})
+        return resolve_device(str(run.get("device", "auto")), run.get("workers", 1)).type != "cpu"
 
     def tunings(self) -> list[Tuning]:
         """Every tuning a bench runs: each pair tuned ``tuning_repeats`` times."""
@@ -577,9 +591,9 @@ def _settings(suite: Suite, table: dict, trials: int | None, seeds: int | None, 
     if not isinstance(alpha, float) or not 0 < alpha < 1:
         raise ConfigError(f"{where}: suite.alpha = {alpha!r}: a significance level in (0, 1)")
     suite.alpha = alpha
-    suite.lockstep = table.get("lockstep", True)
-    if not isinstance(suite.lockstep, bool):
-        raise ConfigError(f"{where}: suite.lockstep = {suite.lockstep!r}: true or false")
+    suite.lockstep = table.get("lockstep", "auto")
+    if not isinstance(suite.lockstep, bool) and suite.lockstep != "auto":
+        raise ConfigError(f'{where}: suite.lockstep = {suite.lockstep!r}: true, false or "auto"')
     suite.pruner = table.get("pruner", "median")
     if suite.pruner not in ("median", "none"):
         raise ConfigError(f"{where}: suite.pruner = {suite.pruner!r}: median or none")

@@ -12,7 +12,9 @@ fedhet run.
   :class:`TrialPruning`), its value; a run that diverged scores the worst value.
 - :func:`run_trials` — trials until enough counted (finished or pruned); a failed trial
   does not count, ``max_failures`` failures in a row stop the loop with the last reason,
-  and a configuration error before any trial counted says the method does not apply.
+  and a configuration error before any trial counted says the method does not apply
+  (:func:`record_trial`, also for trials whose runs ran elsewhere: the bench's repeats in
+  lockstep).
 """
 
 from __future__ import annotations
@@ -417,14 +419,26 @@ def run_trial(trial, params: list[Param], space: SearchSpace, make_run: MakeRun,
 
     from fedhet.engine.launch import run
 
-    values = {p.key: p.suggest(trial) for p in params}
-    config, folder = make_run(values, trial.number)
-    trial.set_user_attr("run_folder", str(folder))
+    config, folder = prepare_trial(trial, params, make_run)
     pruning = TrialPruning(trial, space)
     summary = run(config, folder, overwrite=True, group=group, callbacks=[pruning]).summary
     if pruning.pruned:
         raise optuna.TrialPruned(pruning.pruned)
-    if summary.get("stopped_by") == "non_finite":  # diverged: the worst outcome, not its last evaluation
+    return trial_value(trial, summary, space)
+
+
+def prepare_trial(trial, params: list[Param], make_run: MakeRun):
+    """A trial's values drawn from ``params`` and its run's (configuration, folder)."""
+    values = {p.key: p.suggest(trial) for p in params}
+    config, folder = make_run(values, trial.number)
+    trial.set_user_attr("run_folder", str(folder))
+    return config, folder
+
+
+def trial_value(trial, summary: dict, space: SearchSpace) -> float:
+    """A finished trial run's value: its objective, or :meth:`SearchSpace.worst` for a run
+    that diverged (not its last evaluation)."""
+    if summary.get("stopped_by") == "non_finite":
         trial.set_user_attr("diverged", True)
         return space.worst()
     value = objective_value(summary, space)
@@ -459,6 +473,54 @@ def trial_line(study_name: str, trial, reason: str = "") -> str:
     return f"{study_name}: trial {trial.number}: {what} ({params})"
 
 
+@dataclass
+class StudyTrials:
+    """One study's trials still to run, for :func:`run_trials_together`: how many more to
+    count, the searched ``params``, the ``space``, the run maker and each trial's sampler;
+    ``end`` says how its loop stands."""
+
+    study: Any
+    trials: int
+    params: list
+    space: Any
+    make_run: MakeRun
+    sampler_for: Callable[[Any], Any] | None = None
+    end: LoopEnd = field(default_factory=LoopEnd)
+
+
+def run_trials_together(loops: list[StudyTrials], run_many: Callable[[list], list], max_failures: int,
+                        config_error_stops: bool = False) -> None:  # fmt: skip
+    """:func:`run_trials` for several studies at once: each study still going asks its next
+    trial, their runs go to ``run_many`` together (a list of (configuration, folder); it
+    returns each run's summary, or the exception that ended it), and each trial is told
+    and counted as :func:`run_trials` does (trials are not pruned here)."""
+    while active := [
+        loop for loop in loops if loop.end.counted < loop.trials and not loop.end.stopped(max_failures)
+    ]:
+        asked = []
+        for loop in active:
+            if loop.sampler_for is not None:
+                loop.study.sampler = loop.sampler_for(loop.study)
+            trial = loop.study.ask()
+            try:
+                asked.append((loop, trial, prepare_trial(trial, loop.params, loop.make_run)))
+            except Exception as exc:  # noqa: BLE001  (the trial fails with its reason)
+                record_trial(loop.study, trial, exc, loop.end, config_error_stops)
+        results = run_many([run for _, _, run in asked])
+        for (loop, trial, _), result in zip(asked, results, strict=True):
+            outcome = (
+                result if isinstance(result, BaseException) else _value_or_error(trial, result, loop.space)
+            )
+            record_trial(loop.study, trial, outcome, loop.end, config_error_stops)
+
+
+def _value_or_error(trial, summary: dict, space: SearchSpace) -> float | BaseException:
+    try:
+        return trial_value(trial, summary, space)
+    except Exception as exc:  # noqa: BLE001  (a run without its objective: the trial fails)
+        return exc
+
+
 def run_trials(study, trials: int, objective: Callable[[Any], float], max_failures: int,
                sampler_for: Callable[[Any], Any] | None = None,
                on_trial: Callable[[str, bool], None] | None = None,
@@ -468,28 +530,40 @@ def run_trials(study, trials: int, objective: Callable[[Any], float], max_failur
     trial's sampler (bench: seeded by the trial's index); ``on_trial(line, counts)`` gets one
     line per finished trial; ``config_error_stops``: a configuration error before any
     trial of the study counted ends the loop (the method does not apply)."""
-    import optuna
-    from optuna.trial import TrialState
-
     end = LoopEnd()
     while end.counted < trials and not end.stopped(max_failures):
         if sampler_for is not None:
             study.sampler = sampler_for(study)
         trial = study.ask()
-        reason = ""
         try:
-            frozen = study.tell(trial, objective(trial))
-        except optuna.TrialPruned:
-            frozen = study.tell(trial, state=TrialState.PRUNED)
+            outcome: float | BaseException = objective(trial)
         except Exception as exc:  # noqa: BLE001  (the trial fails with its reason; K in a row stop)
-            reason = failure_reason(exc)
-            trial.set_user_attr("error", reason)
-            frozen = study.tell(trial, state=TrialState.FAIL)
-            end.failed_in_a_row, end.reason = end.failed_in_a_row + 1, reason
-            if config_error_stops and isinstance(exc, ConfigError) and counted(study) == 0:
-                end.not_applicable = reason
-        if frozen.state != TrialState.FAIL:
-            end.counted, end.failed_in_a_row = end.counted + 1, 0
-        if on_trial is not None:
-            on_trial(trial_line(study.study_name, frozen, reason), frozen.state != TrialState.FAIL)
+            outcome = exc
+        record_trial(study, trial, outcome, end, config_error_stops, on_trial)
     return end
+
+
+def record_trial(study, trial, outcome: float | BaseException, end: LoopEnd, config_error_stops: bool = False,
+                 on_trial: Callable[[str, bool], None] | None = None) -> None:  # fmt: skip
+    """Tell ``study`` how ``trial`` ended (``outcome``: its value, or the exception that
+    ended it: pruned, or failed with its reason) and count it in ``end`` (see
+    :func:`run_trials`)."""
+    import optuna
+    from optuna.trial import TrialState
+
+    reason = ""
+    if isinstance(outcome, optuna.TrialPruned):
+        frozen = study.tell(trial, state=TrialState.PRUNED)
+    elif isinstance(outcome, BaseException):
+        reason = failure_reason(outcome)
+        trial.set_user_attr("error", reason)
+        frozen = study.tell(trial, state=TrialState.FAIL)
+        end.failed_in_a_row, end.reason = end.failed_in_a_row + 1, reason
+        if config_error_stops and isinstance(outcome, ConfigError) and counted(study) == 0:
+            end.not_applicable = reason
+    else:
+        frozen = study.tell(trial, outcome)
+    if frozen.state != TrialState.FAIL:
+        end.counted, end.failed_in_a_row = end.counted + 1, 0
+    if on_trial is not None:
+        on_trial(trial_line(study.study_name, frozen, reason), frozen.state != TrialState.FAIL)
