@@ -28,6 +28,11 @@ scale alpha / r of the full rank (the paper's clients scale by their own rank). 
 whose work misses the deadline by its drawn time delivers nothing; FLoRA has no partial
 work.
 
+The ``[server]`` step acts on the parameters, here the adapters the next round starts from:
+with a server learning rate eta the new A is A + eta (A_new - A), B stays zero, and the
+merge into W is the paper's, untouched (the bench's shared ``server.lr`` knob therefore only
+blends successive draws of A for this rule).
+
 Bytes down: the server's model with its merged base weights (the module's traffic counts
 them every round; FLoRA sends the stack, sum_k r_k (in + out) numbers per projection, which
 is fewer while sum_k r_k < in out / (in + out)); bytes up: the client's adapters.
