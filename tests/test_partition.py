@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from fedhet.data.partition import partition_indices, swap_labels
 from fedhet.errors import ConfigError
@@ -191,3 +192,33 @@ def test_a_label_swap_that_makes_no_client_differ_says_so_once(caplog):
     assert warned(num_clients=4, swap_pairs=[[0, 1]])
     assert not warned(num_clients=4)  # (0, 1) on even clients, (8, 9) on odd ones
     assert not warned(num_clients=4, swap_pairs=[[0, 1]], swap_clients="second-half")
+
+
+def test_a_runs_splits_are_rows_of_the_shared_features_not_copies():
+    """data.fraction and data.validation_fraction select the training examples as rows of
+    the decoded features (one tensor, shared by the runs of a process): a client's examples
+    and labels are the same rows a copy would have given, with a label swap applied, and
+    only the validation set (the run's test set) is copied."""
+    from fedhet.config import from_dict
+    from fedhet.world import build_world, open_configured_dataset
+
+    document = {
+        "run": {"seed": 3},
+        "data": {"dataset": "digits", "num_clients": 4, "fraction": 0.6, "validation_fraction": 0.25,
+                 "partition": "label-swap", "swap_fraction": 1.0, "swap_clients": "all"},
+    }  # fmt: skip
+    config = from_dict(document)
+    full = open_configured_dataset(config)
+    world = build_world(config)
+    assert world.dataset.x_train.data_ptr() == full.x_train.data_ptr()  # no copy of the features
+    rows = world.dataset.train_rows
+    assert rows is not None and len(rows) == world.dataset.num_train < full.num_train
+    swapped = 0
+    for client in range(4):
+        data = world.client_data(client)
+        assert torch.equal(data.x[data.indices], full.x_train[data.indices])  # the rows themselves
+        assert set(data.indices.tolist()) <= set(rows.tolist())
+        swapped += int((world.train_labels[data.indices] != full.y_train[data.indices]).sum())
+    assert swapped > 0  # the swapped labels sit at the clients' rows
+    kept = round(0.6 * full.num_train)  # data.fraction's rows, a quarter of them for validation
+    assert len(world.dataset.x_test) == round(0.25 * kept) and len(rows) == kept - round(0.25 * kept)
