@@ -109,13 +109,22 @@ class PlainLoop:
         self.ratio = float(document["system"]["straggler_ratio"])
 
     def __call__(self) -> float:
+        from fedhet.client.state import ClientData
+        from fedhet.data.compact import ByteImages
+
         world, model = self.world, self.world.flat.model
         layers = model.num_layers
         slices = world.flat.layout.param_slices.bounds
         params = world.initial_params.clone()
-        x_test, y_test = world.dataset.x_test, world.dataset.y_test
+        x_test, y_test = world.dataset.test_features(), world.dataset.y_test
         rng = np.random.default_rng(1)
-        data = [world.client_data(c) for c in range(world.num_clients)]
+        # a plain loop holds its images as float tensors (fedhet keeps them as bytes)
+        x_train = world.dataset.x_train
+        features = x_train.decoded() if isinstance(x_train, ByteImages) else x_train
+        data = [
+            ClientData(features, world.train_labels, world.client_indices[c])
+            for c in range(world.num_clients)
+        ]
         began = time.perf_counter()
         for t in range(self.rounds):
             stragglers = rng.random(len(data)) < self.ratio
@@ -175,7 +184,7 @@ def arithmetic_seconds(document: dict, tasks: int, evaluations: int) -> float:
     world = build_world(from_dict(document))
     per_example = sum(world.layer_multiply_adds) if world.layer_multiply_adds else 0.0
     batch = int(document["train"]["batch_size"])
-    macs = tasks * batch * per_example * 3 + evaluations * len(world.dataset.x_test) * per_example
+    macs = tasks * batch * per_example * 3 + evaluations * len(world.dataset.y_test) * per_example
     return macs / gemm_rate()
 
 

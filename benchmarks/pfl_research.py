@@ -143,7 +143,7 @@ def run_pfl(world, rounds: int, seed: int) -> tuple[float, list[tuple[int, float
     )
     stamps: list[float] = []
     accuracy: list[tuple[int, float]] = []
-    x_test, y_test = dataset.x_test, dataset.y_test
+    x_test, y_test = dataset.test_features(), dataset.y_test
 
     class Clock(TrainingProcessCallback):
         def after_central_iteration(self, aggregate_metrics, model, *, central_iteration):

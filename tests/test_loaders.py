@@ -21,7 +21,7 @@ def test_idx_loader_reads_gzipped_and_plain_files(tmp_path, name, compress):
     ds = load_dataset(name, str(folder))
     assert ds.x_train.shape == (50, 1, 28, 28) and ds.x_test.shape == (10, 1, 28, 28)
     assert ds.y_train.dtype.is_floating_point is False and int(ds.y_train.max()) <= 9
-    assert abs(float(ds.x_train.mean())) < 1e-4  # standardised with training statistics
+    assert abs(float(ds.x_train.decoded().mean())) < 1e-4  # standardised with training statistics
 
 
 def test_idx_values_round_trip(tmp_path):
@@ -231,13 +231,13 @@ def test_normalisations_map_pixels_as_documented(tmp_path):
     dataset = load_dataset("cifar10", str(tmp_path), normalize="dataset")
     assert np.allclose(none.x_train[0].numpy(), raw)
     assert np.allclose(half.x_train[0].numpy(), 2 * raw - 1, atol=1e-6)
-    x = dataset.x_train.numpy()
+    x = dataset.x_train.decoded().numpy()
     assert np.allclose(x.mean(axis=(0, 2, 3)), 0, atol=1e-5)
     assert np.allclose(x.std(axis=(0, 2, 3)), 1, atol=1e-4)
-    pixels = none.x_train.numpy()
+    pixels = none.x_train.decoded().numpy()
     mean, std = pixels.mean(axis=(0, 2, 3)), pixels.std(axis=(0, 2, 3))
-    expected_test = (none.x_test.numpy() - mean[None, :, None, None]) / std[None, :, None, None]
-    assert np.allclose(dataset.x_test.numpy(), expected_test, atol=1e-5)
+    expected_test = (none.test_features().numpy() - mean[None, :, None, None]) / std[None, :, None, None]
+    assert np.allclose(dataset.test_features().numpy(), expected_test, atol=1e-5)
 
 
 def test_a_normalisation_for_tabular_data_is_refused_in_one_line():

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedhet.data.compact import Features
 from fedhet.errors import FedhetError
 
 ClientState = dict[str, torch.Tensor]  # a client's whole store: "<component>/<key>" -> tensor
@@ -100,7 +101,7 @@ def check_serialisable(store: dict, client: int) -> None:
 class ClientData:
     """One client's examples: its index array into the shared training tensors (no copy)."""
 
-    x: torch.Tensor
+    x: Features  # the shared features (a float tensor, or images kept as bytes)
     y: torch.Tensor
     indices: np.ndarray
 

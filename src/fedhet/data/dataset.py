@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from fedhet.data.compact import ByteImages, Features
 from fedhet.data.task import Classification, Task
 from fedhet.registry import NoOptions
 
@@ -23,9 +24,9 @@ class Dataset:
     clients; ``user_names`` names them."""
 
     name: str
-    x_train: torch.Tensor
+    x_train: Features  # byte images: uint8 pixels and what each stands for
     y_train: torch.Tensor
-    x_test: torch.Tensor
+    x_test: Features
     y_test: torch.Tensor
     num_classes: int
     images: bool = False  # pixels in [0, 1], channels first, not yet normalised
@@ -62,6 +63,10 @@ class Dataset:
     def train_features(self, positions) -> torch.Tensor:
         """The features of the training examples at ``positions`` (a copy)."""
         return self.x_train[self.rows(positions)]
+
+    def test_features(self) -> torch.Tensor:
+        """The test examples' features as one float tensor (decoded where kept as bytes)."""
+        return self.x_test.decoded() if isinstance(self.x_test, ByteImages) else self.x_test
 
     def selected(self, positions) -> Dataset:
         """The dataset whose training examples are those at ``positions`` (in that order):

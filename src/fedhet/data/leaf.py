@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from fedhet.checks import path_option
+from fedhet.data.compact import Features
 from fedhet.data.dataset import Dataset, DatasetSource
 from fedhet.data.task import NextToken
 from fedhet.errors import DataError
@@ -201,7 +202,7 @@ def as_sequences(dataset: Dataset) -> Dataset:
             "examples (LEAF's Shakespeare)"
         )
 
-    def shifted(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def shifted(x: Features, y: torch.Tensor) -> torch.Tensor:
         return torch.cat([x[:, 1:].long(), y.view(-1, 1)], dim=1)
 
     return dataclasses.replace(

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from fedhet.checks import one_of, path_option
+from fedhet.data.compact import ByteImages, channel_moments, scaled_table
 from fedhet.data.dataset import Dataset, DatasetSource
 from fedhet.errors import DataError
 from fedhet.registry import register
@@ -122,15 +123,11 @@ def load_idx_folder(name: str, folder: str | Path, num_classes: int = 10) -> Dat
             f"{path}: images are {test_shape[0]}x{test_shape[1]}, the training images "
             f"{train_shape[0]}x{train_shape[1]}"
         )
-    x_train = arrays["train_images"].astype(np.float32)
-    x_train /= 255.0  # in place: no second copy of the images at the peak
-    x_test = arrays["test_images"].astype(np.float32)
-    x_test /= 255.0
     return Dataset(
         name=name,
-        x_train=torch.from_numpy(x_train).unsqueeze(1),
+        x_train=byte_images(arrays["train_images"][:, None]),
         y_train=torch.from_numpy(arrays["train_labels"].astype(np.int64)),
-        x_test=torch.from_numpy(x_test).unsqueeze(1),
+        x_test=byte_images(arrays["test_images"][:, None]),
         y_test=torch.from_numpy(arrays["test_labels"].astype(np.int64)),
         num_classes=num_classes,
         images=True,
@@ -265,15 +262,13 @@ def load_cifar10(data_dir: str | None = None) -> Dataset:
     if not folder.is_dir():
         raise DataError(f"{folder}: data folder for cifar10 not found (set data.data_dir)")
     parts = [read_cifar_batch(folder / name) for name in CIFAR10_TRAIN_BATCHES]
-    x_train = np.concatenate([p[0] for p in parts]).astype(np.float32) / 255.0
     y_train = np.concatenate([p[1] for p in parts])
     x_test, y_test = read_cifar_batch(folder / CIFAR10_TEST_BATCH)
-    x_test = x_test.astype(np.float32) / 255.0
     return Dataset(
         name="cifar10",
-        x_train=torch.from_numpy(x_train),
+        x_train=byte_images(np.concatenate([p[0] for p in parts])),
         y_train=torch.from_numpy(y_train),
-        x_test=torch.from_numpy(x_test),
+        x_test=byte_images(x_test),
         y_test=torch.from_numpy(y_test),
         num_classes=10,
         images=True,
@@ -403,20 +398,59 @@ def normalize_images(dataset: Dataset, mode: str) -> Dataset:
         raise DataError(f"unknown normalisation {mode!r} (known: {', '.join(NORMALIZATIONS)})")
     if not dataset.images or mode == "none":
         return dataset
+    channels = int(dataset.x_train.shape[1])
     if mode == "half":
-        mean = torch.full((1, dataset.x_train.shape[1], 1, 1), 0.5)
-        std = torch.full_like(mean, 0.5)
+        mean, std = [0.5] * channels, [0.5] * channels
     else:
-        x = dataset.x_train.numpy()
-        channels = [x[:, c] for c in range(x.shape[1])]
-        mean = torch.tensor([float(ch.mean()) for ch in channels]).view(1, -1, 1, 1)
-        std = torch.tensor([float(ch.std()) or 1.0 for ch in channels]).view(1, -1, 1, 1)
+        mean, std = _channel_moments(dataset.x_train)
+    mean_of = torch.tensor(mean).view(1, -1, 1, 1)
+    std_of = torch.tensor([value or 1.0 for value in std]).view(1, -1, 1, 1)
     return replace(
         dataset,
-        x_train=dataset.x_train.sub_(mean).div_(std),
-        x_test=dataset.x_test.sub_(mean).div_(std),
+        x_train=_normalized(dataset.x_train, mean_of, std_of),
+        x_test=_normalized(dataset.x_test, mean_of, std_of),
         images=False,
     )
+
+
+def byte_images(codes: np.ndarray) -> ByteImages:
+    """uint8 images (N x C x H x W) kept as their bytes, standing for ``code / 255``."""
+    return ByteImages(
+        torch.from_numpy(np.require(codes, requirements=["C", "W"])), scaled_table(codes.shape[1], 255.0)
+    )
+
+
+def _channel_moments(images: torch.Tensor | ByteImages) -> tuple[list[float], list[float]]:
+    """Each channel's mean and standard deviation of the pixels, as NumPy's ``mean`` and
+    ``std`` of the float32 pixels give them. Byte images are not decoded for it where a
+    sample of them shows :func:`~fedhet.data.compact.channel_moments` adding as NumPy does."""
+    if isinstance(images, ByteImages) and _moments_agree(images):
+        codes, table = images.codes.numpy(), images.table.numpy()
+        moments = [channel_moments(codes, table, c) for c in range(codes.shape[1])]
+        return [m for m, _ in moments], [s for _, s in moments]
+    x = images.decoded().numpy() if isinstance(images, ByteImages) else images.numpy()
+    channels = [x[:, c] for c in range(x.shape[1])]
+    return [float(ch.mean()) for ch in channels], [float(ch.std()) for ch in channels]
+
+
+def _moments_agree(images: ByteImages, sample: int = 2000) -> bool:
+    """Whether the byte-wise moments equal NumPy's on the first ``sample`` images."""
+    part = images.codes[:sample].numpy()
+    x, table = images[:sample].numpy(), images.table.numpy()
+    return all(
+        channel_moments(part, table, c) == (float(x[:, c].mean()), float(x[:, c].std()))
+        for c in range(part.shape[1])
+    )
+
+
+def _normalized(images: torch.Tensor | ByteImages, mean: torch.Tensor, std: torch.Tensor):
+    """``(images - mean) / std`` per channel: in place for a float tensor (the loader's, just
+    decoded: no second copy at the peak), in the table for byte images (the same float32
+    operations on each of a channel's 256 values)."""
+    if isinstance(images, ByteImages):
+        table = images.table.clone().sub_(mean.view(-1, 1)).div_(std.view(-1, 1))
+        return images.with_table(table)
+    return images.sub_(mean).div_(std)
 
 
 # The last datasets loaded in this process, by source, options and the state of their files:

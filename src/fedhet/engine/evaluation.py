@@ -121,7 +121,7 @@ def make_evaluator(world) -> Evaluator:
         statistics_from = world.dataset.x_train[np.sort(np.concatenate(world.client_indices))]
     return Evaluator(
         world.flat,
-        world.dataset.x_test,
+        world.dataset.test_features(),
         world.dataset.y_test,
         config.run.eval_every,
         config.run.rounds,
