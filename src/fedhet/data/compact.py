@@ -34,6 +34,7 @@ class ByteImages:
         if tuple(table.shape) != (codes.shape[1], CODES):
             raise TypeError(f"ByteImages' table must be {codes.shape[1]} x {CODES}, got {tuple(table.shape)}")
         self.codes, self.table = codes, table
+        self._single = table[0] if codes.shape[1] == 1 else None  # one channel: its row
         channels = codes.shape[1]
         # channel c's entries start at c * 256 in the flat table
         self._offsets = (torch.arange(channels, device=codes.device) * CODES).view(
@@ -59,6 +60,8 @@ class ByteImages:
         return self.codes.dim()
 
     def __getitem__(self, index) -> torch.Tensor:
+        if type(index) is torch.Tensor and index.dim() == 1 and not index.is_floating_point():
+            return self.decode(self.codes.index_select(0, index))  # a client's batch: the common case
         if isinstance(index, tuple):  # examples first, then within them
             rows = self[index[0]]
             return rows[index[1:]] if isinstance(index[0], int) else rows[(slice(None), *index[1:])]
@@ -68,8 +71,8 @@ class ByteImages:
 
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
         """The float values of ``codes`` (any number of leading axes before C x H x W)."""
-        if self.codes.shape[1] == 1:
-            flat = self.table[0].index_select(0, codes.reshape(-1).int())
+        if self._single is not None:
+            flat = self._single.index_select(0, codes.reshape(-1).int())
         else:
             flat = self.table.view(-1).index_select(0, (codes.int() + self._offsets).reshape(-1))
         return flat.view(codes.shape)
