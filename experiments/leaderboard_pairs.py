@@ -38,6 +38,10 @@ EXTENDS = {
     "FedBalancer against drop-stragglers": ("fedbalancer", "drop"),
     "CA2FL against FedBuff": ("ca2fl", "fedbuff"),
     "FedCompass against FedBuff": ("fedcompass", "fedbuff"),
+    "FADAS against FedBuff": ("fadas", "fedbuff"),  # FedBuff's buffer with an AMSGrad server step
+    "Ringmaster ASGD against FedBuff": ("ringmaster", "fedbuff"),  # each arrival at once, stale ones dropped
+    "FedAWE against FedAvg": ("fedawe", "fedavg"),  # FedAvg when every client takes part every round
+    "SLT against HeteroFL": ("slt", "heterofl"),  # HeteroFL's leading units, layer by layer
 }
 FAMILIES.update({family: [(s, a, b) for s in SCENARIOS] for family, (a, b) in EXTENDS.items()})
 

@@ -492,16 +492,16 @@ class LocalTrainer:
         size, first = len(chosen[0]), members[0].data
         if len(sources) == 1:
             index = torch.from_numpy(np.concatenate(chosen)).to(first.x.device)
-            return (first.x[index].view(len(members), size, *first.x.shape[1:]),
-                    first.y[index].view(len(members), size, *first.y.shape[1:]))  # fmt: skip
+            return (first.x.index_select(0, index).view(len(members), size, *first.x.shape[1:]),
+                    first.y.index_select(0, index).view(len(members), size, *first.y.shape[1:]))  # fmt: skip
         x = first.x.new_empty((len(members), size, *first.x.shape[1:]))
         y = first.y.new_empty((len(members), size, *first.y.shape[1:]))
         for positions in sources.values():
             data = members[positions[0]].data
             index = torch.from_numpy(np.concatenate([chosen[j] for j in positions])).to(data.x.device)
             rows = torch.tensor(positions, device=x.device)
-            x[rows] = data.x[index].view(len(positions), size, *data.x.shape[1:])
-            y[rows] = data.y[index].view(len(positions), size, *data.y.shape[1:])
+            x[rows] = data.x.index_select(0, index).view(len(positions), size, *data.x.shape[1:])
+            y[rows] = data.y.index_select(0, index).view(len(positions), size, *data.y.shape[1:])
         return x, y
 
     def _gradients(self, group: _Group, active: int, x, y, first) -> torch.Tensor:

@@ -69,12 +69,18 @@ class ByteImages:
             index = torch.from_numpy(index)
         return self.decode(self.codes[index])
 
+    def index_select(self, dim: int, index: torch.Tensor) -> torch.Tensor:
+        """The examples at ``index`` (``dim`` 0 only), as ``Tensor.index_select``."""
+        if dim != 0:
+            raise TypeError("ByteImages are selected along their first axis only")
+        return self.decode(self.codes.index_select(0, index))
+
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
         """The float values of ``codes`` (any number of leading axes before C x H x W)."""
         if self._single is not None:
-            flat = self._single.index_select(0, codes.reshape(-1).int())
+            flat = self._single.index_select(0, codes.reshape(-1).long())
         else:
-            flat = self.table.view(-1).index_select(0, (codes.int() + self._offsets).reshape(-1))
+            flat = self.table.view(-1).index_select(0, (codes.long() + self._offsets).reshape(-1))
         return flat.view(codes.shape)
 
     def decoded(self) -> torch.Tensor:
