@@ -392,6 +392,26 @@ def test_a_method_table_sets_the_dotted_keys_its_method_needs(tmp_path):
         load_suite(bad)
 
 
+def test_a_scenarios_dotted_options_set_that_methods_run_there_only():
+    """options.fedbuff = { "run.rounds" = 100000 } in the heterogeneity suite's time-budget:
+    FedBuff's server steps are not capped at the round rules' 100 rounds there; the round
+    rules keep 100 and FedBuff keeps its rounds elsewhere; the algorithm options stay plain."""
+    from fedhet.bench.suite import load_suite
+
+    suite = load_suite(ROOT / "suites" / "heterogeneity.toml")
+    scenarios, methods = {s.name: s for s in suite.scenarios}, {m.label: m for m in suite.methods}
+    rounds = {
+        (s, m): suite.config(scenarios[s], methods[m], {}, "x")["run"]["rounds"]
+        for s in ("time-budget", "random-50")
+        for m in ("fedbuff", "ringmaster", "salf")
+    }
+    assert rounds[("time-budget", "fedbuff")] == rounds[("time-budget", "ringmaster")] == 100000
+    assert rounds[("time-budget", "salf")] == 100 and rounds[("random-50", "fedbuff")] == 100000
+    assert suite.config(scenarios["time-budget"], methods["fedbuff"], {}, "x")["algorithm"] == {
+        "name": "fedbuff"
+    }
+
+
 @pytest.mark.slow
 @pytest.mark.extended
 def test_report_on_a_bench_folder_gives_its_leaderboard_page_with_marks(smoke_bench, tmp_path):

@@ -39,6 +39,7 @@ method is tuned under.
     description = "half the clients are stragglers, drawn each round"
     "system.straggler_ratio" = 0.5
     options.amsfl = { round_budget = 4.0 }    # a method's fixed options in this scenario
+    options.fedbuff = { "run.rounds" = 100000 }   # dotted keys: its settings in this scenario
     skip.heterofl = "why it does not run here"
 
 Each method's searched keys are the suite's shared ``[params]`` (the same for every method,
@@ -183,7 +184,14 @@ class Suite:
         where = f"{self.path}: scenarios.{scenario.name}"
         for key, value in scenario.settings.items():
             raw = _set(raw, key, value, where)
-        raw["algorithm"] = {"name": method.name, **method.options, **scenario.options.get(method.label, {})}
+        fixed = scenario.options.get(method.label, {})  # its options here; dotted keys: settings
+        raw["algorithm"] = {
+            "name": method.name,
+            **method.options,
+            **{k: v for k, v in fixed.items() if "." not in k},
+        }
+        for key in [k for k in fixed if "." in k]:  # an event-driven rule's server steps, say
+            raw = _set(raw, key, fixed[key], f"{where}.options.{method.label}")
         where = f"{self.path}: method {method.label}"
         for key, value in method.settings.items():  # what the method needs (DepthFL: its model)
             raw = _set(raw, key, value, where)
