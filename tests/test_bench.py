@@ -578,3 +578,25 @@ def test_selections_cross_every_round_rule_and_skips_and_options_follow(tmp_path
     path.write_text(text.replace('[selections.uni]\nrule = "uniform"\n', "[selections.uni]\n"))
     with pytest.raises(ConfigError, match="selections.uni: a selection needs a rule"):
         load_suite(path)
+
+
+def test_the_bench_waits_for_its_tasks_by_their_completion_queue():
+    """PendingTasks hands back each finished future once, in the order they finished, and
+    nothing (after the timeout) while none has finished."""
+    from concurrent.futures import Future
+
+    from fedhet.bench.runner import PendingTasks
+
+    pending = PendingTasks()
+    futures = [Future() for _ in range(3)]
+    for i, future in enumerate(futures):
+        pending[future] = ("seed", i)
+    assert pending.next_finished(timeout=0.01) == []
+    futures[2].set_result(None)
+    futures[0].set_result(None)
+    assert pending.next_finished(timeout=0.01) == [futures[2], futures[0]]
+    assert pending.next_finished(timeout=0.01) == []
+    done = Future()
+    done.set_result(None)
+    pending[done] = ("seed", 3)  # already finished when handed in
+    assert pending.next_finished(timeout=0.01) == [done]

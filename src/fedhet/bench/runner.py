@@ -15,9 +15,10 @@ threads (one by default), whatever the parallelism, so its numbers do not depend
 from __future__ import annotations
 
 import logging
+import queue
 import time
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, wait
+from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,30 @@ log = logging.getLogger("fedhet")
 
 DATABASE = "bench.db"
 SUITE_MARK = ".bench-suite"  # the name of the suite whose bench a folder holds
+
+
+class PendingTasks(dict):
+    """The bench's tasks in work, ``future -> (kind, what)``, with a queue their futures join
+    when they finish: waiting for the next one costs nothing per task in work (waiting on
+    thousands of futures at once kept a core a third busy)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.finished: queue.SimpleQueue[Future] = queue.SimpleQueue()
+
+    def __setitem__(self, future: Future, value: tuple[str, Any]) -> None:
+        super().__setitem__(future, value)
+        future.add_done_callback(self.finished.put)
+
+    def next_finished(self, timeout: float) -> list[Future]:
+        """The tasks finished since the last call, waiting up to ``timeout`` s for one."""
+        try:
+            done = [self.finished.get(timeout=timeout)]
+        except queue.Empty:
+            return []
+        while not self.finished.empty():
+            done.append(self.finished.get_nowait())
+        return done
 
 
 @dataclass
@@ -350,7 +375,7 @@ class Bench:
         self._count()
 
     def _execute(self, todo: list[Tuning]) -> None:
-        pending: dict[Future, tuple[str, Any]] = {}
+        pending = PendingTasks()
         waiting_seeds = [r for runs in self.seeds.values() for r in runs if r.summary is None]
         if not todo and not waiting_seeds:
             return
@@ -363,7 +388,7 @@ class Bench:
                 self._submit_seeds(executor, [r for r in runs if r.summary is None], pending)
             last_poll = 0.0
             while pending:
-                done, _ = wait(list(pending), timeout=1.0, return_when=FIRST_COMPLETED)
+                done = pending.next_finished(timeout=1.0)
                 for future in done:
                     kind, what = pending.pop(future)
                     if kind == "study":
@@ -374,11 +399,8 @@ class Bench:
                         self._seeds_done(future, what)
                     else:
                         self._seed_done(future, what)
-                # the display reads the studies in work (Ray's futures do not say: all, less often)
-                running = {n for f, (k, w) in pending.items() if k in ("study", "studies")
-                           and (self.ray or f.running()) for n in ([w] if k == "study" else w)}  # fmt: skip
                 if self.live and time.monotonic() - last_poll > (10.0 if self.ray else 2.0):
-                    self._poll(running)
+                    self._poll(self._running_studies(pending))
                     last_poll = time.monotonic()
                 elif done:
                     self._count()
@@ -389,6 +411,11 @@ class Bench:
             ) from None
         finally:
             executor.close()
+
+    def _running_studies(self, pending: PendingTasks) -> set[str]:
+        """The studies in work, which the display reads (Ray's futures do not say: all)."""
+        return {n for f, (k, w) in pending.items() if k in ("study", "studies")
+                and (self.ray or f.running()) for n in ([w] if k == "study" else w)}  # fmt: skip
 
     def _study_batches(self, todo: list[Tuning]) -> list[list[Tuning]]:
         """The studies to run, in batches: the repeats of one method and scenario together
@@ -401,7 +428,7 @@ class Bench:
             batches.setdefault((tuning.scenario.name, tuning.method.label), []).append(tuning)
         return list(batches.values())
 
-    def _submit_studies(self, executor: Executor, batch: list[Tuning], pending: dict) -> None:
+    def _submit_studies(self, executor: Executor, batch: list[Tuning], pending: PendingTasks) -> None:
         out = str(self.out / "trials")
         if len(batch) == 1:
             future = executor.submit(_study_task, self.suite, batch[0], self.storage, out, self.prefix)
@@ -413,7 +440,7 @@ class Bench:
     def _submit_seed(self, executor: Executor, run: SeedRun) -> Future:
         return executor.submit(_seed_task, run.raw, str(run.folder), run.fresh, self.group)
 
-    def _submit_seeds(self, executor: Executor, runs: list[SeedRun], pending: dict) -> None:
+    def _submit_seeds(self, executor: Executor, runs: list[SeedRun], pending: PendingTasks) -> None:
         """A tuned setting's seed runs still to do: one task running them in lockstep
         (``suite.lockstep``, two or more), else one task each."""
         if self.suite.in_lockstep() and len(runs) > 1:
@@ -441,13 +468,13 @@ class Bench:
                 )
 
     def _study_done(self, future: Future, name: str, tuning: Tuning, executor: Executor,
-                    pending: dict) -> None:  # fmt: skip
+                    pending: PendingTasks) -> None:  # fmt: skip
         results = self._task_results(future, [name])
         if results is not None:
             self._study_result(name, tuning, results[0], executor, pending)
 
     def _studies_done(self, future: Future, names: list[str], pairs: dict, executor: Executor,
-                      pending: dict) -> None:  # fmt: skip
+                      pending: PendingTasks) -> None:  # fmt: skip
         results = self._task_results(future, names, many=True)
         for name, result in zip(names, results or [], strict=False):
             self._study_result(name, pairs[name], result, executor, pending)
@@ -470,7 +497,7 @@ class Bench:
         return list(result) if many else [result]
 
     def _study_result(self, name: str, tuning: Tuning, result: StudyResult, executor: Executor,
-                      pending: dict) -> None:  # fmt: skip
+                      pending: PendingTasks) -> None:  # fmt: skip
         self.studies[name] = result
         if result.not_applicable:
             self.not_applicable[name] = result.not_applicable

@@ -67,6 +67,8 @@ class ByteImages:
             return rows[index[1:]] if isinstance(index[0], int) else rows[(slice(None), *index[1:])]
         if isinstance(index, np.ndarray):
             index = torch.from_numpy(index)
+            if index.dim() == 1 and not index.is_floating_point() and index.dtype != torch.bool:
+                return self[index]  # index_select: advanced indexing costs as much as the decoding
         return self.decode(self.codes[index])
 
     def index_select(self, dim: int, index: torch.Tensor) -> torch.Tensor:
