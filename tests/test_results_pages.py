@@ -66,6 +66,12 @@ PAGE_TABLES = [  # (results page, script, its committed per-run table, the scrip
     ("peers.md", "selection_pairs.py", "selection.csv", ()),
     (
         "peers.md",
+        "leaderboard_tables.py",
+        "selection.csv",
+        ("--target", "0.6", "--reference", "fedavg+uniform"),
+    ),
+    (
+        "peers.md",
         "grid_table.py",
         "peers-dropout-pieces.csv",
         ("experiments/peers_dropout_pieces.toml", "--differences", "finished - nothing"),
