@@ -5,6 +5,8 @@ test and Nemenyi's critical difference) and each scenario's table (effects again
 and the reference with intervals, the Kaplan-Meier time to target, the power line).
 
     python experiments/leaderboard_tables.py docs/results/data/leaderboard.csv --target 0.7
+    python experiments/leaderboard_tables.py docs/results/data/selection.csv --target 0.6 \
+        --reference fedavg+uniform --no-tuned
 
 The page that quotes it (docs/results/leaderboard.md) states the bench's settings itself:
 a table read back keeps the results, not the suite that made them.
@@ -24,12 +26,16 @@ def main() -> int:
     parser.add_argument("table", help="a bench's leaderboard.csv")
     parser.add_argument("--target", type=float, default=None, help="the suite's target score")
     parser.add_argument("--reference", default=None, help="the suite's reference (default: fedavg or drop)")
+    parser.add_argument(
+        "--no-tuned", action="store_true", help="leave out each tuning's values (the CSV keeps them)"
+    )
     options = parser.parse_args()
     board = build(read_csv(Path(options.table)), reference=options.reference)
     lines = [*model_lines(board), "", "### Across scenarios", "", *across_lines(board)]
     for name, entries in board.scenarios.items():
         lines += ["", f"### {name}", ""]
-        lines += scenario_lines(entries, options.target, board.alpha, board.score.metric, board.reference)
+        metric, tuned = board.score.metric, not options.no_tuned
+        lines += scenario_lines(entries, options.target, board.alpha, metric, board.reference, tuned=tuned)
     print("\n".join(line.replace("## How to read", "### How to read") for line in lines))
     return 0
 

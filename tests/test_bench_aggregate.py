@@ -121,6 +121,12 @@ def test_a_scenario_tuned_several_times_states_what_it_can_detect():
     assert line is not None and "with 5 tunings per method" in line and "(0.05/2)" in line
     page = "\n".join(leaderboard.scenario_lines(board.scenarios["s"], None, board.alpha))
     assert line in page
+    # without the tuned column (a page of many methods): every row has the header's cells
+    short = leaderboard.scenario_lines(board.scenarios["s"], None, board.alpha, tuned=False)
+    table = [row for row in short if row.startswith("|")]
+    assert "tuned (validation)" in page and "tuned (validation)" not in table[0]
+    assert {row.count("|") for row in table} == {table[0].count("|")} == {13}
+    assert "lr=0.1 (0.5000)" in page and "lr=0.1" not in "\n".join(short)
     once = leaderboard.build(rows(1))
     assert leaderboard.power_line(once.scenarios["s"], once.alpha) is None
 

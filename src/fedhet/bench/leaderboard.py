@@ -538,19 +538,21 @@ def scenario_lines(
     alpha: float,
     metric: str = "accuracy",
     reference: str | None = None,
+    tuned: bool = True,
 ) -> list[str]:
-    """One scenario's table in markdown."""
+    """One scenario's table in markdown; ``tuned=False`` leaves out the column of each
+    tuning's values (a page of many methods; the table's CSV keeps them)."""
     target_head = f"time to {target:g}: KM median (reached)" if target is not None else "time to target"
     against = f"vs {reference}" if reference else "vs reference"
     lines = [
         f"| rank | method | test {metric} [95% CI] (units) | vs best [95% CI] | {against} [95% CI] | "
-        f"{target_head} | energy J | MB moved | p vs best | p Holm | p {against} | p Holm | "
-        "tuned (validation) |",
-        "|---:|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---|",
+        f"{target_head} | energy J | MB moved | p vs best | p Holm | p {against} | p Holm |"
+        + (" tuned (validation) |" if tuned else ""),
+        "|---:|---|---|---|---|---|---:|---:|---:|---:|---:|---:|" + ("---|" if tuned else ""),
     ]
     for e in sorted(entries, key=_order):
         if e.status != "ok":
-            lines.append(f"| – | {e.method} | {e.status}: {e.reason} |" + " |" * 10)
+            lines.append(f"| – | {e.method} | {e.status}: {e.reason} |" + " |" * (10 if tuned else 9))
             continue
         marker = " **best**" if e.best else (" *worse*" if e.worse else "")
         marker += " ⚠" if e.caveats else ""
@@ -563,8 +565,8 @@ def scenario_lines(
         energy = "–" if e.mean_energy is None else f"{e.mean_energy:.4g}"
         moved = "–" if e.mean_bytes is None else f"{e.mean_bytes / 1e6:.4g}"
         tests = " | ".join(_p(p) for p in (e.p, e.p_holm, e.p_reference, e.p_holm_reference))
-        cells = [str(e.rank), f"{e.method}{marker}", value, effects, _time_text(e), energy, moved, tests,
-                 _tuned_text(e)]  # fmt: skip
+        cells = [str(e.rank), f"{e.method}{marker}", value, effects, _time_text(e), energy, moved, tests]
+        cells += [_tuned_text(e)] if tuned else []
         lines.append(f"| {' | '.join(cells)} |")
     power = power_line(entries, alpha, metric)
     lines += ["", power] if power else []
