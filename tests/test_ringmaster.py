@@ -11,7 +11,7 @@ import torch
 from conftest import make_config
 
 from fedhet.algorithms import AlgorithmContext
-from fedhet.algorithms.ringmaster import Ringmaster, RingmasterOptions
+from fedhet.algorithms.ringmaster import Ringmaster, RingmasterOptions, discarded_count
 from fedhet.engine.launch import run
 from fedhet.engine.loop import RunLoop
 from fedhet.errors import ConfigError
@@ -58,6 +58,17 @@ def test_a_ringmaster_run_discards_and_resumes_to_the_same_numbers(tmp_path):
     assert resumed.metrics == whole.metrics
     arrivals = json.loads((tmp_path / "whole" / "ringmaster.json").read_text())["arrivals"]
     assert any(not a["applied"] for a in arrivals) and whole.metrics[-1]["discarded"] > 0
+    # the running count is the log's count of discards
+    assert whole.metrics[-1]["discarded"] == sum(not a["applied"] for a in arrivals)
+
+
+def test_a_state_saved_before_the_running_count_counts_its_log():
+    """A checkpoint's state from before ``discarded`` was kept: the count starts from its log."""
+    _, state = _steps(1, [([1.0, 0.0], 0), ([0.0, 1.0], 1), ([5.0, 5.0], 2), ([7.0, 7.0], 3)])
+    expected = sum(not entry["applied"] for entry in state["log"])
+    assert expected > 0 and state["discarded"] == expected
+    del state["discarded"]
+    assert discarded_count(state) == expected and state["discarded"] == expected
 
 
 def test_bad_options_are_one_line():

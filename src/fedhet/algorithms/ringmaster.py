@@ -61,7 +61,7 @@ class RingmasterAggregation(EventAggregation):
 
     def init_state(self, setting) -> dict:
         # applied[i]: updates applied after server step i (a discard is a step that applies none)
-        return {"applied": [], "log": []}
+        return {"applied": [], "log": [], "discarded": 0}
 
     @staticmethod
     def delay(applied: list[int], version: int, staleness: int) -> int:
@@ -83,6 +83,7 @@ class RingmasterAggregation(EventAggregation):
                 if buffers.numel():
                     new_buffers.add_(update.delta_buffers)
                 done += 1
+            state["discarded"] = discarded_count(state) + (not kept)  # before the log grows
             state["log"].append(
                 {"step": version + 1, "client": update.client, "delay": delay, "applied": kept}
             )
@@ -98,7 +99,15 @@ class RingmasterReporting(Reporting):
 
     def round_metrics(self, state: dict) -> dict[str, float]:
         """How many arrivals have been discarded so far."""
-        return {"discarded": float(sum(1 for entry in state["log"] if not entry["applied"]))}
+        return {"discarded": float(discarded_count(state))}
+
+
+def discarded_count(state: dict) -> int:
+    """Arrivals discarded so far: the running count (a state saved before it kept one counts
+    its log once, then keeps the count)."""
+    if "discarded" not in state:
+        state["discarded"] = sum(1 for entry in state["log"] if not entry["applied"])
+    return state["discarded"]
 
 
 @register
