@@ -12,7 +12,7 @@ import torch
 from conftest import write_idx_dataset
 
 from fedhet.data import sources
-from fedhet.data.compact import LEAF, ByteImages, channel_moments, scaled_table
+from fedhet.data.compact import LEAF, ByteImages, channel_moments, scaled_images, scaled_table
 from fedhet.data.sources import FMNIST_DEBIAN_DIR, load_dataset
 
 
@@ -60,12 +60,30 @@ def test_indexing_byte_images_gives_the_decoded_tensors_values():
     assert torch.equal(again[rows], dense[rows])
 
 
+def test_decoding_replays_the_tables_steps_only_where_they_make_the_table():
+    """Replaying the table's float32 steps on the codes gives the lookup's values bit for bit
+    (every code, three channels, normalised); steps that do not make the table are not used."""
+    codes = torch.from_numpy(np.random.default_rng(1).integers(0, 256, (64, 3, 5, 7)).astype(np.uint8))
+    mean, std = torch.tensor([0.2860, 0.5, 0.1], dtype=torch.float32), torch.tensor([0.353, 0.25, 0.7])
+    images = scaled_images(codes, 255.0).normalized(mean, std)
+    looked_up = ByteImages(codes, images.table)  # no steps: the table looked up
+    assert images._replay is not None and looked_up._replay is None
+    everything = torch.arange(256, dtype=torch.uint8).repeat(3, 1).T.reshape(256, 3, 1, 1).expand(256, 3, 5, 7)
+    for index in (torch.arange(64), torch.tensor([3, 3, 0]), slice(1, 40)):
+        assert torch.equal(images[index], looked_up[index])
+    assert torch.equal(images.decode(everything.contiguous()), looked_up.decode(everything.contiguous()))
+    wrong = ByteImages(codes, images.table, (("div", torch.full((3,), 254.0)),))
+    assert wrong._replay is None and torch.equal(wrong[slice(0, 9)], looked_up[slice(0, 9)])
+    assert images.to("cpu")._replay is not None
+
+
 @pytest.mark.parametrize("normalize", ["dataset", "half", "none"])
 def test_an_idx_set_kept_as_bytes_equals_the_decoded_normalised_one(tmp_path, normalize):
     """The table normalised by the same float32 operations the tensor was: the same bits."""
     folder = write_idx_dataset(tmp_path / "d", n_train=300, n_test=40, compress=False)
     data = load_dataset("mnist", str(folder), normalize=normalize)
     assert isinstance(data.x_train, ByteImages) and data.x_train.codes.dtype == torch.uint8
+    assert data.x_train._replay is not None
     expected_train, expected_test = _normalised_the_old_way(folder, normalize)
     assert torch.equal(data.x_train.decoded(), expected_train)
     assert torch.equal(data.test_features(), expected_test)
@@ -109,6 +127,7 @@ def test_statistics_fall_back_to_decoding_where_the_sample_disagrees(tmp_path, m
 def test_real_fashion_mnist_as_bytes_is_the_decoded_set_bit_for_bit():
     data = load_dataset("fmnist")
     assert data.x_train.codes.numel() == 60000 * 784  # a quarter of the float32 pixels' bytes
+    assert data.x_train._replay is not None  # decoded by its steps, not looked up
     expected_train, expected_test = _normalised_the_old_way(Path(FMNIST_DEBIAN_DIR), "dataset")
     assert torch.equal(data.x_train.decoded(), expected_train)
     assert torch.equal(data.test_features(), expected_test)

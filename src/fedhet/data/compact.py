@@ -26,7 +26,7 @@ class ByteImages:
     (an int, a slice, an index tensor or array) returns float tensors, as indexing the
     decoded tensor would; :meth:`decoded` is the whole float tensor."""
 
-    def __init__(self, codes: torch.Tensor, table: torch.Tensor):
+    def __init__(self, codes: torch.Tensor, table: torch.Tensor, steps: Steps = ()):
         if codes.dtype != torch.uint8 or codes.dim() < 2:
             raise TypeError(
                 f"ByteImages needs uint8 codes N x C x ..., got {codes.dtype} {tuple(codes.shape)}"
@@ -40,6 +40,12 @@ class ByteImages:
         self._offsets = (torch.arange(channels, device=codes.device) * CODES).view(
             channels, *[1] * (codes.dim() - 2)
         )
+        self.steps = tuple(steps)
+        # the steps replayed on the codes, where they give every entry of the table bit for bit
+        self._replay = [
+            (op, values.to(table.dtype).view(channels, *[1] * (codes.dim() - 2)))
+            for op, values in self.steps
+        ] if self.steps and replays_table(self.steps, table) else None  # fmt: skip
 
     @property
     def shape(self) -> torch.Size:
@@ -78,7 +84,15 @@ class ByteImages:
         return self.decode(self.codes.index_select(0, index))
 
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
-        """The float values of ``codes`` (any number of leading axes before C x H x W)."""
+        """The float values of ``codes`` (any number of leading axes before C x H x W): the
+        table's float32 steps replayed on the codes where they make the table (an element-wise
+        division and subtraction cost less than a lookup: 0.66 against 1.12 ms for 3,000
+        Fashion-MNIST images), else the table looked up."""
+        if self._replay is not None:
+            values = codes.to(self.table.dtype)
+            for op, operand in self._replay:
+                values = values.div_(operand) if op == "div" else values.sub_(operand)
+            return values
         if self._single is not None:
             flat = self._single.index_select(0, codes.reshape(-1).long())
         else:
@@ -94,15 +108,43 @@ class ByteImages:
         return self.table.new_empty(size, **kwargs)
 
     def to(self, device) -> ByteImages:
-        """These images on ``device`` (codes and table)."""
-        return ByteImages(self.codes.to(device), self.table.to(device))
+        """These images on ``device`` (codes, table and its steps)."""
+        steps = tuple((op, values.to(device)) for op, values in self.steps)
+        return ByteImages(self.codes.to(device), self.table.to(device), steps)
 
     def with_table(self, table: torch.Tensor) -> ByteImages:
-        """The same codes standing for other values (a normalisation of the table)."""
+        """The same codes standing for other values (looked up in ``table``)."""
         return ByteImages(self.codes, table)
+
+    def normalized(self, mean: torch.Tensor, std: torch.Tensor) -> ByteImages:
+        """The same codes standing for ``(value - mean) / std`` per channel (``mean`` and
+        ``std``: one float32 value per channel): the table's entries, and its steps, made
+        by those float32 operations."""
+        channels = self.codes.shape[1]
+        mean, std = mean.reshape(channels), std.reshape(channels)
+        table = self.table.clone().sub_(mean.view(-1, 1)).div_(std.view(-1, 1))
+        return ByteImages(self.codes, table, (*self.steps, ("sub", mean), ("div", std)))
 
 
 Features = torch.Tensor | ByteImages  # what a dataset's features may be held as
+Steps = tuple[tuple[str, torch.Tensor], ...]  # float32 operations on a table: ("div" | "sub", per channel)
+STEP_OPS = ("div", "sub")
+
+
+def replays_table(steps: Steps, table: torch.Tensor, repeats: int = 5) -> bool:
+    """Whether ``steps``, applied in order to every code (as a float of the table's dtype),
+    give the table's entries bit for bit. The codes are checked in a row of ``repeats`` x
+    256 + 3 per channel, so that vectorised and leftover elements of a kernel both meet
+    every code."""
+    channels = table.shape[0]
+    if any(op not in STEP_OPS or values.numel() != channels for op, values in steps):
+        return False
+    codes = (torch.arange(repeats * CODES + 3, device=table.device) % CODES).repeat(channels, 1)
+    values = codes.to(table.dtype)
+    for op, operand in steps:
+        operand = operand.to(device=table.device, dtype=table.dtype).view(channels, 1)
+        values = values.div_(operand) if op == "div" else values.sub_(operand)
+    return torch.equal(values, torch.gather(table, 1, codes))
 
 
 def scaled_table(channels: int, scale: float) -> torch.Tensor:
@@ -111,6 +153,13 @@ def scaled_table(channels: int, scale: float) -> torch.Tensor:
     values = np.arange(CODES, dtype=np.float32)
     values /= scale
     return torch.from_numpy(np.tile(values, (channels, 1)))
+
+
+def scaled_images(codes: torch.Tensor, scale: float) -> ByteImages:
+    """uint8 ``codes`` (N x C x ...) standing for ``code / scale`` in float32."""
+    channels = codes.shape[1]
+    steps = (("div", torch.full((channels,), scale, dtype=torch.float32)),)
+    return ByteImages(codes, scaled_table(channels, scale), steps)
 
 
 def _pairwise(values, start: int, count: int) -> np.float32:

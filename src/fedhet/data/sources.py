@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from fedhet.checks import one_of, path_option
-from fedhet.data.compact import ByteImages, channel_moments, scaled_table
+from fedhet.data.compact import ByteImages, channel_moments, scaled_images
 from fedhet.data.dataset import Dataset, DatasetSource
 from fedhet.errors import DataError
 from fedhet.registry import register
@@ -415,9 +415,7 @@ def normalize_images(dataset: Dataset, mode: str) -> Dataset:
 
 def byte_images(codes: np.ndarray) -> ByteImages:
     """uint8 images (N x C x H x W) kept as their bytes, standing for ``code / 255``."""
-    return ByteImages(
-        torch.from_numpy(np.require(codes, requirements=["C", "W"])), scaled_table(codes.shape[1], 255.0)
-    )
+    return scaled_images(torch.from_numpy(np.require(codes, requirements=["C", "W"])), 255.0)
 
 
 def _channel_moments(images: torch.Tensor | ByteImages) -> tuple[list[float], list[float]]:
@@ -448,8 +446,7 @@ def _normalized(images: torch.Tensor | ByteImages, mean: torch.Tensor, std: torc
     decoded: no second copy at the peak), in the table for byte images (the same float32
     operations on each of a channel's 256 values)."""
     if isinstance(images, ByteImages):
-        table = images.table.clone().sub_(mean.view(-1, 1)).div_(std.view(-1, 1))
-        return images.with_table(table)
+        return images.normalized(mean.view(-1), std.view(-1))
     return images.sub_(mean).div_(std)
 
 
