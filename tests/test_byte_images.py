@@ -68,7 +68,8 @@ def test_decoding_replays_the_tables_steps_only_where_they_make_the_table():
     images = scaled_images(codes, 255.0).normalized(mean, std)
     looked_up = ByteImages(codes, images.table)  # no steps: the table looked up
     assert images._replay is not None and looked_up._replay is None
-    everything = torch.arange(256, dtype=torch.uint8).repeat(3, 1).T.reshape(256, 3, 1, 1).expand(256, 3, 5, 7)
+    every_code = torch.arange(256, dtype=torch.uint8).repeat(3, 1).T.reshape(256, 3, 1, 1)
+    everything = every_code.expand(256, 3, 5, 7)
     for index in (torch.arange(64), torch.tensor([3, 3, 0]), slice(1, 40)):
         assert torch.equal(images[index], looked_up[index])
     assert torch.equal(images.decode(everything.contiguous()), looked_up.decode(everything.contiguous()))
