@@ -95,7 +95,27 @@ class BatchedPool(InProcessPool):
         """The request's updates in task order (None: the client failed): one run's round
         as groups of its own (:func:`train_requests`); runs in lockstep train theirs together
         (:class:`fedhet.engine.cohort.CohortPool`)."""
-        return train_requests([request])[0]
+        return self.train_many([request])[0]
+
+    def train_many(self, requests: list[Request]) -> list[list[ClientUpdate | None]]:
+        """Several requests of this run (tasks from different models) as one computation;
+        each request's updates in its task order, its clients' errors handled here."""
+        updates = train_requests(requests)
+        for request in requests:
+            for task, exc in request.errors:  # recorded where the requests shared a group
+                client_failed(self, exc, task.client, task.round)
+        return updates
+
+    def run_from_models(
+        self, batches: list[tuple[list[ClientTask], torch.Tensor, torch.Tensor]]
+    ) -> list[list[ClientUpdate | None]]:
+        """Tasks that start from different models as one grouped computation: ``batches``
+        are (tasks, params, buffers), e.g. an event-driven run's clients, each on the model
+        sent at its start; each batch's updates in its task order (None: the client failed).
+        A pool that declares this lets the event driver train its starts together."""
+        if self.side is None:
+            raise RuntimeError("the batched pool runs tasks once attached to its world")
+        return self.train_many([Request(self, list(tasks), params, buffers) for tasks, params, buffers in batches])
 
     def alone(self, task: ClientTask, params, buffers) -> ClientUpdate | None:
         """A task that trains by itself (a probe, a wall-clock task, no local work), counted."""

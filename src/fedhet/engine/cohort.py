@@ -43,7 +43,7 @@ class Cohort:
 
     def __init__(self, size: int):
         self.live = int(size)
-        self.waiting: list[Request] = []
+        self.waiting: list[list[Request]] = []  # each run's requests, one list per run
         self.size = int(size)
         self.results: dict[int, list[ClientUpdate | None] | BaseException] = {}
         self.rounds = 0  # computations so far (each one round of every run still going)
@@ -53,18 +53,18 @@ class Cohort:
         # cores beside another process measured 1.27x the time of its runs one after another)
         self.turn = threading.Lock()
 
-    def submit(self, request: Request) -> list[ClientUpdate | None]:
-        """The request's updates, once every run still going has handed in its round (the
-        caller's turn given up while it waits, taken again before it goes on)."""
+    def submit(self, requests: list[Request]) -> list[list[ClientUpdate | None]]:
+        """Each of a run's requests' updates, once every run still going has handed in its
+        own (the caller's turn given up while it waits, taken again before it goes on)."""
         self.turn.release()
         try:
             with self.condition:
-                self.waiting.append(request)
+                self.waiting.append(requests)
                 if len(self.waiting) >= self.live:
                     self._train()
-                while id(request) not in self.results:
+                while id(requests) not in self.results:
                     self.condition.wait()
-                result = self.results.pop(id(request))
+                result = self.results.pop(id(requests))
         finally:
             self.turn.acquire()
         if isinstance(result, BaseException):
@@ -81,13 +81,17 @@ class Cohort:
     def _train(self) -> None:
         """Train the waiting requests as one computation (the lock held: every other run
         of the cohort is waiting for it); an error there is every waiting run's."""
-        requests, self.waiting = self.waiting, []
+        runs, self.waiting = self.waiting, []
+        requests = [request for run in runs for request in run]
         try:
             outs: list = train_requests(requests)
         except BaseException as exc:  # noqa: BLE001  (handed to every run of the computation)
             outs = [exc] * len(requests)
-        for request, out in zip(requests, outs, strict=True):
-            self.results[id(request)] = out
+        first = 0
+        for run in runs:
+            mine, first = outs[first : first + len(run)], first + len(run)
+            failed = [out for out in mine if isinstance(out, BaseException)]
+            self.results[id(run)] = failed[0] if failed else mine
         self.rounds += 1
         self.condition.notify_all()
 
@@ -103,10 +107,11 @@ class CohortPool(BatchedPool):
         """The runs of its cohort (the summary's ``lockstep_runs``)."""
         return self.cohort.size
 
-    def train(self, request: Request) -> list[ClientUpdate | None]:
-        updates = self.cohort.submit(request)
-        for task, exc in request.errors:  # this run's clients' errors, in this run
-            client_failed(self, exc, task.client, task.round)
+    def train_many(self, requests: list[Request]) -> list[list[ClientUpdate | None]]:
+        updates = self.cohort.submit(requests)
+        for request in requests:
+            for task, exc in request.errors:  # this run's clients' errors, in this run
+                client_failed(self, exc, task.client, task.round)
         return updates
 
     def close(self) -> None:

@@ -107,6 +107,9 @@ class RoundDriver:
 
     name = "round"
 
+    def finish(self, env: StepEnvironment, state) -> None:
+        """The run ends: nothing of a round is left for later."""
+
     def step(self, env: StepEnvironment, state, t: int):
         """One synchronous round: plan, sample the outcomes, send the tasks, aggregate what
         arrives as it arrives, the server step; its metrics row (None: the round does not fit
@@ -252,10 +255,28 @@ class RoundDriver:
         return delivered, skipped
 
 
+PENDING = "pending"  # an update that trains later (EventDriver._defer)
+
+
+def defers(env: StepEnvironment) -> bool:
+    """Whether the event driver trains starts when their updates are needed: the pool
+    declares ``run_from_models`` and a client's error stops the run."""
+    return callable(getattr(env.pool, "run_from_models", None)) and env.config.run.on_client_error == "stop"
+
+
 class EventDriver:
     """Advances an asynchronous rule from one server step to the next. The in-flight
     updates, the buffer and the clients' start counts are run state (checkpointed), so a
-    resumed run continues exactly."""
+    resumed run continues exactly.
+
+    With a pool that trains tasks from different models as one computation
+    (``run_from_models``, the batched pool's), a start's training waits until an update of
+    it is needed (its arrival, the run's end): the starts made meanwhile, each on the model
+    sent to it, then train as one group (a start's training depends only on its task, its
+    model, its client's state and its random stream, so it gives what it would have given
+    at once; a client's starts train in their order). Those pending starts and their models
+    are run state too. Only where a client's error stops the run
+    (``run.on_client_error = "stop"``): a skipped client must be known at its start."""
 
     name = "event"
 
@@ -291,8 +312,10 @@ class EventDriver:
             )
             for c in chosen
         ]
-        # the chosen clients train at once (in parallel where the pool has workers)
-        updates = {u.client: u for u in env.pool.run(tasks, state.params, state.buffers)}
+        if defers(env):  # the chosen clients train when an update of theirs is needed
+            updates = self._defer(env, state, tasks, version)
+        else:  # the chosen clients train at once (in parallel where the pool has workers)
+            updates = {u.client: u for u in env.pool.run(tasks, state.params, state.buffers)}
         work = Workload(None, np.full(world.num_clients, config.train.batch_size), steps, start_time=now)
         work.upload_bytes = upload_bytes(world, np.ones(world.num_clients, dtype=int))  # the whole model
         work.download_bytes = download_bytes(world)
@@ -318,14 +341,52 @@ class EventDriver:
             env.traffic.sent(task)
         if update is None or not timing.participates[client] or timing.steps_done[client] < steps[client]:
             return True  # absent, or failed before its work was done: idle again, tried at the next start
-        env.traffic.trained(update, task.batch_size)
-        engine["in_flight"].append(
-            {"client": client, "time": now + float(timing.full_time[client]), "version": version,
-             "update": update}
-        )  # fmt: skip
+        flight = {"client": client, "time": now + float(timing.full_time[client]), "version": version}
+        if update is PENDING:
+            flight.update(update=None, pending=True)  # trained by _settle
+        else:
+            env.traffic.trained(update, task.batch_size)
+            flight["update"] = update
+        engine["in_flight"].append(flight)
         if cast("AsyncAlgorithm", world.algorithm).keeps_sent_models:  # one reference per version in flight
             engine.setdefault("sent", {}).setdefault(str(version), (state.params, state.buffers))
         return True
+
+    def _defer(self, env: StepEnvironment, state, tasks: list, version: int) -> dict:
+        """Keep ``tasks`` (started on the model of server step ``version``) to train later
+        (every one, as at once: a start that is not kept still trains, for its client's
+        state); a client with a start still pending trains it first."""
+        engine = state.engine
+        if {e["task"].client for e in engine.get("pending", ())} & {task.client for task in tasks}:
+            self._settle(env, state)
+        engine.setdefault("models", {}).setdefault(str(version), (state.params, state.buffers))
+        engine.setdefault("pending", []).extend({"task": task, "version": version} for task in tasks)
+        return dict.fromkeys((task.client for task in tasks), PENDING)
+
+    def _settle(self, env: StepEnvironment, state) -> None:
+        """Train every pending start as one computation, each from the model sent to it; the
+        in-flight updates get their updates (and their clients their training FLOPs)."""
+        engine = state.engine
+        pending, models = engine.pop("pending", []), engine.pop("models", {})
+        if not pending:
+            return
+        versions = sorted({e["version"] for e in pending})
+        batches = [([e["task"] for e in pending if e["version"] == v], *models[str(v)]) for v in versions]
+        trained = {}
+        for (tasks, _, _), updates in zip(batches, env.pool.run_from_models(batches), strict=True):
+            trained.update({task.client: (task, update) for task, update in zip(tasks, updates, strict=True)})
+        for flight in engine["in_flight"]:
+            if flight.pop("pending", False):
+                task, update = trained[flight["client"]]
+                if update is None:  # only with on_client_error = "skip", which trains at once
+                    raise FedhetError(f"client {task.client}'s deferred task failed")
+                env.traffic.trained(update, task.batch_size)
+                flight["update"] = update
+
+    def finish(self, env: StepEnvironment, state) -> None:
+        """The run ends: the starts still pending train (as they would have at once)."""
+        if state.engine:
+            self._settle(env, state)
 
     @staticmethod
     def _charge_start(env: StepEnvironment, engine: dict, timing, client: int) -> bool:
@@ -357,6 +418,7 @@ class EventDriver:
         self._start_clients(env, state, engine["now"], t)
         while True:
             if engine.get("energy_out"):
+                self._settle(env, state)  # the run ends: what started trains, as it would at once
                 return None
             due = hooks.call("due", algorithm.scheduler.due, state.algorithm)
             arrival = min(engine["in_flight"], key=lambda e: (e["time"], e["client"]), default=None)
@@ -366,9 +428,12 @@ class EventDriver:
                 arrival = None  # the rule's timer comes first
             at = float(cast(float, due)) if arrival is None else arrival["time"]
             if not env.clock.fits(at - state.sim_time):
+                self._settle(env, state)
                 return None
             engine["now"] = at
             if arrival is not None:
+                if arrival.get("pending"):
+                    self._settle(env, state)
                 engine["in_flight"].remove(arrival)
                 env.traffic.uploaded(arrival["update"])
                 engine["buffer"].append({"update": arrival["update"], "version": arrival["version"]})

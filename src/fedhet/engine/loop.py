@@ -276,6 +276,8 @@ class RunLoop:
                     state.round,
                 )
                 break
+        if state.stopped_by or state.round >= config.run.rounds:  # the run ended (not cut short)
+            driver.finish(env, state)  # what the driver left for later (an event-driven run's starts)
         return None
 
     def _budget_stop(self, callbacks: list, evaluation: EvaluationService, reason: str | None = None) -> None:
