@@ -39,8 +39,9 @@ def _config(name: str, **extra):
 def test_deferred_starts_give_what_starts_trained_at_once_give_bit_for_bit(tmp_path, name):
     """Groups of one (``clients_per_batch = 1``): trained later or at once (a run whose client
     errors are skipped trains at once), every row and every account is the same."""
-    later = run(_config(name, **{"run.clients_per_batch": 1}), tmp_path / "later")
-    at_once = run(_config(name, **{"run.clients_per_batch": 1, "run.on_client_error": "skip"}), tmp_path / "now")
+    alone = {"run.clients_per_batch": 1}
+    later = run(_config(name, **alone), tmp_path / "later")
+    at_once = run(_config(name, **alone, **{"run.on_client_error": "skip"}), tmp_path / "now")
     assert later.metrics == at_once.metrics
     for key in ("train_flops", "bytes_up", "bytes_down", "energy", "final_test_accuracy", "rounds"):
         assert later.summary[key] == at_once.summary[key], key

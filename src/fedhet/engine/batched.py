@@ -115,7 +115,8 @@ class BatchedPool(InProcessPool):
         A pool that declares this lets the event driver train its starts together."""
         if self.side is None:
             raise RuntimeError("the batched pool runs tasks once attached to its world")
-        return self.train_many([Request(self, list(tasks), params, buffers) for tasks, params, buffers in batches])
+        requests = [Request(self, list(tasks), params, buffers) for tasks, params, buffers in batches]
+        return self.train_many(requests)
 
     def alone(self, task: ClientTask, params, buffers) -> ClientUpdate | None:
         """A task that trains by itself (a probe, a wall-clock task, no local work), counted."""

@@ -266,19 +266,24 @@ class RunLoop:
                 self._budget_stop(callbacks, evaluation, "epsilon_budget")
                 break
             if empty and empty >= config.run.max_empty_rounds > 0:
-                state.stopped_by = "no_participants"
-                log.warning(
-                    "%s: stopped after %d rounds in a row without a participant (run.max_empty_rounds = "
-                    "%d); the checkpoint of round %d is kept",
-                    config.run.name,
-                    empty,
-                    config.run.max_empty_rounds,
-                    state.round,
-                )
+                self._stop_without_participants(empty)
                 break
         if state.stopped_by or state.round >= config.run.rounds:  # the run ended (not cut short)
             driver.finish(env, state)  # what the driver left for later (an event-driven run's starts)
         return None
+
+    def _stop_without_participants(self, empty: int) -> None:
+        """``run.max_empty_rounds`` rounds in a row had no participant: the run stops."""
+        state, config = self.state, self.config
+        state.stopped_by = "no_participants"
+        log.warning(
+            "%s: stopped after %d rounds in a row without a participant (run.max_empty_rounds = "
+            "%d); the checkpoint of round %d is kept",
+            config.run.name,
+            empty,
+            config.run.max_empty_rounds,
+            state.round,
+        )
 
     def _budget_stop(self, callbacks: list, evaluation: EvaluationService, reason: str | None = None) -> None:
         """The next round would pass ``run.time_budget``, ``run.energy_budget`` or
