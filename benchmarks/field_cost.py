@@ -11,6 +11,7 @@ accuracies are compared too (event-driven rules' grouped starts differ within fl
 tolerance; anything else should be the same).
 
     python benchmarks/field_cost.py runs/bench-heterogeneity --against d75879c --blocks 8
+    python benchmarks/field_cost.py runs/bench-heterogeneity --against COMMIT --methods fedbuff ringmaster
 """
 
 from __future__ import annotations
@@ -73,8 +74,13 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=8, help="blocks per side (default 8)")
     parser.add_argument("--tuning", default="1", help="which tuning's seed-1 runs (default 1)")
     parser.add_argument("--field-wall", type=float, help="the field's recorded wall time in hours")
+    parser.add_argument("--methods", nargs="+", help="only these methods' cells (default: all)")
     args = parser.parse_args()
-    runs = cells(args.folder, args.tuning)
+    runs = [
+        r
+        for r in cells(args.folder, args.tuning)
+        if not args.methods or label(r).split("/")[1] in args.methods
+    ]
     if not runs:
         raise SystemExit(f"field_cost: no seed runs under {args.folder / 'seeds'}")
     random.Random(0).shuffle(runs)

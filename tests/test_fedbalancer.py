@@ -8,9 +8,11 @@ bit-identical resume."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
+import torch
 from test_fedbuff import _config
 
 from fedhet.algorithms.fedbalancer import peak_deadline, select_samples
@@ -120,3 +122,29 @@ def test_a_deadline_the_loss_evaluation_alone_misses_is_refused_naming_it(tmp_pa
                 "algorithm": {"name": "fedbalancer", "inference": "charged"}}  # fmt: skip
     with pytest.raises(FedhetError, match=r"needs 5\.33 s for all its work after its extra evaluations"):
         RunLoop(_config(**document), tmp_path / "r").run()
+
+
+def test_the_loss_pass_gathers_a_clients_examples_once(tmp_path):
+    """The sample-loss pass's chunks (each client's examples in order, images decoded) are
+    kept per client and used again at its next task while its index array is the same one;
+    another index array (another run's client in a cohort) is gathered anew."""
+    config = _config(
+        run={"rounds": 3},
+        system={"model": "per-step", "time_per_sample_step": 0.05, "comm_time": 0.1, "deadline": 5.0},
+        algorithm={"name": "fedbalancer", "inference": "pipelined"},
+    )
+    loop = RunLoop(config, tmp_path / "run")
+    loop.run()
+    world = loop.world
+    trainer = world.worker
+    assert set(trainer._loss_chunks) == set(range(world.num_clients))
+    for client in range(world.num_clients):
+        data = world.client_data(client)
+        kept = trainer._loss_chunks[client][1]  # from the run's tasks
+        chunks = trainer._loss_pass_chunks(client, data)
+        assert chunks is kept  # used again, not gathered again
+        assert torch.equal(torch.cat([x for x, _ in chunks]), data.x[data.indices])
+        assert torch.equal(torch.cat([y for _, y in chunks]), data.y[data.indices])
+        other = replace(data, indices=data.indices.copy())
+        again = trainer._loss_pass_chunks(client, other)
+        assert again is not chunks and torch.equal(torch.cat([x for x, _ in again]), data.x[data.indices])

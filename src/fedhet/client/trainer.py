@@ -127,6 +127,8 @@ class LocalTrainer:
         self.slowdown = 1.0  # wall-clock tasks: this device runs `slowdown` times slower
         self.layer_delay = 0.0  # wall-clock tasks: extra seconds per layer back-propagated
         self._warm = False
+        # per client: its index array and its examples in the loss pass's chunks, decoded once
+        self._loss_chunks: dict[int, tuple[np.ndarray, list[tuple[torch.Tensor, torch.Tensor]]]] = {}
 
     @property
     def num_layers(self) -> int:
@@ -298,8 +300,8 @@ class LocalTrainer:
                         loaded = received
                     data = member.data
                     losses = [
-                        self.objective.example_losses(flat.model(data.x[chunk], 1), data.y[chunk])
-                        for chunk in np.array_split(data.indices, max(1, -(-len(data) // 1024)))
+                        self.objective.example_losses(flat.model(x, 1), y)
+                        for x, y in self._loss_pass_chunks(member.task.client, data)
                     ]
                     own = Namespace(member.state, ALGORITHM)
                     values = torch.cat(losses).float().cpu().numpy()
@@ -308,6 +310,19 @@ class LocalTrainer:
                         member.data = replace(data, indices=data.indices[np.asarray(chosen, dtype=np.int64)])
         finally:
             flat.model.train()
+
+    def _loss_pass_chunks(self, client: int, data: ClientData) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The client's examples and labels in chunks of at most 1,024 for the sample-loss
+        pass, gathered (and images decoded) at its first task and kept while its index array
+        is the same: a rule that selects samples passes over every example at every task
+        (FedBalancer), and gathering and decoding them cost a third of that pass."""
+        kept = self._loss_chunks.get(client)
+        if kept is not None and kept[0] is data.indices:
+            return kept[1]
+        pieces = np.array_split(data.indices, max(1, -(-len(data) // 1024)))
+        chunks = [(data.x[chunk], data.y[chunk]) for chunk in pieces]
+        self._loss_chunks[client] = (data.indices, chunks)
+        return chunks
 
     def _finish_members(self, group: _Group, out: list[ClientUpdate | None]) -> None:
         """The group's :meth:`finish_group`; a postprocessor that raises fails each of the
