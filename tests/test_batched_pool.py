@@ -6,6 +6,8 @@ cannot batch run one at a time, and those runs are identical."""
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 import torch
@@ -264,3 +266,18 @@ def test_a_group_of_one_is_counted_as_a_task_trained_alone(tmp_path):
     summary = RunLoop(config, tmp_path / "ones").run().summary
     assert summary["tasks_grouped"] == 0 and summary["tasks_alone"] > 0
     assert summary["tasks_one_at_a_time"] == {GROUP_OF_ONE: summary["tasks_alone"]}
+
+
+def test_the_default_pool_reads_the_batched_pools_keys_where_it_picks_it(tmp_path, caplog, monkeypatch):
+    """``run.pool = "auto"`` picks the batched pool for SALF's MLP on the CPU with the run's
+    ``run.clients_per_batch`` (here 1: every task alone), without a warning that it is unused."""
+    import fedhet.config
+
+    monkeypatch.setattr(fedhet.config, "_WARNED", set())  # warned once per process otherwise
+    with caplog.at_level(logging.WARNING, logger="fedhet"):
+        config = _config("auto", {"name": "salf"}, clients_per_batch=1)
+    assert "clients_per_batch" not in caplog.text
+    summary = RunLoop(config, tmp_path / "auto").run().summary
+    assert summary["pool"] == "batched" and summary["tasks_grouped"] == 0 and summary["tasks_alone"] > 0
+    grouped = RunLoop(_config("auto", {"name": "salf"}), tmp_path / "default").run().summary
+    assert grouped["pool"] == "batched" and grouped["tasks_grouped"] > 0

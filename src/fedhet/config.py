@@ -114,6 +114,12 @@ class PluginSection:
             unused = self.__dict__.get("_unused", {})
             return unused[key] if key in unused and key != "__options__" else default
 
+    def given_options(self, options_class: type) -> Any | None:
+        """The typed options of a plug-in the section does not name (another choice's keys,
+        kept), of ``options_class``; None when none of its keys were given."""
+        found = self.__dict__.get("_unused", {}).get("__options__", [])
+        return next((options for options in found if isinstance(options, options_class)), None)
+
     def to_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         for _, options in self.plugins.values():
@@ -211,6 +217,8 @@ def _unused_options(cls: type[PluginSection], entries: dict, unused: dict) -> di
         kept.update(values)
         kept.setdefault("__options__", []).append(options)
         chosen = entries[slot].name
+        if owner in getattr(entries[slot].cls, "delegates_to", ()):
+            continue  # the chosen plug-in reads them where it picks their owner (run.pool = "auto")
         for key in values:
             if (cls.SECTION, key, chosen) not in _WARNED:
                 _WARNED.add((cls.SECTION, key, chosen))

@@ -257,6 +257,7 @@ class AutoPool:
     name = "auto"
     Options = NoOptions
     engine: str | None = None  # whichever engine runs: each places its clients itself
+    delegates_to = ("batched",)  # the pools whose [run] keys it reads where it picks them
 
     @classmethod
     def build(cls, options, ctx: PoolContext):
@@ -266,8 +267,8 @@ class AutoPool:
         if ctx.link is not None:  # the engine handed its pool a link: the pool that declares it
             return engine_pool(ctx.engine).build(NoOptions(), ctx)
         if run.torch_device.type == "cuda" or groups_pay_on_cpu(ctx.config):
-            batched = builtins("pool")["batched"].cls
-            return batched.build(batched.Options(), ctx)
+            batched = builtins("pool")["batched"].cls  # with its keys the run gives (clients_per_batch)
+            return batched.build(run.given_options(batched.Options) or batched.Options(), ctx)
         return builtins("pool")["in-process"].cls.build(NoOptions(), ctx)
 
 
