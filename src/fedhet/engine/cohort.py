@@ -45,7 +45,7 @@ class Cohort:
         self.live = int(size)
         self.waiting: list[list[Request]] = []  # each run's requests, one list per run
         self.size = int(size)
-        self.results: dict[int, list[ClientUpdate | None] | BaseException] = {}
+        self.results: dict[int, list[list[ClientUpdate | None]] | BaseException] = {}
         self.rounds = 0  # computations so far (each one round of every run still going)
         self.condition = threading.Condition()
         # the turn: one run's thread computes at a time, the others sleep on this lock (threads
