@@ -91,3 +91,18 @@ def test_event_driven_runs_in_lockstep_give_what_each_gives_alone(tmp_path):
         assert not isinstance(b, BaseException), b
         _close(a, b)
         assert b.summary["lockstep_runs"] == 2
+
+
+def test_pending_starts_train_once_their_models_reach_the_cap(tmp_path, monkeypatch):
+    """With room for one kept model, the starts of each server step train before the next
+    step's start: smaller groups, the same numbers as with no cap (groups of one)."""
+    from fedhet.engine import drivers
+
+    alone = {"run.clients_per_batch": 1}
+    free = run(_config("fedbuff", **alone), tmp_path / "free")
+    grouped_free = run(_config("fedbuff"), tmp_path / "grouped-free").summary["tasks_grouped"]
+    monkeypatch.setattr(drivers, "PENDING_MODEL_BYTES", 1)
+    capped = run(_config("fedbuff", **alone), tmp_path / "capped")
+    assert capped.metrics == free.metrics
+    grouped_capped = run(_config("fedbuff"), tmp_path / "grouped-capped").summary["tasks_grouped"]
+    assert grouped_capped < grouped_free
