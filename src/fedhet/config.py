@@ -289,6 +289,10 @@ class RunConfig(PluginSection):
     # resume may raise it, and a run it stopped goes on
     epsilon_budget: float = resumable(0.0)
     eval_every: int = resumable(1)  # evaluate the global model every this many rounds (and the last)
+    # or, > 0: evaluate at the first round (server step) ending at or after each multiple of
+    # this many simulated seconds (and the last): every rule on one time grid, whatever its
+    # round lengths (an event-driven rule's server steps are short)
+    eval_interval: float = resumable(0.0)
     # torch threads: "auto" (work size, free cores), 0 = torch default, or a count
     threads: Any = resumable("auto")
     memory_format: str = "contiguous"  # conv weights, images: contiguous | channels_last (faster)
@@ -359,7 +363,7 @@ class RunConfig(PluginSection):
         at_least("run.seed", self.seed, 0)
         at_least("run.rounds", self.rounds, 1)
         at_most("run.rounds", self.rounds, MAX_ROUNDS)
-        at_least("run.eval_every", self.eval_every, 1)
+        self._check_evaluation()
         if self.threads != "auto":
             if isinstance(self.threads, bool) or not isinstance(self.threads, int):
                 raise ConfigError(f'run.threads = {self.threads!r}: expected "auto" or an integer')
@@ -393,6 +397,18 @@ class RunConfig(PluginSection):
         for target in self.targets:  # values of the task's score: accuracies, RMSEs (checked with the task)
             if isinstance(target, bool) or not isinstance(target, int | float) or not 0 < target < math.inf:
                 raise ConfigError(f"run.targets: {target!r} is not a value of a score (> 0)")
+
+    def _check_evaluation(self) -> None:
+        """``run.eval_every`` (rounds) or ``run.eval_interval`` (simulated seconds): one
+        cadence."""
+        at_least("run.eval_every", self.eval_every, 1)
+        in_range("run.eval_interval", finite("run.eval_interval", self.eval_interval), 0.0, 1e12)
+        if self.eval_interval > 0 and self.eval_every != 1:
+            raise ConfigError(
+                f"run.eval_interval = {self.eval_interval:g} with run.eval_every = {self.eval_every}: "
+                "evaluation follows one cadence; leave run.eval_every out (or 1) with a simulated-time "
+                "interval, or set run.eval_interval = 0"
+            )
 
     def _check_track(self) -> None:
         """``run.track``: tracker callbacks by name (``"mlflow"``) or as a table with their

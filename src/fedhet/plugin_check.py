@@ -50,7 +50,8 @@ def check(target: str, report: Callable[[str], None] = print, rounds: int = ROUN
         raw = read_toml(target)
     else:
         raw = {**TINY, "algorithm": {"name": target}}
-    raw = apply_overrides(raw, [f"run.rounds={rounds}", "run.eval_every=1", "run.time_budget=0"])
+    cadence = ["run.eval_every=1", "run.eval_interval=0"]
+    raw = apply_overrides(raw, [f"run.rounds={rounds}", *cadence, "run.time_budget=0"])
     if not raw.get("compare", {}).get("algorithms"):
         return _check_one(raw, report)
     from fedhet.studies.expansion import compare_cells

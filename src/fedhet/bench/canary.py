@@ -33,7 +33,8 @@ def canary_config(suite: Suite, scenario: Scenario, method: Method) -> dict:
     """The canary run's raw configuration: the seed run's, made short and deterministic."""
     raw = suite.config(scenario, method, {}, "canary", seed=1)
     run = raw.setdefault("run", {})
-    run.update(rounds=ROUNDS, eval_every=ROUNDS, pool="in-process", threads=1, device="cpu")
+    run.update(rounds=ROUNDS, eval_every=ROUNDS, eval_interval=0.0, pool="in-process", threads=1,
+               device="cpu")  # fmt: skip
     data = raw.setdefault("data", {})
     data["fraction"] = min(float(data.get("fraction", 1.0)), DATA_FRACTION)
     return raw

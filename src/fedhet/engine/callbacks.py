@@ -128,7 +128,8 @@ def callback_result(callback, result) -> tuple[bool, dict]:
 
 
 class EvaluationService:
-    """Test loss and accuracy every ``run.eval_every`` rounds and at the last; with
+    """Test loss and accuracy every ``run.eval_every`` rounds (or ``run.eval_interval``
+    simulated seconds) and at the last; with
     ``run.client_eval`` each client's held-out examples too. The run loop asks it, after
     each round (:meth:`after_round`), which rows are complete.
 
@@ -154,7 +155,8 @@ class EvaluationService:
         """The rows complete after ``row``'s round, in round order."""
         ready = self._collect(state, block=False)
         round_number = int(row["round"])
-        if not self.evaluator.due(round_number):
+        previous = state.metrics[-2]["sim_time"] if len(state.metrics) > 1 else 0.0
+        if not self.evaluator.due(round_number, float(row["sim_time"]), float(previous)):
             if self.current is None:
                 return [*ready, row]
             self.waiting.append(row)

@@ -1,8 +1,11 @@
-"""Evaluation of the global model on the test set, every ``eval_every`` rounds and at the end,
+"""Evaluation of the global model on the test set, every ``eval_every`` rounds (or at each
+multiple of ``eval_interval`` simulated seconds) and at the end,
 and, with ``run.client_eval``, on each client's held-out part of its own data; and the
 first round and simulated time at which test accuracy reaches each of ``run.targets``."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
@@ -33,8 +36,10 @@ class Evaluator:
         statistics_examples: int = 0,
         seed: int = 0,
         task: Task | None = None,
+        interval: float = 0.0,
     ):
         self.flat = flat
+        self.interval = float(interval)
         self.x = x
         self.y = y
         self.every = every
@@ -55,9 +60,21 @@ class Evaluator:
             x = x[np.sort(rng.choice(len(x), self.statistics_examples, replace=False))]
         return static_batchnorm_buffers(self.flat, params, buffers, x)
 
-    def due(self, round_number: int) -> bool:
-        """Whether round ``round_number`` (1-based) is evaluated."""
-        return round_number % self.every == 0 or round_number == self.last_round
+    def due(self, round_number: int, sim_time: float = 0.0, previous_time: float = 0.0) -> bool:
+        """Whether round ``round_number`` (1-based), ending at simulated time ``sim_time``
+        (the round before it ended at ``previous_time``), is evaluated: the last round; with
+        an interval, the first round ending at or after each multiple of it (a round that
+        passes several multiples is evaluated once); else every ``every``-th round."""
+        if round_number == self.last_round:
+            return True
+        if self.interval > 0:
+            return self.grid_index(sim_time) > self.grid_index(previous_time)
+        return round_number % self.every == 0
+
+    def grid_index(self, sim_time: float) -> int:
+        """How many multiples of the interval ``sim_time`` has reached; a time a rounding
+        error short of a multiple (ten rounds of 0.2 s add up to 1.9999999999999998) reaches it."""
+        return int(math.floor(sim_time / self.interval + 1e-9))
 
     def __call__(self, params: torch.Tensor, buffers: torch.Tensor) -> dict[str, float]:
         """The task's metrics on the test set, as metrics-row columns (``test_loss``,
@@ -129,4 +146,5 @@ def make_evaluator(world) -> Evaluator:
         statistics_examples=examples or 0,
         seed=config.run.seed,
         task=world.dataset.task,
+        interval=config.run.eval_interval,
     )

@@ -25,9 +25,10 @@ A search space file (TOML)::
 
 Each trial runs the configuration with its sampled values in ``<out>/<study>/trial-<n>``
 (a run folder like any other). The median pruner gets every evaluation of a run
-(``run.eval_every``) for objectives that are accuracies or losses; a pruned run stops at
-once and its folder says so (``pruned.json``). A run that stops on a non-finite value
-(diverged) scores the worst value (accuracy 0, or infinity when minimising). A
+(``run.eval_every``, ``run.eval_interval``) for objectives that are accuracies or losses;
+a pruned run stops at once and its folder says so (``pruned.json``). A run that stops on a
+non-finite value (diverged) scores the worst value (accuracy 0, or infinity when
+minimising). A
 ``[compare]`` configuration gives one study per algorithm. The studies live in a real
 database: SQLite ``<out>/study.db`` by default, or any Optuna storage URL (``--storage``).
 An interrupted tune resumes its studies: finished and pruned trials count, and a trial a
