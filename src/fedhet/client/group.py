@@ -27,6 +27,7 @@ call (:class:`PerClient` is raised) and the rule is computed row by row from the
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import Counter
 from collections.abc import Mapping
@@ -195,9 +196,7 @@ class GroupGradients:
         pfl-research's CIFAR-10 shape, benchmarks/batched_cpu.py)."""
         if not self._checked:
             self._checked = True
-            kinds = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
-            convolutions = any(isinstance(m, kinds) for m in self.flat.model.modules())
-            if convolutions and self.flat.device.type == "cpu" and self.policy == "auto":
+            if self.convolutions and self.flat.device.type == "cpu" and self.policy == "auto":
                 self.unsupported = "convolutions on the CPU: vmap's grouped convolutions are slower there"
                 log.info("clients' gradients are computed one at a time: %s", self.unsupported)
                 return self.unsupported
@@ -272,10 +271,13 @@ class GroupGradients:
         """Whether the grouped kernels compute this model's groups: they know its layers,
         it is on the CPU (where they were measured against ``vmap``: benchmarks/overhead.py)
         and it has no convolution (grouped convolutions are slower there than ``vmap``)."""
-        if self.kernels.reason() is not None or self.flat.device.type != "cpu":
-            return False
+        return self.kernels.reason() is None and self.flat.device.type == "cpu" and not self.convolutions
+
+    @functools.cached_property
+    def convolutions(self) -> bool:
+        """Whether the model has a convolution (found once: its layers do not change)."""
         kinds = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
-        return not any(isinstance(m, kinds) for m in self.flat.model.modules())
+        return any(isinstance(m, kinds) for m in self.flat.model.modules())
 
     def _grouped(self, rows, buffer_rows, start: int, x, y, depth: int):
         """:meth:`stacked` through :class:`~fedhet.client.grouped.GroupedForward`: the sum
