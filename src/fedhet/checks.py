@@ -5,6 +5,7 @@ the key and the value."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import types
 import typing
@@ -115,7 +116,13 @@ def is_path_option(field: dataclasses.Field) -> bool:
 
 def option_types(options_cls: Any) -> dict[str, Any]:
     """The field types of an ``Options`` dataclass, with string annotations resolved where
-    they can be (plain names otherwise)."""
+    they can be (plain names otherwise). Resolved once per class: a suite's check parses
+    tens of thousands of sections, and resolving the annotations was most of its time."""
+    return dict(_option_types(options_cls))
+
+
+@functools.lru_cache(maxsize=4096)
+def _option_types(options_cls: Any) -> dict[str, Any]:
     import dataclasses
 
     try:
