@@ -10,24 +10,32 @@ whose loop time, ``summary.json``'s ``wall_time``, is the figure):
   validation images;
 - ``table2-cnn2``: SALF's Table II CNN setting (benchmarks/_common.TABLE2_CNN), 30 IID
   clients, cnn2, one step of batch 16 with momentum 0.5, 50% stragglers, 60 rounds,
-  evaluation every 10 rounds.
+  evaluation every 10 rounds;
+- ``pfl-cifar``: pfl-research's CIFAR-10 benchmark shape (benchmarks/pfl_research.py):
+  1,000 IID clients of 50 images, a cohort of 50 a round, FedAvg, 5 local steps of batch 10,
+  lr 0.1, its ``simple-cnn``, ``--rounds`` rounds (10 by default), the 10,000 test images
+  evaluated every 10 rounds. Its images are random ones written in CIFAR-10's python-batch
+  format (the files are not on this machine): timing only, nothing to learn.
 
-The plain loop is what a researcher would write by hand for the same run: per round, a
-random half of the clients straggle and reach a uniform depth; each client with any layer
-copies the global weights into one working model, takes its step (plain SGD; truncated
+The plain loop is what a researcher would write by hand for the same run: per round, the
+cohort (every client, or ``cohort_size`` of them drawn without replacement), of which the
+straggler share reaches a uniform depth; each client with any layer copies the global
+weights into one working model, takes its local steps (plain SGD; truncated
 back-propagation below its depth), and its layers' deltas are summed; the server divides
-each layer's sum by the clients that reached it (SALF eq. (9) with p_l = 0); the same
-evaluation. It uses the same model class, data tensors and batches of the same size.
+each layer's sum by the clients that reached it (SALF eq. (9) with p_l = 0; FedAvg's equal-
+weight mean when nobody straggles); the same evaluation. It uses the same model class,
+data tensors and batches of the same size.
 
 The lower bound is the arithmetic at a GEMM rate measured in the same process: forward
-2 x multiply-adds per example, backward twice that, over the tasks' examples (every task
-counted whole) and the evaluations.
+2 x multiply-adds per example, backward twice that, over the tasks' local steps' examples
+(every task counted whole) and the evaluations.
 
 Sides alternate (A B, B A, ...) for ``--pairs`` pairs; each ratio is fedhet / plain per
 pair, reported as the median with its range; the pools are measured in turn.
 
     python benchmarks/overhead.py --pairs 5
     python benchmarks/overhead.py --workload table2-cnn2 --pools in-process batched
+    python benchmarks/overhead.py --workload pfl-cifar --rounds 10
 """
 
 from __future__ import annotations
@@ -67,7 +75,28 @@ def table2() -> dict:
     return document
 
 
-WORKLOADS = {"leaderboard": lambda: LEADERBOARD, "table2-cnn2": table2}
+def pfl_cifar(rounds: int, scratch: Path) -> dict:
+    """pfl-research's CIFAR-10 shape (benchmarks/pfl_research.py) on random images written
+    in CIFAR-10's format under ``scratch``."""
+    from pfl_research import BATCH, CLIENTS, COHORT, EVAL_EVERY, LR, STEPS, synthetic_cifar
+
+    folder = synthetic_cifar(scratch / "cifar-10-batches-py")
+    return {
+        "run": {"name": "overhead", "seed": 1, "rounds": rounds, "eval_every": EVAL_EVERY, "threads": 1,
+                "device": "cpu"},
+        "data": {"dataset": "cifar10", "data_dir": str(folder), "partition": "iid", "num_clients": CLIENTS},
+        "model": {"name": "simple-cnn"},
+        "train": {"lr": LR, "batch_size": BATCH, "local_steps": STEPS},
+        "system": {"model": "full", "participation": "cohort", "cohort_size": COHORT},
+        "algorithm": {"name": "fedavg", "server_lr": 1.0},
+    }  # fmt: skip
+
+
+WORKLOADS = {
+    "leaderboard": lambda rounds, scratch: LEADERBOARD,
+    "table2-cnn2": lambda rounds, scratch: table2(),
+    "pfl-cifar": pfl_cifar,
+}
 
 
 class FedhetSide:
@@ -106,7 +135,10 @@ class PlainLoop:
         self.lr = float(document["train"]["lr"])
         self.batch = int(document["train"]["batch_size"])
         self.eval_every = int(document["run"]["eval_every"])
-        self.ratio = float(document["system"]["straggler_ratio"])
+        self.ratio = float(document["system"].get("straggler_ratio", 0.0))
+        self.steps = int(document["train"].get("local_steps", 1))
+        cohort = document["system"].get("participation") == "cohort"
+        self.cohort = int(document["system"]["cohort_size"]) if cohort else None
 
     def __call__(self) -> float:
         from fedhet.client.state import ClientData
@@ -127,41 +159,52 @@ class PlainLoop:
         ]
         began = time.perf_counter()
         for t in range(self.rounds):
-            stragglers = rng.random(len(data)) < self.ratio
-            depths = np.where(stragglers, rng.integers(2, layers + 2, len(data)), 1)
+            cohort = data
+            if self.cohort is not None:
+                cohort = [data[c] for c in rng.choice(len(data), self.cohort, replace=False)]
+            stragglers = rng.random(len(cohort)) < self.ratio
+            depths = np.where(stragglers, rng.integers(2, layers + 2, len(cohort)), 1)
             total, counts = torch.zeros_like(params), torch.zeros(layers)
-            for c, client in enumerate(data):
+            for c, client in enumerate(cohort):
                 if depths[c] > layers:
                     continue
-                delta = self._step(model, params, client, int(depths[c]), rng)
+                delta = self._steps(params, client, int(depths[c]), rng)
                 total += delta
                 counts[int(depths[c]) - 1 :] += 1
             for layer, (start, end) in enumerate(slices):
                 if counts[layer] > 0:
                     params[start:end] += total[start:end] / counts[layer]
             if (t + 1) % self.eval_every == 0 or t + 1 == self.rounds:
+                world.flat.load(params)  # the global model, evaluated
                 self._evaluate(model, params, x_test, y_test)
         return time.perf_counter() - began
 
-    def _step(self, model, params, client, depth: int, rng) -> torch.Tensor:
-        """Copy the global weights in, one SGD step from layer ``depth`` up, the delta out."""
+    def _steps(self, params, client, depth: int, rng) -> torch.Tensor:
+        """Copy the global weights in, the local SGD steps from layer ``depth`` up, the delta
+        out."""
         flat = self.world.flat
         flat.load(params)
-        x, y = client.batch(rng, self.batch)
-        loss = torch.nn.functional.cross_entropy(model(x, depth), y)
         trained = flat.parameters_from_depth(depth)
-        grads = torch.autograd.grad(loss, trained)
-        with torch.no_grad():
-            for p, g in zip(trained, grads, strict=True):
-                p.add_(g, alpha=-self.lr)
+        for _ in range(self.steps):
+            x, y = client.batch(rng, self.batch)
+            loss = torch.nn.functional.cross_entropy(flat.model(x, depth), y)
+            grads = torch.autograd.grad(loss, trained)
+            with torch.no_grad():
+                for p, g in zip(trained, grads, strict=True):
+                    p.add_(g, alpha=-self.lr)
         return flat.params - params
 
     @staticmethod
     def _evaluate(model, params, x, y) -> float:
+        """Accuracy in batches of fedhet's evaluation size (on the MLP 1,024 were 2 ms faster
+        an evaluation, on simple-cnn 256 a quarter faster than 1,024)."""
+        from fedhet.client.evaluate import EVAL_BATCH
+
         with torch.no_grad():
             correct = 0
-            for start in range(0, len(x), 1024):
-                correct += int((model(x[start : start + 1024]).argmax(1) == y[start : start + 1024]).sum())
+            for start in range(0, len(x), EVAL_BATCH):
+                out = model(x[start : start + EVAL_BATCH])
+                correct += int((out.argmax(1) == y[start : start + EVAL_BATCH]).sum())
         return correct / len(x)
 
 
@@ -183,8 +226,8 @@ def arithmetic_seconds(document: dict, tasks: int, evaluations: int) -> float:
 
     world = build_world(from_dict(document))
     per_example = sum(world.layer_multiply_adds) if world.layer_multiply_adds else 0.0
-    batch = int(document["train"]["batch_size"])
-    macs = tasks * batch * per_example * 3 + evaluations * len(world.dataset.y_test) * per_example
+    examples = int(document["train"]["batch_size"]) * int(document["train"].get("local_steps", 1))
+    macs = tasks * examples * per_example * 3 + evaluations * len(world.dataset.y_test) * per_example
     return macs / gemm_rate()
 
 
@@ -193,11 +236,12 @@ def main() -> None:
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="leaderboard")
     parser.add_argument("--pools", nargs="+", default=["in-process", "batched"])
     parser.add_argument("--pairs", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=10, help="pfl-cifar's rounds (the others' are fixed)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    document = WORKLOADS[args.workload]()
     print(machine_header(f"overhead, {args.workload}, one thread"))
     with tempfile.TemporaryDirectory(prefix="fedhet-overhead-") as folder:
+        document = WORKLOADS[args.workload](args.rounds, Path(folder))
         probe = FedhetSide(document, "in-process", Path(folder))
         probe()  # warm-up; the run's shape: tasks and rounds
         plain = PlainLoop(document, probe.rounds)

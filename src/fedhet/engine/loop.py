@@ -237,7 +237,8 @@ class RunLoop:
         env = StepEnvironment(
             config, self.world, self.pool, self.clock, self.energy, self.traffic, self.privacy
         )
-        for t in range(state.round, last):
+        first = state.round
+        for t in range(first, last):
             if state.stopped_by:
                 break
             try:
@@ -256,11 +257,11 @@ class RunLoop:
                 return result
             state.metrics.append(result)
             state.round = t + 1
-            state.wall_time = wall_before + time.perf_counter() - started
             empty = self._empty_streak(result)
             # rows are complete once evaluated: at once, or (in a pool worker) during the
             # next round; the state is saved after every round either way
             self._complete(callbacks, evaluation.after_round(state, result))
+            state.wall_time = wall_before + time.perf_counter() - started  # the round and its evaluation
             notify(callbacks, "on_round_saved", state)
             if self.privacy is not None and not self.privacy.fits_another():
                 self._budget_stop(callbacks, evaluation, "epsilon_budget")
@@ -270,6 +271,8 @@ class RunLoop:
                 break
         if state.stopped_by or state.round >= config.run.rounds:  # the run ended (not cut short)
             driver.finish(env, state)  # what the driver left for later (an event-driven run's starts)
+        if last > first:  # the loop's time includes the last evaluation (a budget stop's too) and the finish
+            state.wall_time = wall_before + time.perf_counter() - started
         return None
 
     def _stop_without_participants(self, empty: int) -> None:
