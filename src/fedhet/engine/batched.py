@@ -80,7 +80,7 @@ class BatchedPool(InProcessPool):
         wall-clock task, no local work) or in a group computed row by row (a rule's per-client
         loss, a model ``vmap`` cannot batch, convolutions on the CPU, ``run.stacked``)."""
         assert self.side is not None
-        return {**self.alone_reasons, **self.side.world.worker.gradients.row_by_row}
+        return dict(self.alone_reasons + self.side.world.worker.gradients.row_by_row)
 
     def run(
         self, tasks: list[ClientTask], params: torch.Tensor, buffers: torch.Tensor
@@ -127,13 +127,14 @@ class BatchedPool(InProcessPool):
         ] += 1
         return self._execute(task, params, buffers)
 
-    def count(self, tasks: int, grouped: bool) -> None:
-        """``tasks`` of this run trained in a group of two or more, or a group of one."""
+    def count(self, tasks: int, grouped: bool, reason: str = GROUP_OF_ONE) -> None:
+        """``tasks`` of this run trained in a group of two or more, or a group of one
+        (``reason``: why)."""
         if grouped:
             self.tasks_batched += tasks
         else:
             self.tasks_alone += tasks
-            self.alone_reasons[GROUP_OF_ONE] += tasks
+            self.alone_reasons[reason] += tasks
 
 
 @dataclass
@@ -185,22 +186,32 @@ def train_requests(requests: list[Request]) -> list[list[ClientUpdate | None]]:
             )
     limit = requests[0].pool.clients_per_batch or sum(len(r.tasks) for r in requests)
     for key, positions in groups.items():
+        k, i = positions[0]
         if key[0] == "alone":
-            k, i = positions[0]
             request = requests[k]
             done[k][i] = request.pool.alone(request.tasks[i], request.params, request.buffers)
             continue
-        for first in range(0, len(positions), limit):
-            chunk = positions[first : first + limit]
-            for (k, i), update in zip(chunk, _train_group(requests, chunk), strict=True):
+        world = requests[k].world
+        row_limit, reason = world.worker.row_group_limit(
+            world.algorithm.client, world.client_data(requests[k].tasks[i].client).x
+        )
+        size = min(limit, row_limit or limit)
+        capped = reason if size < limit and len(positions) > 1 else GROUP_OF_ONE  # why a group is one
+        for first in range(0, len(positions), size):
+            chunk = positions[first : first + size]
+            updates = _train_group(requests, chunk, capped)
+            for (k, i), update in zip(chunk, updates, strict=True):
                 done[k][i] = update
     return done
 
 
-def _train_group(requests: list[Request], chunk: list[tuple[int, int]]) -> list[ClientUpdate | None]:
+def _train_group(
+    requests: list[Request], chunk: list[tuple[int, int]], alone: str = GROUP_OF_ONE
+) -> list[ClientUpdate | None]:
     """One group (positions (request, task)) as one computation of the first request's
     trainer and rule; a client of another run than the first starts from its run's model.
-    A client's failure: its run's (at once for one run; recorded when runs share the group)."""
+    A client's failure: its run's (at once for one run; recorded when runs share the group).
+    ``alone``: why a group of one is one."""
     lead = requests[chunk[0][0]]
     runs = Counter(k for k, _ in chunk)
     mixed = len(runs) > 1
@@ -217,7 +228,7 @@ def _train_group(requests: list[Request], chunk: list[tuple[int, int]]) -> list[
         owners[id(task)] = request
         members.append(member)
     for k, count in runs.items():
-        requests[k].pool.count(count, grouped=len(chunk) > 1)
+        requests[k].pool.count(count, grouped=len(chunk) > 1, reason=alone)
 
     def failed(task: ClientTask, exc: BaseException) -> None:
         owner = owners[id(task)]
