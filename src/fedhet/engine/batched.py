@@ -6,8 +6,11 @@ serves every client.
 
 Tasks are grouped by shape (:meth:`~fedhet.client.LocalTrainer.group_key`: batch size,
 width, depth, learning rate), at most ``run.clients_per_batch`` to a group (0: a whole
-round's). Probes, wall-clock tasks (timed one by one) and tasks with no local work run as
-groups of one, as in the in-process pool. Updates come out in task order and equal the
+round's); a group computed row by row (convolutions on the CPU, a rule's per-client loss)
+holds at most 4 MiB of stacked rows, past which its clients train one by one in the working
+model (:meth:`~fedhet.client.LocalTrainer.row_group_limit`). Probes, wall-clock tasks
+(timed one by one) and tasks with no local work run as groups of one, as in the in-process
+pool. Updates come out in task order and equal the
 in-process pool's within float tolerance (tests/test_batched_pool.py).
 """
 
@@ -172,7 +175,9 @@ class Request:
 def train_requests(requests: list[Request]) -> list[list[ClientUpdate | None]]:
     """Every request's updates in its task order: the tasks of all requests grouped by
     shape (:meth:`~fedhet.client.LocalTrainer.group_key`), at most ``clients_per_batch`` to a
-    group, each group one computation of one trainer, each client from its own run's model;
+    group (a group computed row by row: at most what the row budget holds,
+    :meth:`~fedhet.client.LocalTrainer.row_group_limit`), each group one computation of one
+    trainer, each client from its own run's model;
     probes, wall-clock tasks and tasks with no local work alone, in their own run. One run's
     round is the case of one request."""
     done: list[list[ClientUpdate | None]] = [[None] * len(r.tasks) for r in requests]
